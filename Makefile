@@ -1,0 +1,34 @@
+# Quick start: `make sweep` (the main 4-point sweep) and `make test` (the test suite).
+# Both create .venv with what they need first. On a CUDA machine, set TORCH to the build you
+# want (e.g. TORCH=torch); the default pins the CPU wheel this project's CI machines carry.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup sweep test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+sweep: $(STAMP)
+	$(BIN)/python -m nanogpt.run -m perf.compile=true,false perf.dtype=bf16,fp16
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/runner_overhead.py
+
+clean:
+	rm -rf $(VENV) multirun outputs

@@ -1,0 +1,1 @@
+"""nanogpt-sweep: measured GPT training for every point of a Hydra sweep."""

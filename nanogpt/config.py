@@ -1,0 +1,183 @@
+"""The run specification: plain dataclasses, one per config group.
+
+Hydra registers these as structured-config schemas (see nanogpt/run.py), so a wrong type or an
+unknown key fails at composition. Library code takes a `RunSpec` and never imports Hydra.
+Choices are Enums, not `Literal`: omegaconf 2.3 (kept by hydra-core 1.3) validates Enums only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Dtype(enum.Enum):
+    fp32 = "fp32"  # true fp32: TF32 tensor-core math stays off
+    tf32 = "tf32"  # fp32 storage, TF32 matmuls/convolutions on Ampere+
+    bf16 = "bf16"  # autocast to bfloat16
+    fp16 = "fp16"  # autocast to float16, with a GradScaler
+
+
+class Attention(enum.Enum):
+    auto = "auto"  # let scaled_dot_product_attention choose
+    flash = "flash"
+    efficient = "efficient"
+    cudnn = "cudnn"
+    math = "math"
+    manual = "manual"  # the materialised softmax(QK^T)V path, as in the original GPT-2 code
+
+
+class OptimizerImpl(enum.Enum):
+    auto = "auto"
+    fused = "fused"
+    foreach = "foreach"
+    for_loop = "for_loop"
+
+
+class DataKind(enum.Enum):
+    synthetic = "synthetic"
+    tokens = "tokens"
+    text = "text"
+
+
+class LoggerMode(enum.Enum):
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "nano"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 64
+    block_size: int = 64
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
+    dropout: float = 0.0
+    bias: bool = False
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"  # adamw | sgd
+    lr: float = 6e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.1
+    momentum: float = 0.9  # sgd only
+    grad_clip: float = 1.0  # 0 disables clipping
+    impl: OptimizerImpl = OptimizerImpl.auto
+
+
+@dataclass
+class PerfConfig:
+    compile: bool = False
+    compile_mode: str = "default"
+    dtype: Dtype = Dtype.fp32
+    attention: Attention = Attention.auto
+    activation_checkpointing: bool = False
+    batch_size: int = 8  # micro-batch, sequences
+    grad_accum: int = 1  # micro-batches per optimizer step
+
+
+@dataclass
+class DataConfig:
+    kind: DataKind = DataKind.synthetic
+    path: str | None = None
+    cache_dir: str | None = None  # where `text` keeps its tokenized .bin (default: user cache)
+
+
+@dataclass
+class BenchConfig:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    seed: int = 1337
+    warmup_steps: int = 2
+    measure_steps: int = 20
+    time_budget_s: float = 20.0  # stop measuring after this long ...
+    min_measure_steps: int = 5  # ... once this many steps are in
+    isolate: bool = True  # measure in a fresh child process
+    cold_compile_cache: bool = False  # give this point its own, empty Inductor cache
+    profile: bool = False  # torch.profiler over a window after warmup
+    profile_steps: int = 3
+    memory_snapshot: bool = False  # on CUDA OOM, save an allocator snapshot
+    find_max_batch: bool = False  # grow then bisect perf.batch_size until OOM
+    rerun: bool = False  # rerun points that already have an ok record
+    inject_fault: str | None = None  # TESTING ONLY: oom@N | nan@N | raise@N | kill@N
+
+
+@dataclass
+class HardwareConfig:
+    peak_tflops: float | None = None  # overrides the datasheet peak (TFLOP/s)
+    calibrate: bool = False  # measure the achievable matmul peak if not cached
+    recalibrate: bool = False  # force a fresh calibration
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "wandb"  # wandb | none
+    mode: LoggerMode = LoggerMode.auto
+    project: str = "nanogpt-sweep"
+    entity: str | None = None
+    group: str | None = None  # default: the sweep's dir name
+    tags: list[str] = field(default_factory=list)
+    log_interval: int = 10  # steps per window: timing and loss are read (synced) once a window
+    init_timeout_s: float = 30.0
+
+
+@dataclass
+class DistConfig:
+    nproc: int = 1  # >1: each point runs under torchrun with this many processes
+
+
+@dataclass
+class ReportConfig:
+    baseline: str | None = None  # override string of the speedup baseline (default: first row)
+    plots: bool = False
+
+
+@dataclass
+class RunSpec:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
+def spec_to_dict(spec: RunSpec) -> dict[str, Any]:
+    """JSON-ready dict: Enums become their values."""
+    return _plain(dataclasses.asdict(spec))
+
+
+def spec_from_dict(raw: dict[str, Any]) -> RunSpec:
+    """Inverse of spec_to_dict (used to hand a spec to a child process)."""
+    groups = {}
+    for f in dataclasses.fields(RunSpec):
+        cls = f.default_factory().__class__
+        values = dict(raw.get(f.name, {}))
+        for sub in dataclasses.fields(cls):
+            default = getattr(cls(), sub.name)
+            if isinstance(default, enum.Enum) and sub.name in values:
+                values[sub.name] = type(default)(values[sub.name])
+        groups[f.name] = cls(**values)
+    return RunSpec(**groups)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,9 @@
+"""The one error type for bad input: it names the config key and says how to fix it."""
+
+
+class ConfigError(ValueError):
+    """Bad input. `str(err)` is one sentence naming the key and the fix."""
+
+    def __init__(self, key: str, problem: str, fix: str):
+        self.key = key
+        super().__init__(f"{key}: {problem}; {fix}.")

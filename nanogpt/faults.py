@@ -1,0 +1,86 @@
+"""How a run can end, and a testing knob that makes it end that way.
+
+Statuses: ok | oom | diverged | error | interrupted | skipped.
+`oom` and `diverged` are results (a batch-size sweep is supposed to hit OOM at the top end);
+`error` and `interrupted` are failures that the sweep reports at its end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+import torch
+
+from nanogpt.errors import ConfigError
+
+RESULT_STATUSES = ("ok", "oom", "diverged")  # the sweep goes on and exits 0
+FAULT_KINDS = ("oom", "nan", "raise", "kill")
+
+
+class Diverged(RuntimeError):
+    """The loss became non-finite (fp16 overflow past the scaler's recovery, or divergence)."""
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, Diverged):
+        return "diverged"
+    if is_out_of_memory(exc):
+        return "oom"
+    return "error"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    # CPU allocation failures surface as a plain RuntimeError from the default allocator.
+    message = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in message or "out of memory" in message.lower()
+    )
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """TESTING ONLY (bench.inject_fault=KIND@STEP): make a real run fail at an optimizer step.
+
+    oom   allocates far more memory than any machine has (the real allocator fails)
+    nan   multiplies the loss by NaN (the real divergence check catches it)
+    raise raises RuntimeError
+    kill  SIGKILLs its own process (a hard crash of the measuring process)
+    """
+
+    kind: str
+    step: int
+
+    @classmethod
+    def parse(cls, text: str | None) -> Fault | None:
+        if not text:
+            return None
+        kind, _, step = text.partition("@")
+        if kind not in FAULT_KINDS or not step.isdigit():
+            raise ConfigError(
+                "bench.inject_fault",
+                f"'{text}' is not KIND@STEP",
+                f"use one of {', '.join(k + '@3' for k in FAULT_KINDS)} or leave it unset",
+            )
+        return cls(kind, int(step))
+
+    def trigger(self, step: int, loss: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Called once per step with the step's loss; returns the (possibly poisoned) loss."""
+        if step != self.step:
+            return loss
+        if self.kind == "oom":
+            torch.empty(1 << 47, dtype=torch.uint8, device=device)  # 128 TiB
+        if self.kind == "raise":
+            raise RuntimeError(f"injected fault at step {step}")
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return loss * float("nan")

@@ -1,0 +1,35 @@
+"""Optimizers as nanoGPT configures them: weight decay only on 2-D weights (matmuls and
+embeddings), never on biases and LayerNorm gains (Loshchilov & Hutter, 2019, decoupled decay)."""
+
+from __future__ import annotations
+
+import torch
+
+from nanogpt.config import OptimizerConfig, OptimizerImpl
+
+# torch.optim's implementation switches: fused (one kernel for all params), foreach
+# (multi-tensor ops), for_loop (one param at a time). auto leaves torch to choose.
+IMPL_FLAGS = {
+    OptimizerImpl.auto: {},
+    OptimizerImpl.fused: {"fused": True},
+    OptimizerImpl.foreach: {"foreach": True},
+    OptimizerImpl.for_loop: {"foreach": False},
+}
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(
+    model: torch.nn.Module, cfg: OptimizerConfig, device: torch.device
+) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg.weight_decay)
+    flags = IMPL_FLAGS[cfg.impl]
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **flags)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **flags)

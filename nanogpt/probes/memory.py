@@ -1,0 +1,138 @@
+"""Memory: what the allocator, the driver and the OS saw, and an analytic estimate beside it.
+
+- CUDA caching allocator: peak bytes held by tensors (allocated) and peak bytes the allocator
+  took from the driver (reserved), reset when the probe starts.
+- NVML (nvidia-ml-py): device memory in use as the driver sees it, all processes included;
+  sampled at each window, the largest sample kept.
+- Process peak RSS from getrusage (lifetime of the process: exact when each point runs in its own
+  child process, the default).
+The estimate counts weights, gradients, optimizer state, activations and logits, so a user can
+see where memory goes and what batch size fits.
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+import sys
+
+import psutil
+import torch
+
+
+class MemoryProbe:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._nvml_handle = _nvml_handle(device) if self.cuda else None
+        self._nvml_peak: int | None = None
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def sample(self) -> dict[str, int | None]:
+        """Current figures for a log window (no device sync)."""
+        sample = {"mem_rss_bytes": psutil.Process().memory_info().rss}
+        if self.cuda:
+            sample["mem_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+            sample["mem_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
+            used = _nvml_used(self._nvml_handle)
+            if used is not None:
+                self._nvml_peak = max(used, self._nvml_peak or 0)
+        return sample
+
+    def result(self) -> dict[str, int | None]:
+        self.sample()
+        out = {
+            "mem_peak_allocated_bytes": None,
+            "mem_peak_reserved_bytes": None,
+            "mem_nvml_used_bytes": self._nvml_peak,
+            "mem_peak_rss_bytes": peak_rss_bytes(),
+        }
+        if self.cuda:
+            out["mem_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            out["mem_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
+        return out
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def release(device: torch.device) -> None:
+    """Free what a finished job held so the next one in this process starts clean."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _nvml_handle(device: torch.device):
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # no driver, no library, or a device NVML cannot see
+        return None
+
+
+def _nvml_used(handle) -> int | None:
+    if handle is None:
+        return None
+    try:
+        import pynvml
+
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:
+        return None
+
+
+def estimate_memory(
+    *,
+    n_params: int,
+    n_layer: int,
+    n_head: int,
+    n_embd: int,
+    block_size: int,
+    vocab_size: int,
+    batch_size: int,
+    optimizer: str,
+    dtype: str,
+    attention: str,
+    activation_checkpointing: bool,
+) -> dict[str, int]:
+    """Analytic training memory in bytes, by component.
+
+    Parameters stay fp32 under autocast; gradients match them. AdamW keeps two fp32 moments,
+    SGD with momentum one. Activations per layer follow Korthikanti et al. (2022), "Reducing
+    Activation Recomputation in Large Transformer Models", section 4.1: s*b*h*(34 + 5*a*s/h)
+    bytes with 16-bit activations; the 5*a*s/h term is the materialised attention matrix, which
+    fused (flash / memory-efficient) kernels never store. fp32 activations double the 16-bit
+    parts. With checkpointing each layer keeps only its input, plus one layer being recomputed.
+    Logits (b*s*vocab) are kept in the compute dtype plus an fp32 copy for the loss.
+    """
+    act_bytes = 2 if dtype in ("bf16", "fp16") else 4
+    tokens = batch_size * block_size
+    per_layer = tokens * n_embd * 34 * act_bytes // 2
+    if attention in ("manual", "math"):
+        per_layer += 5 * n_head * block_size * tokens * act_bytes // 2
+    if activation_checkpointing:
+        activations = n_layer * tokens * n_embd * act_bytes + per_layer
+    else:
+        activations = n_layer * per_layer
+    states = {"adamw": 2, "sgd": 1}.get(optimizer, 2)
+    parts = {
+        "weights": 4 * n_params,
+        "gradients": 4 * n_params,
+        "optimizer_state": 4 * states * n_params,
+        "activations": activations,
+        "logits": tokens * vocab_size * (act_bytes + 4),
+    }
+    parts["total"] = sum(parts.values())
+    return parts

@@ -1,0 +1,86 @@
+"""Step timing without host syncs inside the measured loop.
+
+On CUDA, kernels run asynchronously: a host clock read after `optimizer.step()` measures when the
+work was *queued*, not when it finished. CUDA events are recorded into the stream around each step
+and read back once per window, so the loop itself never waits for the GPU. On CPU the work is
+synchronous and `time.perf_counter` is the right clock. Every result says which clock it used.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+class StepTimer:
+    """Times steps; `flush()` returns the step times (ms) recorded since the last flush."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.clock = "cuda-events" if self.cuda else "perf_counter"
+        if device.type == "mps":
+            self.clock = "perf_counter+mps-sync"
+        self._pending: list = []
+        self._start = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._start, end))
+        else:
+            if self.device.type == "mps":
+                torch.mps.synchronize()
+            self._pending.append((time.perf_counter() - self._start) * 1e3)
+
+    def flush(self) -> list[float]:
+        """Step times in ms. On CUDA this waits for the last recorded event (one sync a window)."""
+        pending, self._pending = self._pending, []
+        if not self.cuda:
+            return pending
+        if pending:
+            pending[-1][1].synchronize()
+        return [start.elapsed_time(end) for start, end in pending]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all queued work on the device (used outside the measured loop only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def summarize(ms: list[float]) -> dict[str, float | None]:
+    """Median, mean, p10, p90, std and coefficient of variation (std / mean) of step times."""
+    if not ms:
+        return dict.fromkeys(("median", "mean", "p10", "p90", "std", "cv"))
+    mean = statistics.fmean(ms)
+    std = statistics.pstdev(ms)
+    return {
+        "median": statistics.median(ms),
+        "mean": mean,
+        "p10": _percentile(ms, 10),
+        "p90": _percentile(ms, 90),
+        "std": std,
+        "cv": std / mean if mean else None,
+    }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default method)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)

@@ -1,0 +1,138 @@
+"""Cross-field checks on a RunSpec, run before any model is built.
+
+Types and unknown keys are Hydra's job (structured configs); these are the checks a type cannot
+express. Each failure raises ConfigError: one sentence naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nanogpt.config import COMPILE_MODES, Attention, Dtype, RunSpec
+from nanogpt.data import check_data
+from nanogpt.errors import ConfigError
+from nanogpt.faults import Fault
+
+CUDA_ONLY_ATTENTION = (Attention.efficient, Attention.cudnn)
+
+
+def check(spec: RunSpec) -> None:
+    check_sizes(spec)
+    check_model(spec)
+    check_choices(spec)
+    device = check_device(spec.bench.device)
+    check_precision(spec, device)
+    Fault.parse(spec.bench.inject_fault)
+    check_data(spec.data, vocab_size=spec.model.vocab_size, block_size=spec.model.block_size)
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(key, f"is {value} but must be at least {low}", f"set {key}={low} or more")
+
+
+def check_sizes(spec: RunSpec) -> None:
+    m, p, b = spec.model, spec.perf, spec.bench
+    for key, value in {
+        "model.n_layer": m.n_layer,
+        "model.n_head": m.n_head,
+        "model.n_embd": m.n_embd,
+        "model.block_size": m.block_size,
+        "model.vocab_size": m.vocab_size,
+        "perf.batch_size": p.batch_size,
+        "perf.grad_accum": p.grad_accum,
+        "bench.warmup_steps": b.warmup_steps,  # the first step (compile, lazy init) is warmup
+        "bench.measure_steps": b.measure_steps,
+        "bench.min_measure_steps": b.min_measure_steps,
+        "bench.profile_steps": b.profile_steps,
+        "logger.log_interval": spec.logger.log_interval,
+        "dist.nproc": spec.dist.nproc,
+    }.items():
+        _at_least(key, value, 1)
+    if b.time_budget_s <= 0:
+        raise ConfigError("bench.time_budget_s", "must be positive", "set it to seconds, e.g. 20")
+    if spec.hardware.peak_tflops is not None and spec.hardware.peak_tflops <= 0:
+        raise ConfigError(
+            "hardware.peak_tflops", "must be positive", "give TFLOP/s or null for the datasheet"
+        )
+
+
+def check_model(spec: RunSpec) -> None:
+    m = spec.model
+    if m.n_embd % m.n_head:
+        raise ConfigError(
+            "model.n_embd",
+            f"{m.n_embd} is not divisible by model.n_head={m.n_head}",
+            "choose n_embd as a multiple of n_head",
+        )
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError("model.dropout", f"{m.dropout} is outside [0, 1)", "use e.g. 0.0")
+
+
+def check_choices(spec: RunSpec) -> None:
+    if spec.perf.compile_mode not in COMPILE_MODES:
+        raise ConfigError(
+            "perf.compile_mode",
+            f"'{spec.perf.compile_mode}' is not a torch.compile mode",
+            f"use one of {', '.join(COMPILE_MODES)}",
+        )
+    if spec.optimizer.name not in ("adamw", "sgd"):
+        raise ConfigError(
+            "optimizer.name", f"'{spec.optimizer.name}' is unknown", "use optimizer=adamw or sgd"
+        )
+    if spec.logger.backend not in ("wandb", "none"):
+        raise ConfigError(
+            "logger.backend", f"'{spec.logger.backend}' is unknown", "use logger=wandb or none"
+        )
+
+
+def check_device(name: str) -> torch.device:
+    """The device a run will use; fails when it is not there."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            "bench.device", f"'{name}' is not a device", "use auto, cpu, cuda, cuda:N or mps"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "bench.device",
+                "cuda was asked for but CUDA is not available",
+                "use bench.device=cpu",
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                "bench.device",
+                f"{name} does not exist ({torch.cuda.device_count()} CUDA devices)",
+                "pick an index below the device count",
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("bench.device", "mps is not available here", "use bench.device=cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError("bench.device", f"'{name}' is not supported", "use cpu, cuda or mps")
+    return device
+
+
+def check_precision(spec: RunSpec, device: torch.device) -> None:
+    dtype, attention = spec.perf.dtype, spec.perf.attention
+    if dtype is Dtype.tf32 and device.type != "cuda":
+        raise ConfigError(
+            "perf.dtype",
+            f"tf32 is a CUDA tensor-core mode, not available on {device.type}",
+            "use perf.dtype=fp32",
+        )
+    if dtype is Dtype.bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            "perf.dtype",
+            f"{torch.cuda.get_device_name(device)} has no bf16 support",
+            "use perf.dtype=fp16 (with a GradScaler) or fp32",
+        )
+    if attention in CUDA_ONLY_ATTENTION and device.type != "cuda":
+        raise ConfigError(
+            "perf.attention",
+            f"the {attention.value} SDPA kernel exists only on CUDA",
+            f"use perf.attention=auto, flash, math or manual on {device.type}",
+        )

@@ -1,0 +1,92 @@
+"""Shared test set-up: micro configs and a runner for real `python -m nanogpt.run` processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+TIKTOKEN_CACHE = SHARED / "tiktoken_cache"
+SHAKESPEARE = SHARED / "data" / "tinyshakespeare" / "input.txt"
+
+# A model small enough that a measured run takes well under a second on 2 CPU cores.
+MICRO = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "model.block_size=16",
+    "model.vocab_size=256",
+    "perf.batch_size=2",
+    "bench.device=cpu",
+    "bench.warmup_steps=1",
+    "bench.measure_steps=4",
+    "bench.min_measure_steps=1",
+    "logger=none",
+]
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+if TIKTOKEN_CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+
+needs_shared = pytest.mark.skipif(
+    not (TIKTOKEN_CACHE.is_dir() and SHAKESPEARE.is_file()),
+    reason="../shared (tiktoken cache, tinyshakespeare) is not beside the repo",
+)
+
+
+def with_micro(overrides) -> list[str]:
+    """MICRO, with any key that `overrides` sets left to them (Hydra refuses a key twice)."""
+    keys = {o.lstrip("+").split("=")[0] for o in overrides}
+    return [o for o in MICRO if o.split("=")[0] not in keys] + list(overrides)
+
+
+def run_cli(
+    *args: str,
+    cwd: Path,
+    module: str = "nanogpt.run",
+    timeout: float = 300,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
+    """Run `python -m MODULE ARGS` for real, from `cwd`, capturing its output."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Run a multirun into tmp_path/sweep; returns (process, sweep_dir)."""
+
+    def _run(*overrides: str, micro: bool = True, **kwargs):
+        sweep_dir = tmp_path / "sweep"
+        args = [
+            "-m",
+            *(with_micro(overrides) if micro else overrides),
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+        return run_cli(*args, cwd=tmp_path, **kwargs), sweep_dir
+
+    return _run
+
+
+@pytest.fixture
+def single(tmp_path):
+    """Run one (non-multirun) job into tmp_path/run; returns (process, run_dir)."""
+
+    def _run(*overrides: str, micro: bool = True, **kwargs):
+        run_dir = tmp_path / "run"
+        args = [*(with_micro(overrides) if micro else overrides), f"hydra.run.dir={run_dir}"]
+        return run_cli(*args, cwd=tmp_path, **kwargs), run_dir
+
+    return _run

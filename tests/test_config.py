@@ -1,0 +1,89 @@
+"""Composition with Hydra's compose API against the structured-config schema."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+import nanogpt.run  # noqa: F401 - registers the schema
+from nanogpt.config import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
+from nanogpt.errors import ConfigError
+from nanogpt.run import CONF_DIR, to_spec
+
+from .conftest import with_micro
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_defaults_compose_to_a_valid_spec():
+    spec = to_spec(composed())
+    assert isinstance(spec, RunSpec)
+    assert spec.model.name == "nano" and spec.perf.dtype is Dtype.fp32
+    assert spec.perf.compile is False and spec.bench.isolate is True
+
+
+@pytest.mark.parametrize(
+    "name,layers,heads,width",
+    [
+        ("gpt2", 12, 12, 768),
+        ("gpt2-medium", 24, 16, 1024),
+        ("gpt2-large", 36, 20, 1280),
+        ("gpt2-xl", 48, 25, 1600),
+    ],
+)
+def test_gpt2_family_shapes(name, layers, heads, width):
+    m = to_spec(composed(f"model={name}")).model
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size) == (
+        layers,
+        heads,
+        width,
+        1024,
+        50304,
+    )
+
+
+def test_enum_choices_parse():
+    spec = to_spec(composed("perf.dtype=bf16", "perf.attention=manual"))
+    assert spec.perf.dtype is Dtype.bf16 and spec.perf.attention is Attention.manual
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.n_layers=3", "n_layers"),
+        ("perf.dtype=fp8", "perf.dtype"),
+        ("perf.batch_size=big", "perf.batch_size"),
+        ("model=gpt5", "model"),
+    ],
+)
+def test_schema_rejects_bad_keys_and_types_at_composition(override, key):
+    with pytest.raises(ConfigCompositionException) as err:
+        composed(override)
+    assert key in str(err.value) or key in str(err.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.n_embd=33", "model.n_embd"),
+        ("perf.batch_size=0", "perf.batch_size"),
+        ("perf.dtype=tf32", "perf.dtype"),
+        ("perf.attention=efficient", "perf.attention"),
+        ("bench.device=cuda", "bench.device"),
+        ("perf.compile_mode=fast", "perf.compile_mode"),
+        ("bench.inject_fault=boom", "bench.inject_fault"),
+    ],
+)
+def test_cross_field_checks_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        to_spec(composed(*with_micro([override])))
+    assert str(err.value).startswith(key)
+
+
+def test_spec_round_trips_through_json_dict():
+    spec = to_spec(composed("perf.dtype=fp16", "optimizer.impl=foreach"))
+    assert spec_from_dict(spec_to_dict(spec)) == spec

@@ -1,0 +1,105 @@
+"""The model's interface and the FLOP accounting, on real torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanogpt.model import GPT, GPTConfig
+from nanogpt.probes.flops import counted_flops_per_token, flops_per_token, model_flops
+from nanogpt.probes.memory import estimate_memory
+from nanogpt.probes.timing import summarize
+
+TINY = GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
+
+
+def test_forward_returns_logits_and_loss_and_ties_weights():
+    model = GPT(TINY)
+    idx = torch.randint(0, 256, (3, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 16, 256) and loss.ndim == 0
+    assert model.lm_head.weight is model.wte.weight
+    logits, loss = model(idx)
+    assert logits.shape == (3, 1, 256) and loss is None
+
+
+def test_num_params_counts_tied_weight_once_and_drops_wpe():
+    model = GPT(TINY)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    assert model.get_num_params(non_embedding=False) == sum(unique.values())
+    assert model.get_num_params() == sum(unique.values()) - 16 * 32
+
+
+@pytest.mark.parametrize("attention", ["auto", "math", "flash", "manual"])
+def test_attention_paths_agree(attention):
+    torch.manual_seed(0)
+    ref = GPT(TINY).eval()
+    other = GPT(GPTConfig(**{**TINY.__dict__, "attention": attention})).eval()
+    other.load_state_dict(ref.state_dict())
+    idx = torch.randint(0, 256, (2, 16))
+    torch.testing.assert_close(ref(idx, idx)[1], other(idx, idx)[1])
+
+
+def test_activation_checkpointing_gives_same_gradients():
+    torch.manual_seed(0)
+    plain = GPT(TINY)
+    ckpt = GPT(GPTConfig(**{**TINY.__dict__, "activation_checkpointing": True}))
+    ckpt.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 256, (2, 16))
+    for m in (plain, ckpt):
+        m(idx, idx)[1].backward()
+    torch.testing.assert_close(plain.wte.weight.grad, ckpt.wte.weight.grad)
+
+
+def test_gpt2_flops_per_token_equals_hand_computed_formula():
+    # GPT-2 124M shape, padded vocab: N excludes the 1024x768 position embedding.
+    n = 12 * (4 * 768 * 768 + 4 * 768 + 8 * 768 * 768 + 5 * 768 + 4 * 768) + 768 * 2 + 50304 * 768
+    hand = 6 * n + 12 * 12 * 12 * 64 * 1024
+    with torch.device("meta"):
+        model = GPT(GPTConfig())
+    figures = model_flops(model)
+    assert figures["n_params_flops"] == n
+    assert figures["flops_per_token"] == hand == flops_per_token(n, 12, 12, 64, 1024)
+
+
+def test_counted_flops_agree_with_formula_within_a_few_percent():
+    with torch.device("meta"):
+        model = GPT(GPTConfig())
+    formula = model_flops(model)["flops_per_token"]
+    counted = counted_flops_per_token(GPTConfig())
+    assert abs(counted - formula) / formula < 0.03
+
+
+def test_activation_checkpointing_adds_recompute_to_hardware_flops_only():
+    cfg = GPTConfig(**{**TINY.__dict__, "activation_checkpointing": True})
+    figures = model_flops(GPT(cfg))
+    assert figures["flops_per_token_hw"] > figures["flops_per_token"]
+    assert figures["flops_per_token"] == model_flops(GPT(TINY))["flops_per_token"]
+
+
+def test_memory_estimate_grows_with_batch_and_shrinks_with_checkpointing():
+    kw = dict(
+        n_params=10**6,
+        n_layer=4,
+        n_head=4,
+        n_embd=64,
+        block_size=64,
+        vocab_size=256,
+        optimizer="adamw",
+        dtype="fp32",
+        attention="auto",
+    )
+    small = estimate_memory(batch_size=1, activation_checkpointing=False, **kw)
+    big = estimate_memory(batch_size=8, activation_checkpointing=False, **kw)
+    ckpt = estimate_memory(batch_size=8, activation_checkpointing=True, **kw)
+    assert big["activations"] == 8 * small["activations"]
+    assert ckpt["activations"] < big["activations"]
+    assert small["optimizer_state"] == 2 * small["weights"]
+    assert small["total"] == sum(v for k, v in small.items() if k != "total")
+
+
+def test_summarize_statistics():
+    stats = summarize([10.0, 20.0, 30.0, 40.0, 50.0])
+    assert stats["median"] == 30.0 and stats["mean"] == 30.0
+    assert stats["p10"] == pytest.approx(14.0) and stats["p90"] == pytest.approx(46.0)
+    assert stats["cv"] == pytest.approx(stats["std"] / 30.0)

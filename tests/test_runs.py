@@ -1,0 +1,115 @@
+"""Real `python -m nanogpt.run` processes on micro configs: records, table, statistics."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pandas as pd
+import pytest
+
+from .conftest import SHAKESPEARE, needs_shared, run_cli
+
+
+def read_steps(job_dir):
+    with open(job_dir / "steps.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(sweep):
+    proc, sweep_dir = sweep("perf.batch_size=1,2", "optimizer.impl=foreach,for_loop")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sorted(sweep_dir.glob("*/result.json"))
+    assert len(results) == 4
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert len(table) == 4 and set(table["status"]) == {"ok"}
+    assert (sweep_dir / "summary.md").read_text().count("\n") == 6  # header, rule, 4 rows
+    assert table["speedup"].iloc[0] == pytest.approx(1.0)
+    for path in results:
+        record = json.loads(path.read_text())
+        assert record["device"] == "cpu" and record["world_size"] == 1
+        assert (path.parent / ".hydra" / "config.yaml").is_file()
+        assert record["env"]["torch"]
+    assert "tokens_per_s" in proc.stdout  # the table is printed
+
+
+def test_warmup_excluded_and_tokens_per_s_matches_step_time(single):
+    proc, run_dir = single("bench.warmup_steps=3", "bench.measure_steps=5", "perf.grad_accum=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "result.json").read_text())
+    rows = read_steps(run_dir)
+    assert [r["phase"] for r in rows] == ["warmup"] * 3 + ["measure"] * 5
+    measured = sorted(float(r["step_ms"]) for r in rows if r["phase"] == "measure")
+    assert record["measured_steps"] == 5
+    assert record["step_ms_median"] == pytest.approx(measured[2])
+    assert record["first_step_ms"] == pytest.approx(float(rows[0]["step_ms"]))
+    tokens_per_step = 2 * 16 * 2  # batch x block x grad_accum
+    assert record["tokens_per_step"] == tokens_per_step
+    assert record["tokens_per_s"] == pytest.approx(tokens_per_step / (measured[2] / 1e3))
+    achieved = record["flops_per_token"] * tokens_per_step / (measured[2] / 1e3)
+    assert record["achieved_tflops"] == pytest.approx(achieved / 1e12)
+    assert record["clock"] == "perf_counter"
+    assert record["loss_first"] > 0 and record["loss_last"] > 0
+
+
+def test_peak_override_sets_mfu(single):
+    proc, run_dir = single("hardware.peak_tflops=0.5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["peak_source"] == "override" and record["peak_tflops"] == 0.5
+    assert record["mfu"] == pytest.approx(record["achieved_tflops"] / 0.5)
+
+
+def test_time_budget_stops_measuring_after_min_steps(single):
+    proc, run_dir = single(
+        "bench.measure_steps=10000", "bench.time_budget_s=0.5", "bench.min_measure_steps=3"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["stopped_by_budget"] is True and 3 <= record["measured_steps"] < 10000
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.n_embd=33", "model.n_embd"),
+        ("bench.device=cuda", "bench.device"),
+        ("perf.dtype=tf32", "perf.dtype"),
+    ],
+)
+def test_bad_config_exits_nonzero_with_one_line_and_no_record(single, override, key):
+    proc, run_dir = single(override)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0 and key in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(run_dir.rglob("result.json"))
+
+
+@needs_shared
+def test_text_data_tokenizes_tinyshakespeare_and_trains(single, tmp_path):
+    proc, run_dir = single(
+        "data=text",
+        f"data.path={SHAKESPEARE}",
+        "model.vocab_size=50304",
+        f"data.cache_dir={tmp_path / 'tok'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "ok" and record["data_ms_median"] is not None
+    assert list((tmp_path / "tok").glob("*.bin"))
+
+
+def test_report_cli_rebuilds_table_and_refuses_empty_dir(sweep, tmp_path):
+    proc, sweep_dir = sweep("perf.batch_size=1,2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep_dir / "summary.csv").unlink()
+    again = run_cli(
+        str(sweep_dir), "--baseline", "perf.batch_size=2", cwd=tmp_path, module="nanogpt.report"
+    )
+    assert again.returncode == 0, again.stderr
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert table.loc[table["overrides"].str.contains("batch_size=2"), "speedup"].item() == 1.0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = run_cli(str(empty), cwd=tmp_path, module="nanogpt.report")
+    assert refused.returncode == 2 and "result.json" in refused.stderr
