@@ -22,17 +22,21 @@ from pathlib import Path
 
 import torch
 
+from nanogpt.config import OptimizerConfig
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer
-from nanogpt.config import OptimizerConfig
 from nanogpt.report import build_table
 
 # Small enough to be quick, large enough that a step is tens of ms (overhead would show).
 MODEL = dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=4096)
 BATCH, WARMUP, STEPS = 8, 3, 30
 RUN_ARGS = [f"model.{k}={v}" for k, v in MODEL.items()] + [
-    f"perf.batch_size={BATCH}", f"bench.warmup_steps={WARMUP}", f"bench.measure_steps={STEPS}",
-    "bench.device=cpu", "bench.time_budget_s=600", "logger=none",
+    f"perf.batch_size={BATCH}",
+    f"bench.warmup_steps={WARMUP}",
+    f"bench.measure_steps={STEPS}",
+    "bench.device=cpu",
+    "bench.time_budget_s=600",
+    "logger=none",
 ]
 
 
@@ -41,11 +45,12 @@ def bare_loop_tokens_per_s() -> float:
     torch.manual_seed(0)
     model = GPT(GPTConfig(**MODEL, bias=False))
     opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
-    x = torch.randint(0, MODEL["vocab_size"], (BATCH, MODEL["block_size"] + 1))
+    tokens = torch.randint(0, MODEL["vocab_size"], (BATCH, MODEL["block_size"] + 1))
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     times = []
     for step in range(WARMUP + STEPS):
         t0 = time.perf_counter()
-        _, loss = model(x[:, :-1], x[:, 1:])
+        _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -57,8 +62,9 @@ def bare_loop_tokens_per_s() -> float:
 
 def run(args: list[str], cwd: Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "nanogpt.run", *args], cwd=cwd, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "nanogpt.run", *args], cwd=cwd, check=True, capture_output=True
+    )
     return time.perf_counter() - t0
 
 
@@ -73,8 +79,16 @@ def fixed_cost_per_job(tmp: Path, jobs: int = 4) -> tuple[float, float]:
     sweep = tmp / "sweep"
     shutil.rmtree(sweep, ignore_errors=True)
     seeds = ",".join(str(s) for s in range(jobs))
-    wall = run(["-m", *RUN_ARGS, "bench.measure_steps=5", f"bench.seed={seeds}",
-                f"hydra.sweep.dir={sweep}"], tmp)
+    wall = run(
+        [
+            "-m",
+            *RUN_ARGS,
+            "bench.measure_steps=5",
+            f"bench.seed={seeds}",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        tmp,
+    )
     training = 0.0
     for steps in sweep.glob("*/steps.csv"):
         with open(steps) as f:
@@ -107,14 +121,20 @@ def main() -> None:
             bare = bare_loop_tokens_per_s()
             runner = runner_tokens_per_s(tmp)
             ratios.append(runner / bare)
-            print(f"round {i}: runner {runner:,.0f} tok/s, bare {bare:,.0f} tok/s, "
-                  f"ratio {runner / bare:.3f}")
+            print(
+                f"round {i}: runner {runner:,.0f} tok/s, bare {bare:,.0f} tok/s, "
+                f"ratio {runner / bare:.3f}"
+            )
         per_job, wall = fixed_cost_per_job(tmp)
         agg = aggregate_seconds(tmp, tmp / "sweep")
-    print(f"(a) runner / bare tokens/s, median of {rounds}: {statistics.median(ratios):.3f}"
-          "  (goal >= 0.98)")
-    print(f"(b) fixed cost per job: {per_job:.2f} s (4-job multirun, {wall:.1f} s wall)"
-          "  (goal <= 3 s)")
+    print(
+        f"(a) runner / bare tokens/s, median of {rounds}: {statistics.median(ratios):.3f}"
+        "  (goal >= 0.98)"
+    )
+    print(
+        f"(b) fixed cost per job: {per_job:.2f} s (4-job multirun, {wall:.1f} s wall)"
+        "  (goal <= 3 s)"
+    )
     print(f"(c) aggregating 1,000 records: {agg:.2f} s  (goal <= 2 s)")
 
 

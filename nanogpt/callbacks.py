@@ -1,25 +1,63 @@
-"""Hydra callbacks: at the end of a multirun, build the sweep's table.
+"""Hydra callbacks: at the end of a multirun, build the sweep's table (and send it to W&B).
 
 Hydra 1.3 skips on_multirun_end when a job raises, so jobs never raise for a failed point:
-they record it (nanogpt/job.py) and the table is always built here.
+they record it (nanogpt/job.py) and the table is always built here. A job that was interrupted
+(Ctrl-C) returns the status `interrupted`: on_job_end then builds the table of what is done and
+stops the sweep with exit status 130 (128 + SIGINT, the shell's convention).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
-from nanogpt import report
+from nanogpt import report, tracking
+from nanogpt.job import skipped_since
+
+INTERRUPTED_EXIT = 130
 
 
 class SweepReport(Callback):
+    started: float | None = None  # when this multirun started (epoch s)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.started = time.time()
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        if job_return.status != JobStatus.COMPLETED or job_return.return_value != "interrupted":
+            return
+        point = " ".join(job_return.overrides or []) or "defaults"
+        if config.hydra.mode == RunMode.MULTIRUN:
+            sweep_dir, _ = self._table(config)
+            resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
+            print(f"interrupted at {point}; {resume} (ok points are kept)", file=sys.stderr)
+        else:
+            print(f"interrupted: {point} is recorded with status interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        table = report.report(sweep_dir, baseline=config.report.baseline, plots=config.report.plots)
+        sweep_dir, table = self._table(config)
+        logger = OmegaConf.to_object(config.logger)
+        tracking.log_sweep_table(logger, sweep_dir, table, sweep_dir / report.SUMMARY_CSV)
         failed = report.failed_points(table)
         if failed:
             print(f"{len(failed)} point(s) failed: {'; '.join(failed)}", file=sys.stderr)
             sys.exit(1)
+
+    def _table(self, config: DictConfig):
+        """Build, write and print the sweep's table; say how many points a resume kept."""
+        sweep_dir = Path(config.hydra.sweep.dir)
+        table = report.report(sweep_dir, baseline=config.report.baseline, plots=config.report.plots)
+        skipped = skipped_since(sweep_dir, self.started) if self.started else 0
+        if skipped:
+            print(
+                f"resume: skipped {skipped} point(s) with an ok record from an earlier run "
+                "(bench.rerun=true measures them again)"
+            )
+        return sweep_dir, table

@@ -107,6 +107,7 @@ class BenchConfig:
     profile_steps: int = 3
     memory_snapshot: bool = False  # on CUDA OOM, save an allocator snapshot
     find_max_batch: bool = False  # grow then bisect perf.batch_size until OOM
+    max_batch_memory_gib: float | None = None  # the search's memory budget (default: all free)
     rerun: bool = False  # rerun points that already have an ok record
     inject_fault: str | None = None  # TESTING ONLY: oom@N | nan@N | raise@N | kill@N
 

@@ -1,7 +1,18 @@
-"""Data parallelism under torchrun: which process this is, and what DDP needs from the loop.
+"""Data parallelism: which process this is, how the ranks agree, and what DDP needs from the loop.
 
-torchrun sets RANK, LOCAL_RANK and WORLD_SIZE. Without them this is a world of one and every
-method is a no-op, so the training loop reads the same either way.
+A data-parallel job is N processes (ranks), one per device, that train one model in lockstep.
+Two launchers start them:
+- torchrun: `torchrun --standalone --nproc_per_node=N -m nanogpt.run ...` by hand, or the job
+  process's own `torchrun -m nanogpt.worker JOB_DIR` for dist.nproc=N. It exports RANK,
+  LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to every rank.
+- submitit with tasks_per_node=N (hydra/launcher=slurm or local): every task is a rank, and
+  `adopt_submitit_tasks()` exports the same variables from submitit's job environment.
+Without these variables this is a world of one and every method is a no-op, so the training loop
+reads the same either way.
+
+Rank 0 leads: it decides what to measure, writes the record and logs. The other ranks follow
+(nanogpt/worker.py `follow`): they receive the point from rank 0 (`share`), measure it in
+lockstep, and write nothing to the job dir.
 """
 
 from __future__ import annotations
@@ -9,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,17 +45,27 @@ class World:
         return self.rank == 0
 
     def device(self, requested: torch.device) -> torch.device:
-        """One GPU per process: cuda becomes cuda:LOCAL_RANK."""
+        """One GPU per process: cuda becomes this rank's GPU among those it can see (all of the
+        node's under torchrun; often just one under SLURM, which may bind a GPU to each task)."""
         if requested.type == "cuda" and self.size > 1:
-            return torch.device("cuda", self.local_rank)
+            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
         return requested
 
-    def init(self, device: torch.device) -> None:
-        """NCCL between GPUs, gloo between CPU processes."""
-        if self.size > 1 and not dist.is_initialized():
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    def init(self) -> None:
+        """Join the job's process group (rendezvous at MASTER_ADDR:MASTER_PORT).
+
+        One group, two transports chosen by a tensor's device: NCCL carries CUDA tensors (DDP's
+        gradient all-reduce), gloo carries CPU tensors and pickled objects (the point, the stop
+        flag, step times). Without CUDA, gloo carries everything. It does not depend on
+        bench.device, so a rank can join before it knows the point it will measure.
+        """
+        if self.size == 1 or dist.is_initialized():
+            return
+        backend = "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+            backend = "cpu:gloo,cuda:nccl"
+        dist.init_process_group(backend=backend)
 
     def shutdown(self) -> None:
         if self.size > 1 and dist.is_initialized():
@@ -58,20 +80,56 @@ class World:
         return DistributedDataParallel(model, device_ids=ids)
 
     def sync_grads(self, model: torch.nn.Module, last_micro_step: bool):
-        """Skip DDP's gradient all-reduce on all but the last micro-step of accumulation."""
+        """Skip DDP's gradient all-reduce on all but the last micro-step of accumulation: the
+        gradients accumulate locally and are averaged across ranks once per optimizer step."""
         if self.size > 1 and not last_micro_step:
             return model.no_sync()
         return contextlib.nullcontext()
 
+    def share(self, obj: Any) -> Any:
+        """Rank 0's `obj`, on every rank (the others pass anything, e.g. None)."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank if it is True on any rank."""
+        if self.size == 1:
+            return flag
+        value = torch.tensor([int(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
     def gather(self, values: list[float]) -> list[list[float]]:
-        """Every rank's list, on every rank."""
+        """Every rank's list, on every rank, in rank order."""
         if self.size == 1:
             return [values]
         out: list = [None] * self.size
         dist.all_gather_object(out, values)
         return out
 
-    def slowest_per_step(self, step_ms: list[float]) -> list[float]:
-        """Per step, the slowest rank's time: a data-parallel step ends when all ranks do."""
-        per_rank = self.gather(step_ms)
-        return [max(times) for times in zip(*per_rank, strict=True)]
+
+def slowest_per_step(per_rank: list[list[float]]) -> list[float]:
+    """Per step, the slowest rank's time: a data-parallel step ends when every rank's does (the
+    gradient all-reduce waits for the last one), so that is the job's step time."""
+    return [max(times) for times in zip(*per_rank, strict=True)]
+
+
+def adopt_submitit_tasks() -> bool:
+    """Make this submitit task a rank when its job has several tasks (tasks_per_node or nodes
+    > 1): export RANK, WORLD_SIZE, MASTER_ADDR... from submitit's job environment, the
+    variables torchrun would set. True if it did.
+
+    GPUs stay as SLURM made them visible (`World.device` picks this rank's among them).
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ or "WORLD_SIZE" in os.environ:
+        return False
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks == 1:
+        return False
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True

@@ -1,8 +1,17 @@
 """How a run can end, and a testing knob that makes it end that way.
 
-Statuses: ok | oom | diverged | error | interrupted | skipped.
-`oom` and `diverged` are results (a batch-size sweep is supposed to hit OOM at the top end);
-`error` and `interrupted` are failures that the sweep reports at its end.
+Every point ends with a record whose status is one of:
+
+  ok           measured to the end
+  oom          out of memory (CUDA, MPS or the CPU allocator)        -- a result: the sweep goes on
+  diverged     the loss became NaN/inf (checked once per log window) -- a result: the sweep goes on
+  error        any other exception, or a crash of the measuring process (type and message kept)
+  interrupted  Ctrl-C: recorded, then the sweep stops (exit 130) after building its table
+  skipped      (returned, never recorded) a resumed sweep kept the point's earlier ok record
+
+A failed point's record keeps what was measured before the failure (static figures, first step,
+memory peak, the completed measured steps). `error` and `interrupted` rows make the multirun
+exit non-zero, naming them, once the table is built (nanogpt/callbacks.py).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ class Diverged(RuntimeError):
 
 
 def classify(exc: BaseException) -> str:
+    """The status of a run that raised `exc`."""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
     if isinstance(exc, Diverged):
@@ -44,7 +54,10 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    """One line for the record: the exception's type and the first line of its message."""
+    message = str(exc).strip()
+    name = type(exc).__name__
+    return f"{name}: {message.splitlines()[0]}" if message else name
 
 
 @dataclass(frozen=True)

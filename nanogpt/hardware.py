@@ -7,8 +7,13 @@ one for the device *and* the math mode. A peak comes from one of these sources (
   `torch.cuda.get_device_name()` returns;
 - "cpu-estimate": cores x clock x FLOP per cycle, worked out from the CPU's SIMD flags;
 - "override": `hardware.peak_tflops=...` given by the user, which always wins;
-- "calibrated": a measured matmul peak (set elsewhere, by the calibration step);
+- "calibrated": the achievable matmul peak measured on this machine (nanogpt/calibrate.py), used
+  as `peak_tflops` only when none of the above exists (an unknown GPU, a CPU without an
+  estimate, MPS): then `mfu` and `mfu_achievable` are the same number;
 - "unknown": none of the above; MFU is then recorded as null rather than guessed.
+
+`peak_source` always describes `peak_tflops`. The calibrated figure also appears on its own, as
+`achievable_tflops` beside it, whatever `peak_source` says.
 
 Every figure here is DENSE. NVIDIA prints most tensor-core rates "with sparsity" (2:4 structured
 sparsity, which doubles the rate); dense training never gets that factor, so those prints are
@@ -364,8 +369,10 @@ def resolve_peak(
     device_name: str,
     dtype: str,
     override_tflops: float | None = None,
+    calibrated_flops: float | None = None,
 ) -> Peak:
-    """The peak for one run: the user's override, else the datasheet (cuda) or estimate (cpu)."""
+    """The peak for one run: the user's override, else the datasheet (cuda) or estimate (cpu),
+    else the calibrated (measured) matmul peak."""
     _check_dtype(dtype)
     if override_tflops is not None:
         if override_tflops <= 0:
@@ -377,10 +384,13 @@ def resolve_peak(
         flops, source = cpu_peak_estimate(dtype), "cpu-estimate"
     else:
         flops, source = None, "unknown"
+    if flops is None and calibrated_flops is not None:
+        flops, source = calibrated_flops, "calibrated"
     if flops is None:
         warnings.warn(
             f"No peak FLOP/s known for {device_type} device {device_name!r} at {dtype}, so MFU "
-            "will be null; set hardware.peak_tflops=<TFLOP/s> to supply one.",
+            "will be null; set hardware.peak_tflops=<TFLOP/s> to supply one, or "
+            "hardware.calibrate=true to measure one.",
             stacklevel=2,
         )
         return Peak(None, "unknown")
@@ -416,7 +426,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": _guarded(torch.backends.cudnn.version),
-        "nvidia_driver": _nvidia_driver(),
+        "nvidia_driver": nvidia_driver(),
         "device_count": _guarded(torch.cuda.device_count) or 0,
         "gpu_names": _guarded(_gpu_names) or [],
         "cpu_model": _guarded(cpu_model_name),
@@ -445,7 +455,7 @@ def _gpu_names() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
-def _nvidia_driver() -> str | None:
+def nvidia_driver() -> str | None:
     """Driver version via NVML (the nvidia-ml-py package); None without an NVIDIA driver."""
     try:
         import pynvml

@@ -4,11 +4,17 @@ By default the point is measured in a fresh child process (`python -m nanogpt.wo
 or torchrun with dist.nproc > 1): a clean allocator and clean peaks, no compiled graphs or W&B
 state carried over from the previous point, and a crash or kill -9 of the measuring process
 costs one record's figures, never the sweep. This process writes the record.
+
+Ctrl-C: the point is recorded as `interrupted` (with what was measured up to then) and the job
+returns that status; the Hydra callback then stops the sweep after building its table.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +26,11 @@ from nanogpt.config import RunSpec, spec_to_dict
 
 HANDOFF_FILE = "job.json"  # spec + job info, for the measuring process
 MEASUREMENT_FILE = "measurement.json"  # the measuring process's result, before it is recorded
+SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when
+# After Ctrl-C, how long the measuring process gets to write its figures before it is told again
+# (SIGINT) and then killed (SIGKILL).
+INTERRUPT_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
 
 
 @dataclass
@@ -56,15 +67,19 @@ def run_point(spec: RunSpec, job: Job) -> dict:
         done = records.find_ok(job.sweep_dir, job.overrides)
         if done is not None:
             print(f"[skip] {job.name}: ok record in {done} (bench.rerun=true measures it again)")
-            return {**records.read_result(done / records.RESULT_FILE), "status": "skipped"}
+            return {**_keep_record(done, job.job_dir), "status": "skipped"}
     job.job_dir.mkdir(parents=True, exist_ok=True)
+    (job.job_dir / SKIPPED_FILE).unlink(missing_ok=True)  # from an earlier run of the sweep
     started = time.perf_counter()
-    if spec.bench.isolate or spec.dist.nproc > 1:
-        result = _measure_in_child(spec, job)
-    else:
-        from nanogpt.worker import measure_point
+    try:
+        if spec.bench.isolate or spec.dist.nproc > 1:
+            result = _measure_in_child(spec, job)
+        else:
+            from nanogpt.worker import measure_point
 
-        result = measure_point(spec, job)
+            result = measure_point(spec, job)
+    except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
+        result = _failure(spec, job, "interrupted", "KeyboardInterrupt: before any figures")
     result["wall_s"] = time.perf_counter() - started
     records.write_steps(job.job_dir, result.pop("steps", []))
     records.write_result(job.job_dir, result)
@@ -81,20 +96,97 @@ def _measure_in_child(spec: RunSpec, job: Job) -> dict:
     env = dict(os.environ)
     if spec.bench.cold_compile_cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(job.job_dir / "inductor_cache")
-    proc = subprocess.run(_child_command(spec, job), env=env)
+    proc = subprocess.Popen(_child_command(spec, job), env=env, preexec_fn=_die_with_parent)
+    interrupted = _wait_for(proc)
     result = records.read_result(measurement)
     if result is None:
-        from nanogpt.worker import assemble
-
         how = (
-            f"killed by signal {-proc.returncode}"
+            f"was killed by signal {-proc.returncode}"
             if proc.returncode < 0
             else (f"exited with code {proc.returncode}")
         )
         error = f"WorkerCrash: the measuring process {how} before writing its figures"
-        result = assemble(spec, job, {"status": "error", "error": error})
+        result = _failure(spec, job, "interrupted" if interrupted else "error", error)
+    if interrupted:
+        # Ctrl-C stops the sweep whatever the point's figures say; a resume measures it again.
+        result["status"] = "interrupted"
+        result["error"] = result.get("error") or "KeyboardInterrupt: interrupted while finishing"
     measurement.unlink(missing_ok=True)
     return result
+
+
+def _wait_for(proc: subprocess.Popen) -> bool:
+    """Wait for the measuring process to exit; True if Ctrl-C came meanwhile.
+
+    Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so the measuring
+    process gets it too: it records what it measured as `interrupted` and exits. It gets
+    INTERRUPT_GRACE_S to do so; if it is still running (the signal went to this process alone,
+    e.g. `kill -INT`), SIGINT is passed on, then SIGKILL. A second Ctrl-C kills it at once.
+    """
+    try:
+        proc.wait()
+        return False
+    except KeyboardInterrupt:
+        pass
+    try:
+        for escalate in (None, signal.SIGINT, signal.SIGKILL):
+            if escalate is not None:
+                proc.send_signal(escalate)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+    return True
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec (Linux): SIGKILL it when this job process dies, so a kill -9
+    of the sweep leaves no orphan still measuring (and skewing the timings of a rerun)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux/glibc: an orphan finishes its point and exits
+        pass
+
+
+def _failure(spec: RunSpec, job: Job, status: str, error: str) -> dict:
+    """The record of a point that ended before the measuring code could report any figures."""
+    from nanogpt.worker import assemble
+
+    return assemble(spec, job, {"status": status, "error": error})
+
+
+def _keep_record(done: Path, job_dir: Path) -> dict:
+    """The ok record of a resumed point, copied into this job's dir if it lives elsewhere.
+
+    Hydra numbers job dirs by position in the sweep, so when a resumed sweep's list of points
+    changed, the record may sit in a dir that a later job of this sweep reuses and overwrites.
+    """
+    record = records.read_result(done / records.RESULT_FILE)
+    if done.resolve() != job_dir.resolve():
+        steps = done / records.STEPS_FILE
+        if steps.is_file():
+            records.write_atomic(job_dir / records.STEPS_FILE, steps.read_text(encoding="utf-8"))
+        record = {**record, "job_dir": str(job_dir)}
+        records.write_result(job_dir, record)
+    records.write_json(job_dir / SKIPPED_FILE, {"kept_from": str(done), "at": time.time()})
+    return record
+
+
+def skipped_since(sweep_dir: Path, since: float) -> int:
+    """How many jobs below sweep_dir kept an earlier ok record at or after `since` (epoch s)."""
+    count = 0
+    for marker in sweep_dir.rglob(SKIPPED_FILE):
+        try:
+            at = json.loads(marker.read_text(encoding="utf-8"))["at"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable, so not written by this run (writes are atomic)
+        if at >= since:
+            count += 1
+    return count
 
 
 def _child_command(spec: RunSpec, job: Job) -> list[str]:

@@ -56,6 +56,7 @@ RESULT_COLUMNS = (
     "step_ms_p90",
     "step_ms_std",
     "step_ms_cv",
+    "step_ms_median_per_rank",  # a list, one median per rank (step_ms_* are the slowest rank's)
     "data_ms_median",
     "tokens_per_s",
     "flops_per_token",
@@ -83,12 +84,14 @@ RESULT_COLUMNS = (
 )
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write text (UTF-8) or bytes to `path` atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    binary = isinstance(data, bytes)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

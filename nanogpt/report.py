@@ -126,7 +126,7 @@ def failed_points(table: pd.DataFrame) -> list[str]:
 
 
 def printable(table: pd.DataFrame) -> str:
-    shown = table[list(PRINTED_COLUMNS)].copy()
+    shown = table[list(PRINTED_COLUMNS)].fillna(float("nan"))  # None prints as "-" too
     for col in ("mem_peak_rss_bytes", "mem_peak_allocated_bytes"):
         shown[col] = shown[col].astype("float64") / 2**20
     shown = shown.rename(

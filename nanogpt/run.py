@@ -3,10 +3,15 @@
 This module and nanogpt/callbacks.py are the only ones that know Hydra. Hydra composes the
 config from conf/ against the schema in nanogpt/config.py; from here on the library sees a
 plain RunSpec.
+
+Data parallelism (nanogpt/distributed.py): under `torchrun --nproc_per_node=N -m nanogpt.run`,
+or as one of N submitit tasks (hydra/launcher=slurm with tasks_per_node=N), this process is a
+rank. Rank 0 runs the point and writes its record; the other ranks follow it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -17,9 +22,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from nanogpt.config import RunSpec
+from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
 from nanogpt.job import Job, run_point
 from nanogpt.validate import check
+from nanogpt.worker import follow, release_followers
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -42,19 +49,74 @@ def job_from_hydra(cfg: DictConfig) -> Job:
         overrides=list(hc.overrides.task),
         sweep_dir=sweep_dir,
         group=sweep_dir.name if sweep_dir else None,
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
     )
 
 
+def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
+    """The spec of a point that this process measures as rank 0 of a world already running.
+
+    It is measured here: the ranks are this process and its peers, so there is no child process
+    to isolate it in, and no torchrun to start (dist.nproc). A multirun under torchrun by hand
+    is refused: its points would run one after another in the same processes, unisolated, and
+    one failed point would end them all.
+    """
+    if spec.dist.nproc != 1:
+        raise ConfigError(
+            "dist.nproc",
+            f"is {spec.dist.nproc} but this process already is rank 0 of {world.size} "
+            "(started by torchrun or as a submitit task)",
+            "drop dist.nproc: the ranks are already there",
+        )
+    if by_torchrun and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise ConfigError(
+            "--multirun",
+            "under torchrun all points would run one after another in the same processes",
+            "sweep with `python -m nanogpt.run -m dist.nproc=N ...`: each point starts torchrun",
+        )
+    return dataclasses.replace(spec, bench=dataclasses.replace(spec.bench, isolate=False))
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> str:
+def main(cfg: DictConfig) -> str | int:
+    by_submitit = adopt_submitit_tasks()
+    world = World.from_env()
+    if not world.is_main:  # a submitit task of rank > 0 (under torchrun: see __main__ below)
+        return follow()
     try:
         spec = to_spec(cfg)
+        if world.size > 1:
+            spec = as_rank(spec, world, by_torchrun=not by_submitit)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        if world.size > 1:
+            release_followers(world)
         sys.exit(2)
-    return run_point(spec, job_from_hydra(cfg))["status"]
+    status = run_point(spec, job_from_hydra(cfg))["status"]
+    if world.size > 1 and status not in ("ok", "skipped"):
+        # No more messages: a follower may still be stuck in a collective. Under torchrun, exit
+        # non-zero so that torchrun stops them. A submitit task returns (a failed task would
+        # cost the whole sweep); its followers fail or exit with this process.
+        if not by_submitit:
+            sys.exit(1)
+    elif by_submitit:
+        release_followers(world)  # this task's one job is done
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    # Under torchrun by hand only rank 0 runs Hydra, so there is one run dir (named by rank 0's
+    # clock: each rank's own would differ across a second boundary), one .hydra/ and one log.
+    # The other ranks never compose a config: they measure the point rank 0 sends them
+    # (worker.follow) in lockstep and write nothing to the run dir. Rank 0 tells them it is
+    # done once Hydra returns, whether it ran a point or not (--help, --cfg); after an error it
+    # exits non-zero instead, and torchrun stops them.
+    world = World.from_env()
+    if not world.is_main:
+        sys.exit(follow())
+    try:
+        main()
+    except SystemExit as stop:
+        if stop.code:
+            raise
+    release_followers(world)

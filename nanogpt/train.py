@@ -27,7 +27,7 @@ from tqdm import tqdm
 from nanogpt import hardware
 from nanogpt.config import Attention, Dtype, RunSpec
 from nanogpt.data import open_source
-from nanogpt.distributed import World
+from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import Diverged, Fault, classify, describe
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer
@@ -77,6 +77,18 @@ def set_matmul_precision(dtype: Dtype) -> None:
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
+def data_source(spec: RunSpec, device: torch.device, world: World, batch_size: int):
+    """The batches a Trainer draws (nanogpt/maxbatch.py reopens it at other batch sizes)."""
+    return open_source(
+        spec.data,
+        vocab_size=spec.model.vocab_size,
+        block_size=spec.model.block_size,
+        batch_size=batch_size,
+        device=device,
+        seed=spec.bench.seed + world.rank,
+    )
+
+
 class Trainer:
     """Model, optimizer, precision and data for one point; `step()` is one optimizer step."""
 
@@ -99,14 +111,7 @@ class Trainer:
         self.backend = SDPA_BACKENDS.get(perf.attention)
         self.grad_accum = perf.grad_accum
         self.grad_clip = spec.optimizer.grad_clip
-        self.source = open_source(
-            spec.data,
-            vocab_size=spec.model.vocab_size,
-            block_size=spec.model.block_size,
-            batch_size=perf.batch_size,
-            device=device,
-            seed=spec.bench.seed + world.rank,
-        )
+        self.source = data_source(spec, device, world, perf.batch_size)
         self.fault = Fault.parse(spec.bench.inject_fault)
         self.steps_done = 0
         self.last_data_ms = 0.0
@@ -167,8 +172,11 @@ def measure(spec: RunSpec, device: torch.device, out_dir: Path, world: World, si
     figures: dict = {"device": str(device), "world_size": world.size, "status": "running"}
     log = StepLog(rows=[])
     trainer = None
+    # Allocation history (with stack traces) for the snapshot saved on OOM; it slows allocation
+    # down a little, so it is on only when asked for.
+    record_history = spec.bench.memory_snapshot and device.type == "cuda"
     try:
-        if spec.bench.memory_snapshot and device.type == "cuda":
+        if record_history:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
         trainer = Trainer(spec, device, world)
         _run_phases(spec, trainer, figures, log, sinks, out_dir)
@@ -176,13 +184,24 @@ def measure(spec: RunSpec, device: torch.device, out_dir: Path, world: World, si
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
         figures["status"] = classify(exc)
         figures["error"] = describe(exc)
-        if figures["status"] == "oom" and spec.bench.memory_snapshot:
-            figures["memory_snapshot"] = _save_memory_snapshot(device, out_dir)
+        _keep_measured_steps(figures, log)
+        if figures["status"] == "oom" and record_history:
+            figures["memory_snapshot"] = _save_memory_snapshot(out_dir)
     finally:
         figures["steps"] = log.rows
-        del trainer
+        if record_history:
+            torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
+        del trainer  # the model, optimizer, batches and compiled graph go with it
         release(device)
     return figures
+
+
+def _keep_measured_steps(figures: dict, log: StepLog) -> None:
+    """After a failure, the timing of the measured steps that completed (this rank's clock)."""
+    step_ms = log.measured("step_ms")
+    figures["measured_steps"] = len(step_ms)
+    if step_ms:
+        figures.update({f"step_ms_{k}": v for k, v in summarize(step_ms).items()})
 
 
 def _run_phases(spec, trainer, figures, log, sinks, out_dir) -> None:
@@ -268,7 +287,7 @@ def _warmup(spec, trainer, log, bar, sinks, memory) -> None:
 
 
 def _measured_steps(spec, trainer, figures, log, bar, sinks, memory) -> None:
-    bench = spec.bench
+    bench, world = spec.bench, trainer.world
     interval = spec.logger.log_interval
     window = Window(trainer, log, "measure")
     started = time.perf_counter()
@@ -278,12 +297,18 @@ def _measured_steps(spec, trainer, figures, log, bar, sinks, memory) -> None:
         done += 1
         bar.update(1)
         over_budget = time.perf_counter() - started > bench.time_budget_s
-        if window.count == interval or done == bench.measure_steps or over_budget:
+        # The ranks of a data-parallel job must stop after the same step: one that stopped alone
+        # would leave the others waiting in DDP's all-reduce. They decide together at window
+        # ends, where the device is read anyway, stopping when any rank's clock is over budget
+        # (so a budget can overrun by up to one window). A world of one ends a window as soon as
+        # its own clock runs out.
+        window_full = window.count == interval or done == bench.measure_steps
+        if window_full or (over_budget and world.size == 1):
             stats = window.close()
             figures["loss_last"] = stats["loss"]
             _emit(stats, sinks, memory, bar)
-        if over_budget and done >= bench.min_measure_steps:
-            break
+            if world.any_rank(over_budget) and done >= bench.min_measure_steps:
+                break
     figures["measured_steps"] = done
     figures["stopped_by_budget"] = done < bench.measure_steps
 
@@ -319,6 +344,7 @@ class Window:
             "step": self.trainer.steps_done,
             "step_ms": summarize(times)["median"],
             "loss": loss,
+            "lr": self.trainer.optimizer.param_groups[0]["lr"],  # a host float: no sync
         }
         self.loss_sum.zero_()
         self.data_ms.clear()
@@ -341,8 +367,11 @@ def _profile(spec, trainer, log, out_dir: Path) -> dict:
 
 def _derive(spec: RunSpec, trainer: Trainer, figures: dict, log: StepLog) -> None:
     """Statistics over measured steps only, then tokens/s, FLOP/s and MFU."""
-    step_ms = trainer.world.slowest_per_step(log.measured("step_ms"))
-    stats = summarize(step_ms)
+    # Every rank's step times; the job's step is the slowest rank's (distributed.py).
+    per_rank = trainer.world.gather(log.measured("step_ms"))
+    figures["step_ms_per_rank"] = per_rank
+    figures["step_ms_median_per_rank"] = [summarize(times)["median"] for times in per_rank]
+    stats = summarize(slowest_per_step(per_rank))
     figures.update({f"step_ms_{k}": v for k, v in stats.items()})
     figures["data_ms_median"] = summarize(log.measured("data_ms"))["median"]
     median_s = stats["median"] / 1e3
@@ -350,11 +379,19 @@ def _derive(spec: RunSpec, trainer: Trainer, figures: dict, log: StepLog) -> Non
     figures["tokens_per_s"] = figures["tokens_per_step"] / median_s
     achieved = figures["flops_per_token"] * tokens_per_rank / median_s  # per device
     figures["achieved_tflops"] = achieved / 1e12
+    # The measured matmul peak, if this machine was calibrated (nanogpt/calibrate.py imports
+    # this module, hence the local import).
+    from nanogpt import calibrate
+
+    dtype = spec.perf.dtype.value
+    figures.update(calibrate.achievable_figures(trainer.device, dtype, achieved))
+    achievable = figures["achievable_tflops"]
     peak = hardware.resolve_peak(
         trainer.device.type,
         figures["device_name"],
-        spec.perf.dtype.value,
+        dtype,
         spec.hardware.peak_tflops,
+        calibrated_flops=achievable * 1e12 if achievable else None,
     )
     figures["peak_tflops"] = peak.flops / 1e12 if peak.flops else None
     figures["peak_source"] = peak.source
@@ -367,10 +404,16 @@ def _derive(spec: RunSpec, trainer: Trainer, figures: dict, log: StepLog) -> Non
     figures["clock"] = StepTimer(trainer.device).clock
 
 
-def _save_memory_snapshot(device: torch.device, out_dir: Path) -> str | None:
-    """The pickle that PyTorch's memory visualiser (pytorch.org/memory_viz) reads."""
-    if device.type != "cuda":
-        return None
+def _save_memory_snapshot(out_dir: Path) -> str | None:
+    """Save the CUDA allocator's snapshot, the pickle that pytorch.org/memory_viz reads (PyTorch
+    docs, "Understanding CUDA Memory Usage"). Written beside, then renamed: never half a file."""
     path = out_dir / "memory_snapshot.pickle"
-    torch.cuda.memory._dump_snapshot(str(path))
+    partial = out_dir / ".memory_snapshot.pickle.tmp"
+    try:
+        torch.cuda.memory._dump_snapshot(str(partial))
+        os.replace(partial, path)
+    except Exception as exc:  # the record matters more than the snapshot
+        partial.unlink(missing_ok=True)
+        print(f"warning: no memory snapshot ({describe(exc)})")
+        return None
     return path.name

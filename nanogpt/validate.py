@@ -51,6 +51,12 @@ def check_sizes(spec: RunSpec) -> None:
         _at_least(key, value, 1)
     if b.time_budget_s <= 0:
         raise ConfigError("bench.time_budget_s", "must be positive", "set it to seconds, e.g. 20")
+    if b.max_batch_memory_gib is not None and b.max_batch_memory_gib <= 0:
+        raise ConfigError(
+            "bench.max_batch_memory_gib",
+            "must be positive",
+            "give GiB, or null for all the memory that is free",
+        )
     if spec.hardware.peak_tflops is not None and spec.hardware.peak_tflops <= 0:
         raise ConfigError(
             "hardware.peak_tflops", "must be positive", "give TFLOP/s or null for the datasheet"

@@ -4,20 +4,29 @@
   took from the driver (reserved), reset when the probe starts.
 - NVML (nvidia-ml-py): device memory in use as the driver sees it, all processes included;
   sampled at each window, the largest sample kept.
-- Process peak RSS from getrusage (lifetime of the process: exact when each point runs in its own
-  child process, the default).
+- Process peak RSS (resident host memory). On Linux the kernel's peak (VmHWM) is reset when the
+  probe starts, so it covers this point alone even when several points share a process
+  (bench.isolate=false). Elsewhere it falls back to getrusage's ru_maxrss, which cannot be reset:
+  the peak of the process's whole life, exact only when each point has its own process (the
+  default). The record says which method it used (mem_peak_rss_method).
 The estimate counts weights, gradients, optimizer state, activations and logits, so a user can
 see where memory goes and what batch size fits.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import resource
 import sys
+from pathlib import Path
 
 import psutil
 import torch
+
+# proc(5): writing "5" to clear_refs resets the process's peak RSS (VmHWM) to its current RSS.
+CLEAR_REFS = Path("/proc/self/clear_refs")
+PROC_STATUS = Path("/proc/self/status")
 
 
 class MemoryProbe:
@@ -26,8 +35,10 @@ class MemoryProbe:
         self.cuda = device.type == "cuda"
         self._nvml_handle = _nvml_handle(device) if self.cuda else None
         self._nvml_peak: int | None = None
+        self.rss_method = "ru_maxrss"
 
     def start(self) -> None:
+        self.rss_method = reset_peak_rss()
         if self.cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -49,7 +60,8 @@ class MemoryProbe:
             "mem_peak_allocated_bytes": None,
             "mem_peak_reserved_bytes": None,
             "mem_nvml_used_bytes": self._nvml_peak,
-            "mem_peak_rss_bytes": peak_rss_bytes(),
+            "mem_peak_rss_bytes": peak_rss_bytes(self.rss_method),
+            "mem_peak_rss_method": self.rss_method,
         }
         if self.cuda:
             out["mem_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
@@ -57,18 +69,64 @@ class MemoryProbe:
         return out
 
 
-def peak_rss_bytes() -> int:
+def reset_peak_rss() -> str:
+    """Start a fresh peak-RSS count; returns how peak_rss_bytes will read it.
+
+    "vmhwm": the kernel's high-water mark, reset now (Linux; needs a writable clear_refs).
+    "ru_maxrss": getrusage's peak, not resettable: the peak since the process started.
+    """
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:  # not Linux, or /proc is read-only (some sandboxes)
+        return "ru_maxrss"
+    return "vmhwm" if _vmhwm_bytes() is not None else "ru_maxrss"
+
+
+def peak_rss_bytes(method: str = "ru_maxrss") -> int:
+    if method == "vmhwm":
+        peak = _vmhwm_bytes()
+        if peak is not None:
+            return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
 
+def _vmhwm_bytes() -> int | None:
+    try:
+        status = PROC_STATUS.read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # "VmHWM:   123456 kB"
+    return None
+
+
 def release(device: torch.device) -> None:
-    """Free what a finished job held so the next one in this process starts clean."""
+    """Free what a finished job held so the next one in this process starts clean.
+
+    The caller drops its references (model, optimizer, batches); this collects them, drops
+    compiled graphs and their guards, returns cached CUDA blocks to the driver and resets the
+    peaks, and hands free C-heap pages back to the OS so the next point's RSS starts low.
+    """
+    dynamo = sys.modules.get("torch._dynamo")  # loaded only if something was compiled
+    if dynamo is not None:
+        dynamo.reset()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+    _trim_c_heap()
+
+
+def _trim_c_heap() -> None:
+    """glibc keeps freed memory in its heap for reuse (still resident): malloc_trim(0) returns
+    what it can to the OS. A no-op where there is no glibc (macOS, musl)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _nvml_handle(device: torch.device):

@@ -1,0 +1,235 @@
+"""Plots of a sweep: PNGs written into the sweep dir, beside summary.csv.
+
+`python -m nanogpt.report DIR --plots` (or report.plots=true in a multirun) draws, from the rows
+of the sweep table and each point's own files:
+- throughput.png      tokens/s per point (failed points are named, with their status, barless)
+- mfu.png             MFU per point, against the peak named in the title
+- batch_scaling.png   tokens/s and peak memory against perf.batch_size, one line per setting of
+                      the other overrides; batch sizes that ran out of memory are marked
+- step_times.png      the distribution of each point's measured step times (its steps.csv)
+- memory_anatomy.png  the analytic memory estimate by component (result.json's mem_estimate)
+                      beside the measured peak
+A plot that has nothing to show (batch size does not vary, no MFU without a peak) is skipped
+with a message. Points are labelled by the overrides that differ between them.
+
+Drawn with matplotlib's object API on the Agg canvas: no pyplot state, no display needed.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from nanogpt import records
+
+MIB, GIB = 2**20, 2**30
+MEMORY_PARTS = ("weights", "gradients", "optimizer_state", "activations", "logits")
+
+
+class NoData(Exception):
+    """Raised by a plot that has nothing to draw; the message says why."""
+
+
+def point_labels(table: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
+    """Per row, the overrides whose value is not the same in every row (minus `drop` keys)."""
+    parsed = [_overrides(text) for text in table["overrides"]]
+    keys = dict.fromkeys(key for point in parsed for key in point)
+    varying = [
+        key for key in keys if key not in drop and len({point.get(key) for point in parsed}) > 1
+    ]
+    return [" ".join(f"{k}={point[k]}" for k in varying if k in point) for point in parsed]
+
+
+def _overrides(text: str) -> dict[str, str]:
+    pairs = (item.partition("=") for item in str(text).split() if "=" in item)
+    return {key: value for key, _, value in pairs}
+
+
+def _tagged_labels(table: pd.DataFrame) -> list[str]:
+    """Point labels, with the status appended to the points that are not ok."""
+    names = [label or "defaults" for label in point_labels(table)]
+    return [
+        name if status == "ok" else f"{name} [{status}]"
+        for name, status in zip(names, table["status"], strict=True)
+    ]
+
+
+def _figure(n_rows: int, width: float = 8.0) -> Figure:
+    fig = Figure(figsize=(width, max(3.0, 0.4 * n_rows + 1.5)), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _bars(table: pd.DataFrame, column: str, scale: float, xlabel: str, title: str) -> Figure:
+    """One horizontal bar per row that has `column`; every row is named on the y axis."""
+    values = pd.to_numeric(table[column], errors="coerce") * scale
+    if values.isna().all():
+        raise NoData(f"no point has {column}")
+    fig = _figure(len(table))
+    ax = fig.add_subplot()
+    rows = list(range(len(table)))[::-1]  # first point on top
+    has = values.notna().to_list()
+    ax.barh([r for r, ok in zip(rows, has, strict=True) if ok], values[values.notna()])
+    ax.set_yticks(rows, _tagged_labels(table))
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    return fig
+
+
+def throughput(table: pd.DataFrame) -> Figure:
+    return _bars(table, "tokens_per_s", 1.0, "tokens/s (median step)", "Throughput per point")
+
+
+def mfu(table: pd.DataFrame) -> Figure:
+    if pd.to_numeric(table["mfu"], errors="coerce").isna().all():
+        raise NoData("MFU is null for every point (no peak known: set hardware.peak_tflops)")
+    sources = table.loc[table["mfu"].notna(), "peak_source"].dropna().unique()
+    title = f"Model FLOPs utilisation (peak: {', '.join(map(str, sources))})"
+    return _bars(table, "mfu", 100.0, "MFU (%)", title)
+
+
+def measured_peak(table: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Peak bytes per row: the CUDA allocator's when any row has it, else the process's RSS."""
+    cuda = pd.to_numeric(table["mem_peak_allocated_bytes"], errors="coerce")
+    if cuda.notna().any():
+        return cuda, "peak CUDA allocated"
+    # RSS also holds the interpreter, PyTorch's libraries and freed-but-cached heap pages.
+    return pd.to_numeric(table["mem_peak_rss_bytes"], errors="coerce"), "peak RSS"
+
+
+def batch_scaling(table: pd.DataFrame) -> Figure:
+    batch = pd.to_numeric(table["batch_size"], errors="coerce")
+    if batch.nunique() < 2:
+        raise NoData("perf.batch_size does not vary across the points")
+    tokens = pd.to_numeric(table["tokens_per_s"], errors="coerce")
+    peak, peak_name = measured_peak(table)
+    data = pd.DataFrame(
+        {
+            "series": point_labels(table, drop=("perf.batch_size",)),
+            "batch": batch,
+            "tokens": tokens,
+            "peak": peak / MIB,
+        }
+    )
+    fig = _figure(0, width=11.0)
+    speed_ax, memory_ax = fig.subplots(1, 2)
+    for series, rows in data[data["tokens"].notna()].groupby("series", sort=False):
+        rows = rows.sort_values("batch")
+        speed_ax.plot(rows["batch"], rows["tokens"], marker="o", label=series or "all points")
+        memory_ax.plot(rows["batch"], rows["peak"], marker="o", label=series or "all points")
+    for size in sorted(batch[table["status"] == "oom"].unique()):
+        for ax in (speed_ax, memory_ax):
+            ax.axvline(size, color="red", linestyle=":", label=f"oom at {size}")
+    found = pd.to_numeric(table["max_batch_size"], errors="coerce").dropna()
+    for size in sorted(found.unique()):
+        memory_ax.axvline(size, color="green", linestyle="--", label=f"max batch found: {size}")
+    for ax, ylabel in ((speed_ax, "tokens/s"), (memory_ax, f"{peak_name} (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("perf.batch_size (sequences per micro-batch)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize="small")
+    speed_ax.set_title("Throughput against batch size")
+    memory_ax.set_title("Memory against batch size")
+    return fig
+
+
+def measured_step_ms(job_dir: str | Path) -> list[float]:
+    """A point's measured step times (ms) from its steps.csv (rank 0's under torchrun, where
+    the table's step_ms_* take the slowest rank per step); [] when there are none."""
+    path = Path(job_dir) / records.STEPS_FILE
+    if not path.is_file():
+        return []
+    steps = pd.read_csv(path)
+    return steps.loc[steps["phase"] == "measure", "step_ms"].astype(float).to_list()
+
+
+def step_times(table: pd.DataFrame) -> Figure:
+    labels = _tagged_labels(table)
+    jobs = table["job_dir"]
+    series = [(label, measured_step_ms(job)) for label, job in zip(labels, jobs, strict=True)]
+    series = [(label, ms) for label, ms in series if ms]
+    if not series:
+        raise NoData("no point has measured steps in its steps.csv")
+    fig = _figure(len(series))
+    ax = fig.add_subplot()
+    series.reverse()  # first point on top
+    ax.boxplot(
+        [ms for _, ms in series],
+        orientation="horizontal",
+        tick_labels=[label for label, _ in series],
+        medianprops={"gid": "median"},  # names the median lines among the box's artists
+    )
+    ax.set_xlabel("step time (ms), measured steps only")
+    ax.set_title("Step-time distribution per point")
+    return fig
+
+
+def memory_estimate(job_dir: str | Path) -> dict | None:
+    record = records.read_result(Path(job_dir) / records.RESULT_FILE)
+    return record.get("mem_estimate") if record else None
+
+
+def memory_anatomy(table: pd.DataFrame) -> Figure:
+    estimates = [memory_estimate(job) for job in table["job_dir"]]
+    keep = [estimate is not None for estimate in estimates]
+    if not any(keep):
+        raise NoData("no point's result.json has a mem_estimate")
+    shown = table[keep]
+    estimates = [e for e in estimates if e is not None]
+    peak, peak_name = measured_peak(shown)
+    largest = max(peak.max(skipna=True), *(e.get("total", 0) for e in estimates))
+    unit, scale = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
+    fig = _figure(2 * len(shown))
+    ax = fig.add_subplot()
+    rows = list(range(len(shown)))[::-1]
+    left = [0.0] * len(shown)
+    for part in MEMORY_PARTS:
+        widths = [e.get(part, 0) / scale for e in estimates]
+        ax.barh([r + 0.2 for r in rows], widths, 0.4, left=left, label=f"estimate: {part}")
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.barh(
+        [r - 0.2 for r in rows], peak / scale, 0.4, color="black", label=f"measured: {peak_name}"
+    )
+    labels = [label for label, kept in zip(_tagged_labels(table), keep, strict=True) if kept]
+    ax.set_yticks(rows, labels)
+    ax.set_xlabel(unit)
+    ax.set_title("Memory: estimate by part (upper bar), measured peak (lower)")
+    fig.legend(loc="outside lower center", ncols=3, fontsize="small")
+    return fig
+
+
+PLOTS: dict[str, Callable[[pd.DataFrame], Figure]] = {
+    "throughput.png": throughput,
+    "mfu.png": mfu,
+    "batch_scaling.png": batch_scaling,
+    "step_times.png": step_times,
+    "memory_anatomy.png": memory_anatomy,
+}
+
+
+def figures(table: pd.DataFrame) -> dict[str, Figure]:
+    """Every plot that has data, by file name; the others are skipped with a message."""
+    drawn = {}
+    for name, draw in PLOTS.items():
+        try:
+            drawn[name] = draw(table)
+        except NoData as why:
+            print(f"plot skipped: {name}: {why}", file=sys.stderr)
+    return drawn
+
+
+def write_plots(sweep_dir: Path, table: pd.DataFrame) -> list[Path]:
+    """Draw the plots of a sweep table and write each PNG atomically into the sweep dir."""
+    written = []
+    for name, fig in figures(table).items():
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
+        records.write_atomic(sweep_dir / name, buffer.getvalue())
+        written.append(sweep_dir / name)
+    return written

@@ -1,0 +1,78 @@
+"""torch.profiler over a window of steps: a Chrome trace and the top ops by self time.
+
+`bench.profile=true` runs bench.profile_steps extra steps between warmup and the measured steps
+under torch.profiler (PyTorch docs, "PyTorch Profiler" recipe). The profiler adds its own
+overhead, so these steps are logged with phase "profile" and never enter a timing statistic.
+
+Written: the job dir's trace.json (open it in chrome://tracing or ui.perfetto.dev) and, in the
+record, `profile_top_ops`: the ops with the most self time on the host (time inside the op
+itself, not in the ops it calls), plus `profile_top_ops_cuda` by GPU kernel time on CUDA.
+`self_ms` is the total over the profiled steps; `calls` counts the op's calls in them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch.profiler import ProfilerActivity, profile
+
+from nanogpt.probes.timing import synchronize
+
+if TYPE_CHECKING:
+    from nanogpt.train import StepLog, Trainer
+
+TOP_OPS = 15
+
+
+def profile_steps(trainer: Trainer, n_steps: int, out_dir: Path, log: StepLog) -> dict:
+    """Run `n_steps` optimizer steps under the profiler; returns the record's profile figures."""
+    device = trainer.device
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(n_steps):
+            synchronize(device)
+            started = time.perf_counter()
+            trainer.step()
+            synchronize(device)
+            log.add(
+                trainer.steps_done,
+                "profile",
+                (time.perf_counter() - started) * 1e3,
+                trainer.last_data_ms,
+            )
+    trace = _export_trace(prof, out_dir, trainer.world.rank)
+    events = prof.key_averages()
+    figures = {
+        "profile_trace": trace.name,
+        "profile_top_ops": _top_ops(events, "self_cpu_time_total"),
+    }
+    if device.type == "cuda":
+        figures["profile_top_ops_cuda"] = _top_ops(events, "self_device_time_total")
+    return figures
+
+
+def _export_trace(prof, out_dir: Path, rank: int) -> Path:
+    """Each rank's own trace file, written beside and then renamed: never half a file."""
+    path = out_dir / ("trace.json" if rank == 0 else f"trace.rank{rank}.json")
+    partial = out_dir / f".{path.name}.tmp"
+    try:
+        prof.export_chrome_trace(str(partial))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _top_ops(events, self_time: str) -> list[dict]:
+    """The TOP_OPS ops with the largest `self_time` (microseconds in torch's averages)."""
+    ranked = sorted(events, key=lambda e: getattr(e, self_time), reverse=True)
+    return [
+        {"name": e.key, "self_ms": getattr(e, self_time) / 1e3, "calls": e.count}
+        for e in ranked[:TOP_OPS]
+        if getattr(e, self_time) > 0
+    ]

@@ -1,0 +1,379 @@
+"""Analysis: sweep presets, profiler traces, the max batch search, plots and the notebook.
+
+Real parts throughout: Hydra's compose API and real `python -m nanogpt.run -m` processes, real
+torch.profiler traces, real OOMs under a real memory limit, matplotlib figures inspected
+artist by artist, and the committed notebook executed by a real Jupyter kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import matplotlib.image
+import nbformat
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from nbclient import NotebookClient
+from omegaconf import OmegaConf
+
+from nanogpt import maxbatch, plots, report
+from nanogpt.errors import ConfigError
+from nanogpt.run import CONF_DIR, to_spec
+
+from .conftest import REPO, run_cli, with_micro
+
+SWEEPS = REPO / "sweeps"
+PRESETS = sorted(path.stem for path in SWEEPS.glob("*.yaml"))
+NOTEBOOK = REPO / "notebooks" / "sweep_analysis.ipynb"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------
+# Presets
+# ------------------------------------------------------------------------------------------
+
+
+def preset_points(name: str, extra: list[str] = ()) -> list[list[str]]:
+    """The overrides of every point `-m +sweep=NAME EXTRA...` runs, expanded as Hydra's
+    BasicSweeper expands them (compose alone cannot expand a sweep)."""
+    cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
+    params = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
+    overrides = OverridesParser.create().parse_overrides([*params, *extra])
+    [points] = BasicSweeper.split_arguments(overrides, max_batch_size=None)
+    return points
+
+
+@pytest.fixture(scope="module")
+def hydra_conf():
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        yield
+
+
+def test_sweep_group_is_the_sweeps_dir():
+    assert (REPO / "conf" / "sweep").resolve() == SWEEPS.resolve()
+    assert {
+        "compile_dtype",
+        "attention",
+        "batch_scaling",
+        "model_scaling",
+        "log_interval",
+        "activation_checkpointing",
+        "optimizer_impl",
+        "grad_accum",
+    } <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_composes_and_each_point_validates_where_it_can_run(hydra_conf, name):
+    points = preset_points(name)
+    assert len(points) >= 2
+    readme = (SWEEPS / "README.md").read_text()
+    assert re.search(rf"`python -m nanogpt.run -m \+sweep={name}[` ]", readme)  # documented
+    for point in points:
+        cfg = compose("config", overrides=[f"+sweep={name}", *point])
+        spec = OmegaConf.to_object(cfg)
+        assert spec.report.plots is True
+        if spec.bench.device == "cuda" and not torch.cuda.is_available():
+            # CUDA presets stop at their first point, with the key named, before any work.
+            with pytest.raises(ConfigError) as err:
+                to_spec(cfg)
+            assert err.value.key == "bench.device"
+        else:
+            to_spec(cfg)
+
+
+def test_grad_accum_preset_keeps_tokens_per_step_and_batch_scaling_passes_what_fits(hydra_conf):
+    splits = []
+    for point in preset_points("grad_accum"):
+        perf = compose("config", overrides=["+sweep=grad_accum", *point]).perf
+        splits.append((perf.batch_size, perf.grad_accum))
+    assert {b * a for b, a in splits} == {16} and len(set(splits)) == 5
+    sizes = [int(p[1].split("=")[1]) for p in preset_points("batch_scaling")]
+    # gpt2 at bf16 needs ~0.6 GiB a sequence: the top sizes are past any single GPU.
+    assert max(sizes) * 0.6 > 192 and min(sizes) == 1
+
+
+def test_command_line_replaces_a_preset_list(hydra_conf):
+    points = preset_points("compile_dtype_cpu", ["perf.dtype=fp32"])
+    assert sorted(" ".join(point).lower() for point in points) == [
+        "perf.compile=false perf.dtype=fp32",
+        "perf.compile=true perf.dtype=fp32",
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_cuda_preset_without_cuda_stops_at_once_with_one_line(tmp_path):
+    no_device = [o for o in with_micro([]) if not o.startswith("bench.device=")]
+    proc = run_cli(
+        "-m",
+        "+sweep=attention",
+        *no_device,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "bench.device: cuda was asked for" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list(tmp_path.rglob("result.json"))
+
+
+# ------------------------------------------------------------------------------------------
+# A preset end to end, and the plots drawn from its table
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def preset_sweep(tmp_path_factory):
+    """`+sweep=activation_checkpointing` run for real, with batch and dtype axes added: 8 micro
+    points (in-process measuring keeps it quick)."""
+    root = tmp_path_factory.mktemp("preset")
+    sweep_dir = root / "sweep"
+    overrides = [
+        "perf.batch_size=1,2",
+        "perf.dtype=fp32,bf16",
+        "hardware.peak_tflops=0.5",
+        "bench.isolate=false",
+    ]
+    proc = run_cli(
+        "-m",
+        "+sweep=activation_checkpointing",
+        *with_micro(overrides),
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
+@pytest.fixture(scope="module")
+def oom_sweep(tmp_path_factory):
+    """A one-point sweep whose point runs out of memory at its first measured step."""
+    root = tmp_path_factory.mktemp("oom")
+    sweep_dir = root / "sweep"
+    proc = run_cli(
+        "-m",
+        *with_micro(["bench.inject_fault=oom@2", "bench.isolate=false"]),
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]  # oom is a result, not a failure
+    return proc, sweep_dir
+
+
+def test_preset_runs_end_to_end_and_writes_valid_pngs(preset_sweep):
+    proc, sweep_dir = preset_sweep
+    table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    assert len(table) == 8 and set(table["status"]) == {"ok"}
+    assert set(table["activation_checkpointing"]) == {True, False}
+    assert table["overrides"].str.contains("+sweep=activation_checkpointing", regex=False).all()
+    for name in plots.PLOTS:  # the preset turns report.plots on
+        path = sweep_dir / name
+        assert path.read_bytes()[:8] == PNG_SIGNATURE, name
+        height, width, _ = matplotlib.image.imread(path).shape
+        assert height > 100 and width > 100
+        assert f"plot: {path}" in proc.stdout
+    assert not list(sweep_dir.glob(".*.tmp"))
+
+
+def bar_widths(container) -> list[float]:
+    return [bar.get_width() for bar in container]
+
+
+def test_plots_are_drawn_from_the_rows_of_the_table(preset_sweep):
+    _, sweep_dir = preset_sweep
+    table, _ = report.build_table(sweep_dir)
+    figures = plots.figures(table)
+    labels = plots.point_labels(table)
+    assert all("perf.batch_size=" in label and "perf.dtype=" in label for label in labels)
+
+    (ax,) = figures["throughput.png"].axes
+    assert len(ax.patches) == len(table)
+    # One bar per row, in the table's order (the first row drawn on top).
+    assert bar_widths(ax.patches) == pytest.approx(table["tokens_per_s"].to_list())
+    assert ax.patches[0].get_y() > ax.patches[-1].get_y()
+    (ax,) = figures["mfu.png"].axes
+    assert bar_widths(ax.patches) == pytest.approx((table["mfu"] * 100).to_list())
+
+    speed_ax, memory_ax = figures["batch_scaling.png"].axes
+    drawn = {
+        (x, y)
+        for line in speed_ax.lines
+        if line.get_marker() == "o"
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)
+    }
+    assert drawn == set(zip(table["batch_size"], table["tokens_per_s"], strict=True))
+    assert len([line for line in memory_ax.lines if line.get_marker() == "o"]) == 4
+
+    (ax,) = figures["step_times.png"].axes
+    medians = [line.get_xdata()[0] for line in ax.lines if line.get_gid() == "median"]
+    expected = [statistics.median(plots.measured_step_ms(job)) for job in table["job_dir"]]
+    assert medians[::-1] == pytest.approx(expected)
+    assert expected == pytest.approx(table["step_ms_median"].to_list())
+
+    (ax,) = figures["memory_anatomy.png"].axes
+    stacks = {container.get_label(): bar_widths(container) for container in ax.containers}
+    estimates = [plots.memory_estimate(job) for job in table["job_dir"]]
+    scale = plots.MIB if max(e["total"] for e in estimates) < plots.GIB else plots.GIB
+    for part in plots.MEMORY_PARTS:
+        assert stacks[f"estimate: {part}"] == pytest.approx([e[part] / scale for e in estimates])
+    measured = stacks["measured: peak RSS"]
+    assert measured == pytest.approx((table["mem_peak_rss_bytes"] / scale).to_list())
+
+
+def test_failed_points_are_named_and_marked_but_get_no_bar(preset_sweep, oom_sweep):
+    tables = [report.build_table(sweep_dir)[0] for _, sweep_dir in (preset_sweep, oom_sweep)]
+    table = pd.concat(tables, ignore_index=True)  # 8 ok points, then one oom at batch 2
+    (ax,) = plots.throughput(table).axes
+    assert len(ax.patches) == 8
+    ticks = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels()), strict=True))
+    assert len(ticks) == 9 and ticks[0].endswith("[oom]")  # the last row, at the bottom
+    speed_ax, _ = plots.batch_scaling(table).axes
+    assert "oom at 2" in [line.get_label() for line in speed_ax.lines]
+
+
+def test_a_plot_without_data_is_skipped_with_a_message(oom_sweep, capsys):
+    _, sweep_dir = oom_sweep
+    table, _ = report.build_table(sweep_dir)
+    assert table["status"].to_list() == ["oom"]
+    written = plots.write_plots(sweep_dir, table)
+    # The estimate exists before the first step; nothing else was measured.
+    assert [path.name for path in written] == ["memory_anatomy.png"]
+    skipped = capsys.readouterr().err
+    for name in ("throughput.png", "mfu.png", "batch_scaling.png", "step_times.png"):
+        assert f"plot skipped: {name}" in skipped
+    assert not (sweep_dir / "throughput.png").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# The notebook
+# ------------------------------------------------------------------------------------------
+
+
+def test_notebook_is_committed_without_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+
+
+def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypatch):
+    _, sweep_dir = preset_sweep
+    _, oom_dir = oom_sweep
+    monkeypatch.setenv("NANOGPT_SUMMARY", f"{sweep_dir}:{oom_dir / report.SUMMARY_CSV}")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        notebook,
+        timeout=180,
+        kernel_name="python3",  # jupyter_client starts it with this interpreter (the venv's)
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+    )
+    client.execute()  # raises CellExecutionError if any cell fails
+    text = "\n".join(
+        output.get("text", "") + str(output.get("data", {}).get("text/plain", ""))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )
+    table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    fastest = table.loc[table["tokens_per_s"].idxmax()]
+    fastest_label = plots.point_labels(table)[table["tokens_per_s"].idxmax()]
+    assert "9 points from 2 sweep(s)" in text
+    sweep_id = f"{sweep_dir.parent.name}/sweep"
+    assert f"fastest: {sweep_id}: {fastest_label}" in text
+    assert "1 point(s) did not finish ok" in text
+    assert f"{oom_dir.parent.name}/sweep: defaults [oom]: RuntimeError: " in text
+    assert f"baseline: {sweep_id}: " in text and "perf.dtype=fp32" in text
+    assert fastest["tokens_per_s"] > 0
+    images = [
+        o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
+    assert len(images) >= 2 + len(plots.PLOTS)  # grid, speedups, and the sweep's own plots
+
+
+# ------------------------------------------------------------------------------------------
+# Profiling
+# ------------------------------------------------------------------------------------------
+
+
+def test_profiled_run_writes_a_trace_and_keeps_profiled_steps_out_of_the_stats(single):
+    proc, run_dir = single("bench.profile=true", "bench.profile_steps=2", "bench.measure_steps=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trace = json.loads((run_dir / "trace.json").read_text())
+    events = trace["traceEvents"]
+    assert any(e.get("ph") == "X" and e.get("name", "").startswith("aten::") for e in events)
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["profile_trace"] == "trace.json"
+    top = record["profile_top_ops"]
+    assert top and {"name", "self_ms", "calls"} <= set(top[0])
+    assert [op["self_ms"] for op in top] == sorted((op["self_ms"] for op in top), reverse=True)
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert steps["phase"].to_list() == ["warmup"] + ["profile"] * 2 + ["measure"] * 5
+    measured = steps.loc[steps["phase"] == "measure", "step_ms"]
+    assert record["measured_steps"] == 5
+    assert record["step_ms_mean"] == pytest.approx(measured.mean())
+    assert record["step_ms_median"] == pytest.approx(measured.median())
+
+
+# ------------------------------------------------------------------------------------------
+# Max batch search
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limit,start,probed",
+    [
+        (37, 8, [8, 16, 32, 64, 48, 40, 36, 38, 37]),
+        (5, 8, [8, 4, 6, 5]),
+        (0, 2, [2, 1]),
+    ],
+)
+def test_search_grows_then_bisects(limit, start, probed):
+    tried = []
+
+    def fits(size):
+        tried.append(size)
+        return size <= limit
+
+    assert maxbatch.search(fits, start) == limit
+    assert tried == probed
+
+
+def test_max_batch_search_finds_a_bigger_batch_in_a_bigger_budget(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    overrides = [
+        "model.vocab_size=4096",
+        "model.block_size=32",
+        "bench.isolate=false",
+        "bench.find_max_batch=true",
+        "perf.batch_size=4",
+        "bench.max_batch_memory_gib=0.2,0.3",
+    ]
+    proc = run_cli("-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = {}
+    for path in sorted(sweep_dir.glob("*/result.json")):
+        record = json.loads(path.read_text())
+        search = record["max_batch_search"]
+        size = record["max_batch_size"]
+        verdicts = {probe["batch_size"]: probe["fits"] for probe in search["probes"]}
+        # Grown from the configured batch, then bisected to a size that fits next to one
+        # that does not: a real OOM each time, caught.
+        assert search["start"] == 4 and search["limit"] == "RLIMIT_AS"
+        assert verdicts[size] is True and verdicts[size + 1] is False
+        assert all("can't allocate memory" in p["error"] for p in search["probes"] if not p["fits"])
+        # The point itself is measured at its configured batch.
+        assert record["status"] == "ok" and record["batch_size"] == 4
+        assert record["tokens_per_step"] == 4 * 32
+        found[search["budget_bytes"]] = size
+        assert not (path.parent / "max_batch.json").exists()
+    small, large = sorted(found)
+    assert (small, large) == (int(0.2 * 2**30), int(0.3 * 2**30))
+    assert 4 < found[small] < found[large]
+    table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    assert sorted(table["max_batch_size"]) == sorted(found.values())

@@ -1,0 +1,179 @@
+"""Calibration of the achievable matmul peak (nanogpt/calibrate.py) and its use by runs.
+
+Real timing on the CPU throughout, over a tiny shape search so the tests stay fast; the figures
+are only checked for being positive and consistent, never against a time.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+from nanogpt import calibrate, hardware
+from nanogpt.errors import ConfigError
+from tests.conftest import run_cli
+
+CPU = torch.device("cpu")
+TINY = ((64, 64, 64), (128, 96, 160))
+TINY_ENV = "64x64x64"  # for child processes: one shape
+FAST = {"shapes": TINY, "budget_s": 0.3}  # a few trials per shape
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A calibration cache of this test's own, for in-process calls and child processes alike."""
+    path = tmp_path / "cache" / "calibration.json"
+    monkeypatch.setenv(calibrate.CACHE_ENV, str(path))
+    monkeypatch.setenv(calibrate.SHAPES_ENV, TINY_ENV)
+    return path
+
+
+def test_every_cpu_dtype_gets_a_positive_figure_and_tf32_none(cache):
+    results = calibrate.calibrate(CPU, **FAST)
+    assert list(results) == list(hardware.DTYPES)
+    for dtype in ("fp32", "bf16", "fp16"):
+        entry = results[dtype]
+        assert entry["tflops"] > 0
+        assert set(entry["by_shape_tflops"]) == {"64x64x64", "128x96x160"}
+        assert entry["tflops"] == max(entry["by_shape_tflops"].values())
+        assert entry["by_shape_tflops"][entry["shape"]] == entry["tflops"]
+    # TF32 is a CUDA tensor-core mode: no CPU run can use it, so there is nothing to calibrate.
+    assert results["tf32"] is None
+    assert "CUDA" in calibrate.unavailable(CPU, "tf32")
+
+
+def test_second_call_reads_the_cache_and_force_measures_again(cache):
+    first = calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)["fp32"]
+    on_disk = json.loads(cache.read_text())
+    (machine,) = on_disk["machines"].values()
+    assert machine["machine"]["device_name"] == hardware.device_name(CPU)
+    assert machine["dtypes"]["fp32"] == first
+
+    again = calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)["fp32"]
+    assert again == first  # same timestamp and figures: read, not timed
+    assert calibrate.lookup(CPU, "fp32") == first
+
+    forced = calibrate.calibrate(CPU, dtypes=("fp32",), force=True, **FAST)["fp32"]
+    assert forced["measured_at"] > first["measured_at"]
+    assert calibrate.lookup(CPU, "fp32") == forced
+
+
+def test_entries_are_per_machine_and_dtype(cache):
+    calibrate.calibrate(CPU, dtypes=("fp16",), **FAST)
+    assert calibrate.lookup(CPU, "fp32") is None  # another dtype: not calibrated yet
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # matmul speed depends on threads: another machine key
+    try:
+        assert calibrate.lookup(CPU, "fp16") is None
+        calibrate.calibrate(CPU, dtypes=("fp16",), **FAST)
+    finally:
+        torch.set_num_threads(threads)
+    assert calibrate.lookup(CPU, "fp16") is not None
+    assert len(json.loads(cache.read_text())["machines"]) == 2
+
+
+def test_an_unreadable_cache_is_warned_about_and_replaced(cache):
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{ half a file")
+    with pytest.warns(UserWarning, match="unreadable calibration cache"):
+        calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)
+    assert calibrate.lookup(CPU, "fp32")["tflops"] > 0
+
+
+def test_a_bad_shape_list_names_the_variable(monkeypatch):
+    monkeypatch.setenv(calibrate.SHAPES_ENV, "64x64")
+    with pytest.raises(ConfigError, match=calibrate.SHAPES_ENV):
+        calibrate.default_shapes(CPU)
+
+
+def test_run_figures_and_the_flag(cache):
+    assert calibrate.achievable_figures(CPU, "fp32", 1e9)["mfu_achievable"] is None
+    entry = calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)["fp32"]
+    achievable = entry["tflops"] * 1e12
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fine = calibrate.achievable_figures(CPU, "fp32", achievable / 2)
+    assert fine["mfu_achievable"] == pytest.approx(0.5)
+    assert fine["mfu_flag"] is False
+    assert fine["calibration"]["measured_at"] == entry["measured_at"]
+    with pytest.warns(UserWarning, match="FLOP count or the timing is wrong"):
+        too_fast = calibrate.achievable_figures(CPU, "fp32", achievable * 2)
+    assert too_fast["mfu_flag"] is True
+
+
+def test_calibrated_peak_fills_in_only_where_there_is_no_other():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "MFU will be null" warning when calibrated
+        peak = hardware.resolve_peak("cuda", "Some Future GPU", "bf16", calibrated_flops=5e14)
+    assert peak == hardware.Peak(5e14, "calibrated")
+    datasheet = hardware.resolve_peak("cuda", "NVIDIA H100 PCIe", "bf16", calibrated_flops=5e14)
+    assert datasheet.source == "datasheet"
+    override = hardware.resolve_peak("cuda", "Some Future GPU", "bf16", 100, calibrated_flops=5e14)
+    assert override == hardware.Peak(100e12, "override")
+
+
+def test_table_compares_achievable_with_peak(cache):
+    results = calibrate.calibrate(CPU, **FAST)
+    table = calibrate.format_table(CPU, results, measured_since="9999")  # everything "cached"
+    lines = table.splitlines()
+    assert lines[1].split()[:2] == ["dtype", "achievable"]
+    fp32 = next(line for line in lines if line.startswith("fp32"))
+    assert f"{results['fp32']['tflops']:.4g}" in fp32 and "(cached)" in fp32
+    assert any(line.startswith("tf32: not calibrated") for line in lines)
+
+
+def test_cli_calibrates_then_reuses(cache, tmp_path):
+    done = run_cli("bench.device=cpu", cwd=tmp_path, module="nanogpt.calibrate")
+    assert done.returncode == 0, done.stderr
+    measured = json.loads(cache.read_text())
+    assert "fp32" in done.stdout and f"cache: {cache}" in done.stdout
+    again = run_cli("bench.device=cpu", cwd=tmp_path, module="nanogpt.calibrate")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(cache.read_text()) == measured
+    assert again.stdout.count("(cached)") == 3  # fp32, bf16, fp16
+    assert not (tmp_path / "outputs").exists()  # composed, not a Hydra run: no output dir
+
+
+def test_cli_rejects_a_bad_override(cache, tmp_path):
+    done = run_cli("hardware.calibrate=maybe", cwd=tmp_path, module="nanogpt.calibrate")
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error:") and "hardware.calibrate" in done.stderr
+    assert not cache.exists()
+
+
+def test_run_with_calibration_carries_consistent_columns(cache, sweep):
+    proc, sweep_dir = sweep("hardware.calibrate=true")
+    assert proc.returncode == 0, proc.stderr
+    (record,) = [json.loads(p.read_text()) for p in sweep_dir.rglob("result.json")]
+    assert record["status"] == "ok"
+    assert record["achievable_tflops"] == calibrate.lookup(CPU, "fp32")["tflops"] > 0
+    assert record["mfu_achievable"] == pytest.approx(
+        record["achieved_tflops"] / record["achievable_tflops"]
+    )
+    assert record["mfu_flag"] is False
+    assert record["calibration"]["cache"] == str(cache)
+    assert record["peak_source"] in ("cpu-estimate", "calibrated")
+    if record["peak_source"] == "calibrated":
+        assert record["mfu"] == pytest.approx(record["mfu_achievable"])
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert table["mfu_achievable"].iloc[0] == pytest.approx(record["mfu_achievable"])
+
+
+def test_a_run_faster_than_the_achievable_peak_is_flagged(cache, sweep):
+    # A cache entry far below what any run achieves: as if the calibration had been wrong.
+    calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)
+    data = json.loads(cache.read_text())
+    (machine,) = data["machines"].values()
+    machine["dtypes"]["fp32"]["tflops"] = 1e-9
+    cache.write_text(json.dumps(data))
+    proc, sweep_dir = sweep()  # no hardware.calibrate: runs reuse what the cache holds
+    assert proc.returncode == 0, proc.stderr
+    (record,) = [json.loads(p.read_text()) for p in sweep_dir.rglob("result.json")]
+    assert record["mfu_achievable"] > 1 and record["mfu_flag"] is True
+    assert "mfu_achievable" in proc.stderr
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert bool(table["mfu_flag"].iloc[0]) is True

@@ -1,0 +1,337 @@
+"""Faults: every sweep point ends with a record and the right status, whatever happens to it.
+
+Real `python -m nanogpt.run` processes with the testing knob bench.inject_fault (oom, nan, raise,
+kill at a given step), real signals (Ctrl-C as SIGINT to the process group, kill -9 of the
+sweep), and the bad-input list of the issue "faults", each a real process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+import torch
+
+from nanogpt.errors import ConfigError
+from nanogpt.faults import Fault, classify, describe
+
+from .conftest import needs_shared, run_cli, with_micro
+
+FAULTS = {"null": "ok", "oom@2": "oom", "nan@2": "diverged", "raise@2": "error", "kill@2": "error"}
+
+
+def records_by(sweep_dir, key: str, **where: str) -> dict[str, dict]:
+    """The sweep's records (those whose overrides match `where`), keyed by override `key`."""
+    out = {}
+    for path in sweep_dir.glob("*/result.json"):
+        record = json.loads(path.read_text())
+        overrides = dict(o.split("=", 1) for o in record["overrides"])
+        if all(overrides.get(k.replace("__", ".")) == v for k, v in where.items()):
+            out[overrides[key]] = record
+    return out
+
+
+def start_sweep(tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:
+    """A multirun in its own session (so the test can signal it as a terminal would)."""
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nanogpt.run", *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    return proc, sweep_dir
+
+
+def wait_for(condition, timeout: float = 120.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# The guard's pieces, on real exceptions
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_real_cpu_allocation_failure_is_oom_and_other_failures_are_not():
+    with pytest.raises(RuntimeError) as cpu_oom:
+        torch.empty(1 << 47, dtype=torch.uint8)  # 128 TiB: the default allocator refuses
+    assert classify(cpu_oom.value) == "oom"
+    assert classify(KeyboardInterrupt()) == "interrupted"
+    assert classify(ValueError("bad")) == "error"
+    assert describe(ValueError("first\nsecond")) == "ValueError: first"
+    assert describe(KeyboardInterrupt()) == "KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("text", ["oom", "boom@2", "nan@x", "@3"])
+def test_a_malformed_fault_knob_names_the_key(text):
+    with pytest.raises(ConfigError, match=r"^bench\.inject_fault: "):
+        Fault.parse(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# Injected faults in real sweeps
+# ---------------------------------------------------------------------------------------------
+
+
+def test_injected_faults_each_get_a_record_and_only_errors_fail_the_sweep(sweep):
+    proc, sweep_dir = sweep(
+        "bench.inject_fault=" + ",".join(FAULTS),
+        "bench.memory_snapshot=true",  # CUDA only: on CPU it must be a harmless no-op
+    )
+    records = records_by(sweep_dir, "bench.inject_fault")
+    assert {fault: r["status"] for fault, r in records.items()} == FAULTS, proc.stderr[-3000:]
+    assert "can't allocate memory" in records["oom@2"]["error"]
+    assert records["nan@2"]["error"].startswith("Diverged: loss is nan")
+    assert records["raise@2"]["error"] == "RuntimeError: injected fault at step 2"
+    assert "killed by signal 9" in records["kill@2"]["error"]
+    # The row keeps what was measured before the failure.
+    assert records["oom@2"]["first_step_ms"] > 0 and records["oom@2"]["n_params"] > 0
+    assert records["nan@2"]["measured_steps"] == 4 and records["nan@2"]["step_ms_median"] > 0
+    assert records["oom@2"]["mem_peak_rss_bytes"] > 0
+    assert not list(sweep_dir.rglob("*.pickle"))
+    # Every point is in the table; the two error rows make the sweep fail, by name.
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert len(table) == len(FAULTS) and sorted(table["status"]) == sorted(FAULTS.values())
+    assert proc.returncode == 1
+    failed_line = next(line for line in proc.stderr.splitlines() if "point(s) failed:" in line)
+    assert "2 point(s) failed:" in failed_line  # (after the killed child's last progress bar)
+    assert (
+        "bench.inject_fault=raise@2" in failed_line and "bench.inject_fault=kill@2" in failed_line
+    )
+
+
+def test_oom_and_nan_are_results_and_one_process_releases_memory_between_points(sweep):
+    """bench.isolate=false: all points in the Hydra process. A big healthy point comes first; the
+    small healthy point measured after it (and after an OOM and a divergence) must not inherit
+    its memory peak."""
+    proc, sweep_dir = sweep(
+        "bench.isolate=false",
+        "model.n_layer=2",
+        "model.n_embd=384,32",
+        "bench.inject_fault=null,oom@2,nan@2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert sorted(table["status"]) == sorted(["ok", "oom", "diverged"] * 2)
+    healthy = records_by(sweep_dir, "model.n_embd", bench__inject_fault="null")
+    big, small = healthy["384"], healthy["32"]
+    assert big["status"] == small["status"] == "ok"
+    if small["mem_peak_rss_method"] != "vmhwm":
+        pytest.skip("no resettable peak RSS here (/proc/self/clear_refs); ru_maxrss is lifetime")
+    # The big point's weights, gradients and AdamW moments alone are ~16 bytes per parameter.
+    assert big["mem_peak_rss_bytes"] - small["mem_peak_rss_bytes"] > 8 * big["n_params"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals: Ctrl-C and kill -9
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_records_the_point_as_interrupted_builds_the_table_and_stops(tmp_path):
+    proc, sweep_dir = start_sweep(
+        tmp_path, "perf.batch_size=1,2", "bench.measure_steps=100000", "bench.time_budget_s=600"
+    )
+    try:
+        # tqdm shows a loss once the first measured window is in: the loop is running.
+        seen = b""
+        deadline = time.monotonic() + 120
+        while b"loss=" not in seen and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 1.0)[0]:
+                seen += os.read(proc.stderr.fileno(), 65536)
+        assert b"loss=" in seen, seen[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = err.decode()
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted at" in err and f"hydra.sweep.dir={sweep_dir}" in err
+    record = json.loads((sweep_dir / "0" / "result.json").read_text())
+    assert record["status"] == "interrupted" and record["error"] == "KeyboardInterrupt"
+    assert record["measured_steps"] >= 10 and record["step_ms_median"] > 0
+    assert not (sweep_dir / "1").exists()  # the sweep stopped
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert table["status"].tolist() == ["interrupted"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_a_measuring_process_dies_with_its_job_process():
+    """kill -9 of a job process takes its measuring process along (it would run 60 s)."""
+    job_process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess; from nanogpt.job import _die_with_parent; "
+            "p = subprocess.Popen(['sleep', '60'], preexec_fn=_die_with_parent); "
+            "print(p.pid, flush=True); p.wait()",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = psutil.Process(int(job_process.stdout.readline()))
+    try:
+        job_process.kill()
+        job_process.wait(timeout=30)
+        _, alive = psutil.wait_procs([child], timeout=10)
+        assert not alive
+    finally:
+        if child.is_running():
+            child.kill()
+        job_process.stdout.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_path):
+    points = ("perf.batch_size=1,2",)
+    proc, sweep_dir = start_sweep(tmp_path, *points)
+    try:
+        wait_for(lambda: (sweep_dir / "1" / "job.json").exists(), what="point 1 to start")
+        parent = psutil.Process(proc.pid)
+        wait_for(lambda: parent.children(), timeout=30, what="point 1's measuring process")
+        children = parent.children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)  # the sweep (Hydra's process) alone, mid-point
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=30)  # they die with it (test above)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stderr.close()
+    assert (sweep_dir / "0" / "result.json").is_file()
+    assert not (sweep_dir / "1" / "result.json").exists()
+    # Debris a crash can leave: a half-written record and an atomic write's temp file.
+    (sweep_dir / "9").mkdir()
+    (sweep_dir / "9" / "result.json").write_text('{"status": "ok", "overrides": ["perf.ba')
+    (sweep_dir / "1" / ".result.json.x1y2.tmp").write_text('{"status": "ok"')
+
+    again = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume: skipped 1 point(s)" in again.stdout
+    assert f"skipped unreadable record: {sweep_dir / '9' / 'result.json'}" in again.stderr
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    batch_sizes = sorted(int(o.split("perf.batch_size=")[1]) for o in table["overrides"])
+    assert batch_sizes == [1, 2] and set(table["status"]) == {"ok"}
+    assert not list(sweep_dir.glob("*/measurement.json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one message naming the key, non-zero exit, no traceback, no record
+# ---------------------------------------------------------------------------------------------
+
+# (case id, arguments, text the first line must name). Data files are made in bad_input_runs.
+CONFIG_ERRORS = [
+    ("zero-size", ["perf.batch_size=0"], "perf.batch_size"),
+    ("negative-size", ["model.n_layer=-1"], "model.n_layer"),
+    ("n_embd-not-divisible", ["model.n_embd=33"], "model.n_embd"),
+    ("dtype-device-cannot-do", ["perf.dtype=tf32"], "perf.dtype"),
+    ("attention-device-cannot-do", ["perf.attention=cudnn"], "perf.attention"),
+    ("cuda-without-cuda", ["bench.device=cuda"], "bench.device"),
+    ("missing-data-file", ["data=tokens", "data.path={d}/missing.bin"], "data.path"),
+    ("data-shorter-than-block", ["data=tokens", "data.path={d}/short.bin"], "model.block_size"),
+    ("odd-sized-bin", ["data=tokens", "data.path={d}/odd.bin"], "data.path"),
+    ("empty-text", ["data=text", "data.path={d}/empty.txt"], "data.path"),
+    ("non-utf8-text", ["data=text", "data.path={d}/latin1.txt"], "data.path"),
+    ("token-beyond-vocab", ["data=tokens", "data.path={d}/big_ids.bin"], "model.vocab_size"),
+    ("malformed-fault-knob", ["bench.inject_fault=oom"], "bench.inject_fault"),
+]
+# The tokenizer loads (from ../shared's tiktoken cache, offline) before the bytes are decoded.
+NEEDS_SHARED = {"non-utf8-text"}
+# Hydra's own errors (composition, override grammar): Hydra prints them over several lines,
+# the first naming the override, then the fix (e.g. the available options), then its hint
+# "Set the environment variable HYDRA_FULL_ERROR=1 ...". No Python traceback.
+HYDRA_ERRORS = [
+    ("unknown-group-option", ["model=nosuch"], "model/nosuch"),
+    ("unknown-key", ["model.nosuch=1"], "model.nosuch"),
+    ("wrong-type", ["perf.batch_size=abc"], "perf.batch_size=abc"),
+    ("sweep-value-empty", ["-m", "perf.batch_size=1,,2"], "perf.batch_size=1,,2"),
+    ("sweep-list-unclosed", ["-m", "perf.batch_size=[1,2"], "[1,2"),
+]
+
+
+def _params(cases):
+    return [
+        pytest.param(*case, id=case[0], marks=[needs_shared] if case[0] in NEEDS_SHARED else [])
+        for case in cases
+    ]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory):
+    """Every bad-input process, two at a time (each is ~3 s of imports): case id -> (process,
+    the dir where no record may appear)."""
+    root = tmp_path_factory.mktemp("bad_input")
+    data = root / "data"
+    data.mkdir()
+    np.array([1, 2, 3], dtype="<u2").tofile(data / "short.bin")
+    (data / "odd.bin").write_bytes(b"\x01\x00\x02")
+    (data / "empty.txt").write_bytes(b"")
+    (data / "latin1.txt").write_bytes("déjà vu, encore et encore. ".encode("latin-1") * 10)
+    np.array([1, 2, 300] * 20, dtype="<u2").tofile(data / "big_ids.bin")  # vocab_size is 256
+    (root / "empty_sweep").mkdir()
+
+    def run(case_id: str, args: list[str]):
+        out = root / case_id
+        mode = args[:1] if args[0] == "-m" else []
+        overrides = with_micro([a.format(d=data) for a in args[len(mode) :]])
+        where = f"hydra.sweep.dir={out}" if mode else f"hydra.run.dir={out}"
+        return case_id, (run_cli(*mode, *overrides, where, cwd=root), out)
+
+    def report_empty():
+        empty = root / "empty_sweep"
+        proc = run_cli(str(empty), cwd=root, module="nanogpt.report")
+        return "report-on-empty-dir", (proc, empty)
+
+    jobs = [lambda c=c: run(c[0], c[1]) for c in CONFIG_ERRORS + HYDRA_ERRORS] + [report_empty]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(lambda job: job(), jobs))
+
+
+def _assert_refused(proc, out, named: str) -> list[str]:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines and named in lines[0], proc.stderr
+    assert not list(out.rglob("result.json"))
+    return lines
+
+
+@pytest.mark.parametrize("case_id,args,named", _params(CONFIG_ERRORS))
+def test_bad_config_is_one_line_naming_the_key_and_nothing_is_recorded(
+    bad_input_runs, case_id, args, named
+):
+    proc, out = bad_input_runs[case_id]
+    lines = _assert_refused(proc, out, named)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {named}: ")
+
+
+@pytest.mark.parametrize("case_id,args,named", _params(HYDRA_ERRORS))
+def test_hydra_config_errors_name_the_override_without_a_traceback(
+    bad_input_runs, case_id, args, named
+):
+    proc, out = bad_input_runs[case_id]
+    lines = _assert_refused(proc, out, named)
+    assert lines[-1].startswith("Set the environment variable HYDRA_FULL_ERROR=1")
+
+
+def test_report_on_a_dir_without_records_is_one_line(bad_input_runs):
+    proc, out = bad_input_runs["report-on-empty-dir"]
+    lines = _assert_refused(proc, out, "result.json")
+    assert len(lines) == 1 and proc.returncode == 2

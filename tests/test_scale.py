@@ -1,0 +1,171 @@
+"""Data-parallel runs and cluster launchers, for real: torchrun with 2 gloo ranks on CPU, sweeps
+whose points start torchrun, and Hydra's submitit launcher (local executor) in real processes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import statistics
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from nanogpt.config import ModelConfig, PerfConfig, RunSpec
+from nanogpt.distributed import World
+from nanogpt.train import Trainer
+
+from .conftest import run_cli, with_micro
+
+# torchrun gives each rank one thread; submitit does not, so its tests ask for the same.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+TORCHRUN_2 = ["--standalone", "--nproc_per_node=2", "-m", "nanogpt.run"]
+
+
+def torchrun(*overrides: str, cwd, **kwargs):
+    """`python -m torch.distributed.run --standalone --nproc_per_node=2 -m nanogpt.run ...`."""
+    args = [*TORCHRUN_2, *with_micro(overrides)]
+    return run_cli(*args, cwd=cwd, module="torch.distributed.run", **kwargs)
+
+
+def measured_step_ms(job_dir) -> list[float]:
+    with open(job_dir / "steps.csv") as f:
+        return [float(r["step_ms"]) for r in csv.DictReader(f) if r["phase"] == "measure"]
+
+
+def _train_two_steps(rank: int, port: int, out_dir) -> None:
+    """One of 2 gloo ranks: 2 optimizer steps of 3 micro-steps each, counting DDP's all-reduces."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    world = World.from_env()
+    world.init()
+    spec = RunSpec(
+        model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256),
+        perf=PerfConfig(batch_size=2, grad_accum=3),
+    )
+    trainer = Trainer(spec, torch.device("cpu"), world)
+    reduced_at = []
+
+    def counting_allreduce(group, bucket):
+        reduced_at.append(trainer.steps_done)
+        return default_hooks.allreduce_hook(group, bucket)
+
+    trainer.model.register_comm_hook(None, counting_allreduce)
+    first_batch = trainer.source.next_batch()[0].tolist()
+    for _ in range(2):
+        trainer.step()
+    params = torch.cat([p.detach().flatten() for p in trainer.raw_model.parameters()])
+    result = {"reduced_at": reduced_at, "params": params.tolist(), "first_batch": first_batch}
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    world.shutdown()
+
+
+def test_ddp_all_reduces_once_per_optimizer_step_and_keeps_ranks_identical(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_train_two_steps, args=(port, tmp_path), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # The micro model's gradients fit one DDP bucket: one all-reduce per optimizer step, on the
+    # last of its 3 micro-steps (no_sync on the others), not one per micro-step.
+    assert [r["reduced_at"] for r in ranks] == [[1, 2], [1, 2]]
+    assert ranks[0]["first_batch"] != ranks[1]["first_batch"]  # per-rank data seeds
+    assert ranks[0]["params"] == ranks[1]["params"]  # averaged gradients: one model
+
+
+def test_torchrun_by_hand_writes_one_record_of_the_slowest_rank(tmp_path):
+    # Default run dir (named by the clock), a time budget that stops the ranks mid-run, and
+    # gradient accumulation: the ranks must agree on the dir and on the step they stop after.
+    proc = torchrun(
+        "perf.grad_accum=2",
+        "bench.measure_steps=100000",
+        "bench.time_budget_s=0.3",
+        "logger.log_interval=3",
+        "hardware.peak_tflops=0.5",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = tmp_path.glob("outputs/*/*")  # one run dir, not one per rank
+    assert [p.parent for p in tmp_path.rglob("result.json")] == [run_dir]
+    assert [p.parent for p in tmp_path.rglob(".hydra")] == [run_dir]
+    names = {p.name for p in run_dir.iterdir()}
+    assert names == {".hydra", "result.json", "steps.csv", "run.log", "rank1"}
+    assert not list((run_dir / "rank1").iterdir())  # rank 1 wrote nothing
+    assert proc.stdout.count("[ok]") == 1  # rank 0 alone reports
+
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "ok" and record["world_size"] == 2
+    steps = record["measured_steps"]
+    assert record["stopped_by_budget"] and steps % 3 == 0  # stopped together, at a window end
+    per_rank = record["step_ms_per_rank"]
+    assert [len(times) for times in per_rank] == [steps, steps]
+    assert per_rank[0] == pytest.approx(measured_step_ms(run_dir))  # steps.csv is rank 0's
+    medians = [statistics.median(times) for times in per_rank]
+    assert record["step_ms_median_per_rank"] == pytest.approx(medians)
+    slowest = statistics.median(max(pair) for pair in zip(*per_rank, strict=True))
+    assert record["step_ms_median"] == pytest.approx(slowest)
+
+    tokens_per_step = 2 * 16 * 2 * 2  # batch x block x grad_accum x world_size
+    assert record["tokens_per_step"] == tokens_per_step
+    assert record["tokens_per_s"] == pytest.approx(tokens_per_step / (slowest / 1e3))
+    per_device = record["flops_per_token"] * tokens_per_step / 2 / (slowest / 1e3)
+    assert record["achieved_tflops"] == pytest.approx(per_device / 1e12)
+    assert record["mfu"] == pytest.approx(per_device / 0.5e12)  # per-GPU MFU
+
+
+def test_bad_config_under_torchrun_stops_every_rank_and_writes_no_record(tmp_path):
+    proc = torchrun("dist.nproc=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert "error: dist.nproc:" in proc.stderr
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_sweep_over_nproc_launches_torchrun_per_point(sweep):
+    proc, sweep_dir = sweep("dist.nproc=1,2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    assert [r["world_size"] for r in records] == [1, 2]
+    assert [len(r["step_ms_per_rank"]) for r in records] == [1, 2]
+    assert records[1]["tokens_per_step"] == 2 * records[0]["tokens_per_step"]
+    assert not list(sweep_dir.rglob("measurement.json"))
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert list(table["world_size"]) == [1, 2] and set(table["status"]) == {"ok"}
+    assert "dist.nproc=2" in (sweep_dir / "summary.md").read_text()
+
+
+def test_submitit_local_launcher_runs_each_point_as_a_job_then_builds_the_table(sweep):
+    proc, sweep_dir = sweep("hydra/launcher=local", "perf.batch_size=1,2", env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((sweep_dir / ".submitit").glob("*/*_submitted.pkl"))) == 2  # real submitit
+    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    assert [r["batch_size"] for r in records] == [1, 2]
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert len(table) == 2 and set(table["status"]) == {"ok"}
+
+
+def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
+    proc, sweep_dir = sweep(
+        "hydra/launcher=local",
+        "hydra.launcher.tasks_per_node=2",
+        "logger.log_interval=2",
+        env=ONE_THREAD,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = sweep_dir.rglob("result.json")
+    record = json.loads(result.read_text())
+    assert record["status"] == "ok" and record["world_size"] == 2
+    assert len(record["step_ms_median_per_rank"]) == 2
+    assert record["tokens_per_step"] == 2 * 16 * 2
+    logs = {p.name.split("_")[1]: p.read_text() for p in sweep_dir.glob(".submitit/*/*_log.out")}
+    assert set(logs) == {"0", "1"}
+    assert "[ok]" in logs["0"] and "[ok]" not in logs["1"]  # task 1 followed rank 0
+    assert len(pd.read_csv(sweep_dir / "summary.csv")) == 1

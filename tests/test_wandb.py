@@ -1,0 +1,222 @@
+"""W&B logging against real wandb in offline mode: every run is read back from its run file.
+
+Each process runs in an environment with no WANDB_* variables and a temporary HOME (so no
+~/.netrc and no API key), which is what `logger.mode=auto` decides on. W&B init costs about a
+second, so the runs are few: one in-process 2-job sweep (2 runs + the summary run) serves
+several tests.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nanogpt import records, report
+from nanogpt.config import LoggerMode
+from nanogpt.tracking import FAULT_ENV, api_key_configured, resolve_mode
+from nanogpt.wandb_reader import OfflineRun, read_run, run_file
+
+from .conftest import with_micro
+
+# 3 warmup steps: step 1 alone, then a warmup window of steps 2-3; 4 measured steps in windows
+# of 2: the run's history has W&B steps 3 (warmup/*), 5 and 7 (train/*).
+WANDB = ["logger=wandb", "bench.warmup_steps=3", "logger.log_interval=2"]
+HISTORY_STEPS = [3, 5, 7]
+WINDOW_KEYS = {"step_ms", "tokens_per_s", "mfu", "loss", "lr", "mem_rss_bytes"}
+NOT_IN_SUMMARY = {"wall_s"}  # measured around the point by the job process, after the run
+# Runs the CLI with wandb made unimportable, as when it is not installed.
+WITHOUT_WANDB = (
+    "import sys; sys.modules['wandb'] = None; sys.argv[0] = 'nanogpt.run'; "
+    "from nanogpt.run import main; main()"
+)
+
+
+def run_nanogpt(args: list[str], cwd: Path, env: dict | None = None, code: str | None = None):
+    """`python -m nanogpt.run ARGS` (or `python -c CODE ARGS`) with no W&B key anywhere."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    clean["HOME"] = str(cwd / "home")
+    command = ["-m", "nanogpt.run"] if code is None else ["-c", code]
+    return subprocess.run(
+        [sys.executable, *command, *args],
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def offline_runs(directory: Path) -> list[Path]:
+    return sorted((directory / "wandb").glob("offline-run-*"))
+
+
+def the_run(directory: Path) -> OfflineRun:
+    (run_dir,) = offline_runs(directory)
+    return read_run(run_file(run_dir))
+
+
+def result_of(job_dir: Path) -> dict:
+    return json.loads((job_dir / records.RESULT_FILE).read_text())
+
+
+def measured_window_medians(job_dir: Path, window: int) -> list[float]:
+    with open(job_dir / records.STEPS_FILE) as f:
+        step_ms = [float(row["step_ms"]) for row in csv.DictReader(f) if row["phase"] == "measure"]
+    return [statistics.median(step_ms[i : i + window]) for i in range(0, len(step_ms), window)]
+
+
+def assert_run_holds_its_job(run: OfflineRun, job_dir: Path) -> None:
+    """History and summary of the run are this job's own figures."""
+    result = result_of(job_dir)
+    assert run.name == result["overrides_str"]
+    assert run.job_type == "point"
+    assert run.config["perf"]["batch_size"] == result["batch_size"]
+    assert run.config["perf"]["dtype"] == "fp32"  # resolved, plain values
+    assert run.exit_code == 0
+
+    assert [row["_step"] for row in run.history] == HISTORY_STEPS
+    warmup, *measured = run.history
+    assert {k for k in warmup if not k.startswith("_")} == {f"warmup/{k}" for k in WINDOW_KEYS}
+    assert [row["train/step_ms"] for row in measured] == pytest.approx(
+        measured_window_medians(job_dir, window=2)
+    )
+    for row in measured:
+        assert {f"train/{k}" for k in WINDOW_KEYS} <= row.keys()
+        assert row["train/lr"] == run.config["optimizer"]["lr"]
+        step_s = row["train/step_ms"] / 1e3
+        assert row["train/tokens_per_s"] == pytest.approx(result["tokens_per_step"] / step_s)
+        # MFU is inversely proportional to step time, with the record's FLOPs and peak.
+        assert row["train/mfu"] * row["train/step_ms"] == pytest.approx(
+            result["mfu"] * result["step_ms_median"]
+        )
+    assert measured[-1]["train/loss"] == pytest.approx(result["loss_last"])
+
+    assert run.summary["status"] == "ok"
+    for key in result.keys() - NOT_IN_SUMMARY:
+        assert run.summary[key] == result[key], key
+
+
+@pytest.fixture(scope="module")
+def in_process_sweep(tmp_path_factory):
+    """2 jobs in the one Hydra process (bench.isolate=false), W&B offline."""
+    cwd = tmp_path_factory.mktemp("wandb_sweep")
+    sweep_dir = cwd / "sweep"
+    overrides = [*WANDB, "logger.mode=offline", "bench.isolate=false", "perf.batch_size=2,3"]
+    proc = run_nanogpt(["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"], cwd)
+    assert proc.returncode == 0, proc.stderr
+    return proc, sweep_dir
+
+
+@pytest.fixture(scope="module")
+def result_keys(in_process_sweep) -> set[str]:
+    _, sweep_dir = in_process_sweep
+    return set(result_of(sweep_dir / "0"))
+
+
+def test_each_job_of_an_in_process_multirun_is_its_own_run(in_process_sweep):
+    _, sweep_dir = in_process_sweep
+    runs = {job: the_run(sweep_dir / job) for job in ("0", "1")}
+    assert runs["0"].run_id != runs["1"].run_id
+    for job, run in runs.items():
+        assert run.group == sweep_dir.name
+        assert_run_holds_its_job(run, sweep_dir / job)
+    assert [r.summary["batch_size"] for r in runs.values()] == [2, 3]
+
+
+def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):
+    _, sweep_dir = in_process_sweep
+    (run_dir,) = offline_runs(sweep_dir)
+    run = read_run(run_file(run_dir))
+    assert (run.job_type, run.group) == ("sweep-summary", sweep_dir.name)
+    assert f"sweep-{sweep_dir.name}" in run.artifacts  # summary.csv
+    (logged,) = run.history
+    assert logged["sweep_table.nrows"] == 2
+    table = json.loads((run_dir / "files" / logged["sweep_table.path"]).read_text())
+    logged_table = pd.DataFrame(table["data"], columns=table["columns"])
+    summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    assert list(logged_table["overrides"]) == list(summary["overrides"])
+    assert list(logged_table["mfu"]) == pytest.approx(list(summary["mfu"]))
+
+
+def test_auto_without_a_key_logs_offline_from_the_measuring_child(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_nanogpt([*with_micro(WANDB), f"hydra.run.dir={run_dir}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (run_dir / "job.json").exists()  # measured in the child process
+    (wandb_run_dir,) = offline_runs(run_dir)
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("W&B:")]
+    assert "no API key" in line and f"`wandb sync {wandb_run_dir}`" in line
+    assert "warning" not in proc.stderr
+    assert_run_holds_its_job(the_run(run_dir), run_dir)
+
+
+def test_disabled_and_none_write_no_wandb_files(tmp_path, result_keys):
+    sweep_dir = tmp_path / "sweep"
+    overrides = ["logger=none,wandb", "logger.mode=disabled", "bench.isolate=false"]
+    proc = run_nanogpt(["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(sweep_dir.rglob("wandb")) and "W&B" not in proc.stdout + proc.stderr
+    for job in ("0", "1"):
+        result = result_of(sweep_dir / job)
+        assert result["status"] == "ok" and set(result) == result_keys
+
+
+def free_port() -> int:
+    """A local port nothing listens on: a W&B server that cannot be reached."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+FAILURES = {
+    "init": ({FAULT_ENV: "init"}, ["logger.mode=offline"], None, "UsageError"),
+    "log": ({FAULT_ENV: "log"}, ["logger.mode=offline"], None, "run.log failed (TypeError"),
+    # A key makes `auto` go online; the server is unreachable and init gives up in time.
+    "no network": (
+        {"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}"},
+        ["logger.init_timeout_s=2"],
+        None,
+        "wandb.init failed (CommError",
+    ),
+    "not installed": ({}, [], WITHOUT_WANDB, "wandb cannot be imported"),
+}
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_wandb_failure_costs_one_warning_never_the_result(tmp_path, result_keys, failure):
+    env, overrides, code, message = FAILURES[failure]
+    run_dir = tmp_path / "run"
+    args = [*with_micro([*WANDB, *overrides, "bench.isolate=false"]), f"hydra.run.dir={run_dir}"]
+    proc = run_nanogpt(args, tmp_path, env=env, code=code)
+    assert proc.returncode == 0, proc.stderr
+    (warning,) = [line for line in proc.stderr.splitlines() if "warning: W&B" in line]
+    assert message in warning
+    result = result_of(run_dir)
+    assert result["status"] == "ok" and set(result) == result_keys
+    if failure == "log":  # the run was opened, then ended as failed at its first log
+        run = the_run(run_dir)
+        assert run.history == [] and run.exit_code == 1
+
+
+def test_auto_mode_follows_wandb_mode_then_the_key(tmp_path, monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert resolve_mode(LoggerMode.auto) == ("offline", "no API key (WANDB_API_KEY or ~/.netrc)")
+    netrc.write_text("machine example.com login user password " + "k" * 40 + "\n")
+    assert not api_key_configured()  # a key for another host
+    netrc.write_text("machine api.wandb.ai login user password " + "k" * 40 + "\n")
+    assert resolve_mode(LoggerMode.auto) == ("online", None)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_mode(LoggerMode.auto) == ("disabled", "WANDB_MODE=disabled")
+    assert resolve_mode(LoggerMode.offline) == ("offline", None)
