@@ -50,6 +50,7 @@ from nanogpt.probes.timing import synchronize
 from nanogpt.train import Trainer, data_source
 
 GIB = 2**30
+SEARCH_FILE = "max_batch.json"  # the child's answer, read into the record and then removed
 # glibc malloc settings that make address space track live memory, for the CPU budget (mallopt(3)):
 # one arena (each extra thread's arena reserves 64 MiB of address space) and a fixed mmap
 # threshold (big blocks get their own mapping, returned to the OS when freed).
@@ -146,10 +147,6 @@ def run_search(spec: RunSpec, device: torch.device) -> dict:
         if is_out_of_memory(exc):
             found = 0  # the model and optimizer alone do not fit
     return {"max_batch_size": found, "max_batch_search": details}
-
-
-def search_file(job_dir: Path, rank: int) -> Path:
-    return job_dir / ("max_batch.json" if rank == 0 else f"max_batch.rank{rank}.json")
 
 
 def find_in_child(spec: RunSpec, device: torch.device, out: Path) -> dict:

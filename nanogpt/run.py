@@ -12,14 +12,17 @@ rank. Rank 0 runs the point and writes its record; the other ranks follow it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.config import RunSpec
 from nanogpt.distributed import World, adopt_submitit_tasks
@@ -29,6 +32,7 @@ from nanogpt.validate import check
 from nanogpt.worker import follow, release_followers
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 ConfigStore.instance().store(name="base_config", node=RunSpec)
 
@@ -104,6 +108,36 @@ def main(cfg: DictConfig) -> str | int:
     return status
 
 
+def hydra_error_line(err: Exception) -> str:
+    """One sentence for Hydra's own config errors: the override or key, the problem, the fix."""
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}={option}: no such option; use one of {', '.join(err.options)}."
+    if isinstance(err, OverrideParseException):
+        lines = str(err).splitlines()
+        problem = next((x for x in lines if x and not x.startswith(("Error parsing", "See "))), "")
+        return f"{err.override}: cannot be parsed ({problem}); see {OVERRIDE_GRAMMAR}"
+    cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        problem = str(cause.msg).splitlines()[0]
+        return f"{cause.full_key}: {problem}; `--cfg job` prints every key and its value."
+    return str(err).strip().splitlines()[0]
+
+
+def main_with_one_line_errors() -> None:
+    """Hydra prints its composition errors over several lines; we print one sentence.
+    HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full report and traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its config errors to us
+    try:
+        main()
+    except (CompactHydraException, OmegaConfBaseException) as err:
+        print(f"error: {hydra_error_line(err)}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
     # Under torchrun by hand only rank 0 runs Hydra, so there is one run dir (named by rank 0's
     # clock: each rank's own would differ across a second boundary), one .hydra/ and one log.
@@ -115,7 +149,7 @@ if __name__ == "__main__":
     if not world.is_main:
         sys.exit(follow())
     try:
-        main()
+        main_with_one_line_errors()
     except SystemExit as stop:
         if stop.code:
             raise

@@ -98,8 +98,7 @@ def _measure_here(spec: RunSpec, job: Job, world: World) -> dict:
     device = world.device(resolve_device(spec.bench.device))
     searched = {}
     if spec.bench.find_max_batch:  # before anything else holds memory; in its own process
-        out = maxbatch.search_file(job.job_dir, world.rank)
-        searched = maxbatch.find_in_child(spec, device, out)
+        searched = maxbatch.find_in_child(spec, device, own_dir(job, world) / maxbatch.SEARCH_FILE)
     hw = spec.hardware
     if world.is_main and (hw.calibrate or hw.recalibrate):  # before the run holds memory
         calibrate.calibrate_for_run(device, spec.perf.dtype.value, force=hw.recalibrate)

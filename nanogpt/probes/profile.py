@@ -4,9 +4,10 @@
 under torch.profiler (PyTorch docs, "PyTorch Profiler" recipe). The profiler adds its own
 overhead, so these steps are logged with phase "profile" and never enter a timing statistic.
 
-Written: the job dir's trace.json (open it in chrome://tracing or ui.perfetto.dev) and, in the
-record, `profile_top_ops`: the ops with the most self time on the host (time inside the op
-itself, not in the ops it calls), plus `profile_top_ops_cuda` by GPU kernel time on CUDA.
+Written: trace.json in the job dir (under torchrun, each rank's own dir), for chrome://tracing
+or ui.perfetto.dev; and in the record `profile_top_ops`, the ops with the most self time on the
+host (time inside the op itself, not in the ops it calls), plus `profile_top_ops_cuda` by GPU
+kernel time on CUDA.
 `self_ms` is the total over the profiled steps; `calls` counts the op's calls in them.
 """
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from nanogpt.train import StepLog, Trainer
 
 TOP_OPS = 15
+TRACE_FILE = "trace.json"
 
 
 def profile_steps(trainer: Trainer, n_steps: int, out_dir: Path, log: StepLog) -> dict:
@@ -39,13 +41,9 @@ def profile_steps(trainer: Trainer, n_steps: int, out_dir: Path, log: StepLog) -
             started = time.perf_counter()
             trainer.step()
             synchronize(device)
-            log.add(
-                trainer.steps_done,
-                "profile",
-                (time.perf_counter() - started) * 1e3,
-                trainer.last_data_ms,
-            )
-    trace = _export_trace(prof, out_dir, trainer.world.rank)
+            step_ms = (time.perf_counter() - started) * 1e3
+            log.add(trainer.steps_done, "profile", step_ms, trainer.last_data_ms)
+    trace = _export_trace(prof, out_dir)
     events = prof.key_averages()
     figures = {
         "profile_trace": trace.name,
@@ -56,10 +54,10 @@ def profile_steps(trainer: Trainer, n_steps: int, out_dir: Path, log: StepLog) -
     return figures
 
 
-def _export_trace(prof, out_dir: Path, rank: int) -> Path:
-    """Each rank's own trace file, written beside and then renamed: never half a file."""
-    path = out_dir / ("trace.json" if rank == 0 else f"trace.rank{rank}.json")
-    partial = out_dir / f".{path.name}.tmp"
+def _export_trace(prof, out_dir: Path) -> Path:
+    """out_dir/trace.json, written beside and then renamed: never half a file."""
+    path = out_dir / TRACE_FILE
+    partial = out_dir / f".{TRACE_FILE}.tmp"
     try:
         prof.export_chrome_trace(str(partial))
         os.replace(partial, path)
