@@ -111,7 +111,7 @@ def batch_scaling(table: pd.DataFrame) -> Figure:
     peak, peak_name = measured_peak(table)
     data = pd.DataFrame(
         {
-            "series": point_labels(table, drop=("perf.batch_size",)),
+            "series": point_labels(table, drop=_keys_that_set(batch, table)),
             "batch": batch,
             "tokens": tokens,
             "peak": peak / MIB,
@@ -137,6 +137,17 @@ def batch_scaling(table: pd.DataFrame) -> Figure:
     speed_ax.set_title("Throughput against batch size")
     memory_ax.set_title("Memory against batch size")
     return fig
+
+
+def _keys_that_set(column: pd.Series, table: pd.DataFrame) -> tuple[str, ...]:
+    """Override keys whose value alone fixes `column` (perf.batch_size itself, or a preset file
+    that sets it, such as +sweep/accum_split): they are the x axis, not a series of their own."""
+    overrides = pd.DataFrame([_overrides(text) for text in table["overrides"]], index=table.index)
+    return tuple(
+        key
+        for key in overrides.columns
+        if column.groupby(overrides[key], dropna=False).nunique().max() == 1
+    )
 
 
 def measured_step_ms(job_dir: str | Path) -> list[float]:
