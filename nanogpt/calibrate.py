@@ -398,9 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     Hydra is imported here, in the entry point only: library code never needs it.
     """
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
+    from hydra.errors import CompactHydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    from nanogpt.run import CONF_DIR, to_spec  # importing run registers the RunSpec schema
+    # Importing run registers the RunSpec schema; its error line is the runner's too.
+    from nanogpt.run import CONF_DIR, hydra_error_line, to_spec
 
     overrides = sys.argv[1:] if argv is None else argv
     try:
@@ -409,9 +411,11 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(spec.bench.device)
         started = datetime.datetime.now(datetime.timezone.utc).isoformat()
         results = calibrate(device, force=spec.hardware.recalibrate)
-    except (ConfigError, HydraException) as err:
-        cause = f": {str(err.__cause__).splitlines()[0]}" if err.__cause__ else ""
-        print(f"error: {err}{cause}", file=sys.stderr)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (CompactHydraException, OmegaConfBaseException) as err:
+        print(f"error: {hydra_error_line(err)}", file=sys.stderr)
         return 2
     print(format_table(device, results, started, spec.hardware.peak_tflops))
     print(f"cache: {cache_path()}")

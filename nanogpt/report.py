@@ -45,7 +45,7 @@ def load_records(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
         if record is None:
             unreadable.append(path)
             continue
-        record["job_dir"] = str(path.parent)
+        record["job_dir"] = str(path.parent.resolve())
         record["_mtime"] = path.stat().st_mtime
         key = records.point_key(record.get("overrides") or [])
         if _better(record, by_point.get(key)):
