@@ -315,6 +315,21 @@ def calibrate_for_run(device: torch.device, dtype: str, force: bool) -> None:
         )
 
 
+def run_peak(
+    device: torch.device, device_name: str, dtype: str, override_tflops: float | None
+) -> hardware.Peak:
+    """The peak a run's MFU divides by: override, datasheet or CPU estimate, and the calibrated
+    figure only where none of those exists (hardware.resolve_peak)."""
+    entry = lookup(device, dtype)
+    return hardware.resolve_peak(
+        device.type,
+        device_name,
+        dtype,
+        override_tflops,
+        calibrated_flops=entry["tflops"] * 1e12 if entry else None,
+    )
+
+
 def achievable_figures(device: torch.device, dtype: str, achieved_flops: float) -> dict:
     """achievable_tflops, mfu_achievable and mfu_flag of a run, and where the peak came from.
 

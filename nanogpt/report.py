@@ -27,6 +27,7 @@ PRINTED_COLUMNS = (
     "tokens_per_s",
     "achieved_tflops",
     "mfu",
+    "mfu_achievable",
     "mem_peak_rss_bytes",
     "mem_peak_allocated_bytes",
     "speedup",

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import torch
 from tqdm import tqdm
 
-from nanogpt import hardware
+from nanogpt import calibrate, hardware
 from nanogpt.config import LoggerConfig, LoggerMode, RunSpec, spec_to_dict
 from nanogpt.distributed import World
 from nanogpt.faults import RESULT_STATUSES, describe
@@ -270,8 +270,8 @@ class Throughput:
         device = world.device(resolve_device(spec.bench.device))
         with warnings.catch_warnings():  # an unknown peak is warned about by the measurement
             warnings.simplefilter("ignore")
-            peak = hardware.resolve_peak(
-                device.type,
+            peak = calibrate.run_peak(
+                device,
                 hardware.device_name(device),
                 spec.perf.dtype.value,
                 spec.hardware.peak_tflops,

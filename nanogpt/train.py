@@ -385,13 +385,8 @@ def _derive(spec: RunSpec, trainer: Trainer, figures: dict, log: StepLog) -> Non
 
     dtype = spec.perf.dtype.value
     figures.update(calibrate.achievable_figures(trainer.device, dtype, achieved))
-    achievable = figures["achievable_tflops"]
-    peak = hardware.resolve_peak(
-        trainer.device.type,
-        figures["device_name"],
-        dtype,
-        spec.hardware.peak_tflops,
-        calibrated_flops=achievable * 1e12 if achievable else None,
+    peak = calibrate.run_peak(
+        trainer.device, figures["device_name"], dtype, spec.hardware.peak_tflops
     )
     figures["peak_tflops"] = peak.flops / 1e12 if peak.flops else None
     figures["peak_source"] = peak.source

@@ -22,6 +22,7 @@ def check(spec: RunSpec) -> None:
     check_choices(spec)
     device = check_device(spec.bench.device)
     check_precision(spec, device)
+    check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
     check_data(spec.data, vocab_size=spec.model.vocab_size, block_size=spec.model.block_size)
 
@@ -120,6 +121,16 @@ def check_device(name: str) -> torch.device:
     elif device.type not in ("cpu", "cuda", "mps"):
         raise ConfigError("bench.device", f"'{name}' is not supported", "use cpu, cuda or mps")
     return device
+
+
+def check_gpus_per_point(nproc: int, device: torch.device) -> None:
+    """One GPU per rank: more ranks than GPUs would share devices and skew every figure."""
+    if device.type == "cuda" and nproc > torch.cuda.device_count():
+        raise ConfigError(
+            "dist.nproc",
+            f"{nproc} ranks but only {torch.cuda.device_count()} CUDA devices are visible",
+            "use at most one rank per GPU",
+        )
 
 
 def check_precision(spec: RunSpec, device: torch.device) -> None:
