@@ -110,6 +110,9 @@ class Trainer:
         self.autocast_dtype = AUTOCAST_DTYPES.get(perf.dtype)
         self.backend = SDPA_BACKENDS.get(perf.attention)
         self.grad_accum = perf.grad_accum
+        self.tokens_per_step = (
+            perf.batch_size * spec.model.block_size * perf.grad_accum * world.size
+        )
         self.grad_clip = spec.optimizer.grad_clip
         self.source = data_source(spec, device, world, perf.batch_size)
         self.fault = Fault.parse(spec.bench.inject_fault)
@@ -234,10 +237,7 @@ def _static_figures(spec: RunSpec, trainer: Trainer) -> dict:
         flops_per_token_counted=counted,
         flops_formula=flops_probe.FORMULA,
         device_name=hardware.device_name(trainer.device),
-        tokens_per_step=perf.batch_size
-        * spec.model.block_size
-        * perf.grad_accum
-        * trainer.world.size,
+        tokens_per_step=trainer.tokens_per_step,
         inductor_cache=_inductor_cache_state() if perf.compile else None,
     )
     estimate = estimate_memory(
@@ -339,10 +339,12 @@ class Window:
         self.log.rows[-1]["loss"] = loss
         if not math.isfinite(loss):
             raise Diverged(f"loss is {loss} in the window ending at step {self.trainer.steps_done}")
+        median_ms = summarize(times)["median"]
         stats = {
             "phase": self.phase,
             "step": self.trainer.steps_done,
-            "step_ms": summarize(times)["median"],
+            "step_ms": median_ms,
+            "tokens_per_s": self.trainer.tokens_per_step / (median_ms / 1e3),
             "loss": loss,
             "lr": self.trainer.optimizer.param_groups[0]["lr"],  # a host float: no sync
         }
@@ -354,7 +356,11 @@ class Window:
 
 def _emit(stats: dict, sinks: list, memory: MemoryProbe, bar) -> None:
     stats.update(memory.sample())
-    bar.set_postfix(step_ms=f"{stats['step_ms']:.1f}", loss=f"{stats['loss']:.3f}")
+    bar.set_postfix(
+        step_ms=f"{stats['step_ms']:.1f}",
+        tok_s=f"{stats['tokens_per_s']:,.0f}",
+        loss=f"{stats['loss']:.3f}",
+    )
     for sink in sinks:
         sink.window(stats)
 
