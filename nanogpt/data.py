@@ -272,9 +272,23 @@ def tokenize_text(path: str | os.PathLike, cache_dir: str | os.PathLike | None =
     cached = folder / f"{ENCODING}-{hashlib.sha256(raw).hexdigest()}.bin"
     if cached.is_file():
         return cached  # written atomically, so if it exists it is complete
-    ids = tiktoken.get_encoding(ENCODING).encode_ordinary(_decode_utf8(raw, path))
+    text = _decode_utf8(raw, path)  # before loading the encoding, which may need the network
+    ids = _gpt2_encoding().encode_ordinary(text)
     _write_atomically(cached, np.asarray(ids, dtype=TOKEN_DTYPE))
     return cached
+
+
+def _gpt2_encoding():
+    """tiktoken's GPT-2 encoding. tiktoken downloads its BPE files once into its cache
+    (TIKTOKEN_CACHE_DIR); with no network and no cache that fails, which we say in one line."""
+    try:
+        return tiktoken.get_encoding(ENCODING)
+    except Exception as err:
+        raise ConfigError(
+            "TIKTOKEN_CACHE_DIR",
+            f"tiktoken could not load the {ENCODING} encoding ({type(err).__name__})",
+            "set it to a directory holding tiktoken's cached BPE files, or allow network access",
+        ) from None
 
 
 def _default_cache_dir() -> Path:

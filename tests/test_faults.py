@@ -24,7 +24,7 @@ import torch
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault, classify, describe
 
-from .conftest import needs_shared, run_cli, with_micro
+from .conftest import run_cli, with_micro
 
 FAULTS = {"null": "ok", "oom@2": "oom", "nan@2": "diverged", "raise@2": "error", "kill@2": "error"}
 
@@ -250,8 +250,6 @@ CONFIG_ERRORS = [
     ("token-beyond-vocab", ["data=tokens", "data.path={d}/big_ids.bin"], "model.vocab_size"),
     ("malformed-fault-knob", ["bench.inject_fault=oom"], "bench.inject_fault"),
 ]
-# The tokenizer loads (from ../shared's tiktoken cache, offline) before the bytes are decoded.
-NEEDS_SHARED = {"non-utf8-text"}
 # Hydra's own errors (composition, override grammar), which run.py turns into one line.
 HYDRA_ERRORS = [
     ("unknown-group-option", ["model=nosuch"], "model=nosuch"),
@@ -263,10 +261,7 @@ HYDRA_ERRORS = [
 
 
 def _params(cases):
-    return [
-        pytest.param(*case, id=case[0], marks=[needs_shared] if case[0] in NEEDS_SHARED else [])
-        for case in cases
-    ]
+    return [pytest.param(*case, id=case[0]) for case in cases]
 
 
 @pytest.fixture(scope="module")
