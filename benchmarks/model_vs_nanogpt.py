@@ -32,7 +32,7 @@ def load_nanogpt(path: str):
 
 
 def median_step_s(model: torch.nn.Module) -> float:
-    opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
+    opt = build_optimizer(model, OptimizerConfig())
     tokens = torch.randint(0, SHAPE["vocab_size"], (BATCH, SHAPE["block_size"] + 1))
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     times = []

@@ -44,7 +44,7 @@ def bare_loop_tokens_per_s() -> tuple[float, float]:
     """The loop a user would write by hand: same model, optimizer, data shape, fp32, no probes."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(**MODEL, bias=False))
-    opt = build_optimizer(model, OptimizerConfig(), torch.device("cpu"))
+    opt = build_optimizer(model, OptimizerConfig())
     tokens = torch.randint(0, MODEL["vocab_size"], (BATCH, MODEL["block_size"] + 1))
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     times = []

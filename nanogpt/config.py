@@ -164,10 +164,11 @@ def spec_from_dict(raw: dict[str, Any]) -> RunSpec:
     """Inverse of spec_to_dict (used to hand a spec to a child process)."""
     groups = {}
     for f in dataclasses.fields(RunSpec):
-        cls = f.default_factory().__class__
+        cls = f.default_factory
+        defaults = cls()
         values = dict(raw.get(f.name, {}))
         for sub in dataclasses.fields(cls):
-            default = getattr(cls(), sub.name)
+            default = getattr(defaults, sub.name)
             if isinstance(default, enum.Enum) and sub.name in values:
                 values[sub.name] = type(default)(values[sub.name])
         groups[f.name] = cls(**values)

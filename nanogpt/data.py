@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -30,6 +29,7 @@ import torch
 
 from nanogpt.config import DataConfig, DataKind
 from nanogpt.errors import ConfigError
+from nanogpt.records import write_atomic
 
 # nanoGPT's on-disk format: token ids as uint16, little-endian ("<"), no header.
 # uint16 holds ids up to 65535, enough for GPT-2's 50257-token vocabulary.
@@ -274,7 +274,8 @@ def tokenize_text(path: str | os.PathLike, cache_dir: str | os.PathLike | None =
         return cached  # written atomically, so if it exists it is complete
     text = _decode_utf8(raw, path)  # before loading the encoding, which may need the network
     ids = _gpt2_encoding().encode_ordinary(text)
-    _write_atomically(cached, np.asarray(ids, dtype=TOKEN_DTYPE))
+    # Atomic (temp file + rename): a parallel reader sees no file or the whole file.
+    write_atomic(cached, np.asarray(ids, dtype=TOKEN_DTYPE).tobytes())
     return cached
 
 
@@ -306,23 +307,3 @@ def _decode_utf8(raw: bytes, path: Path) -> str:
             f"{path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})",
             "convert it to UTF-8, or set data.kind=tokens if it is a token .bin",
         ) from None
-
-
-def _write_atomically(target: Path, tokens: np.ndarray) -> None:
-    """Write to a temporary file beside `target`, then rename it into place.
-
-    os.replace is atomic within one file system, so a reader (another sweep point running in
-    parallel, say) sees either no file or the whole file, never a half-written one. Two writers
-    racing produce identical bytes, so whichever rename lands last is fine.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(tokens.tobytes())
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

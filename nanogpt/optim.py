@@ -25,9 +25,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(
-    model: torch.nn.Module, cfg: OptimizerConfig, device: torch.device
-) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay)
     flags = IMPL_FLAGS[cfg.impl]
     if cfg.name == "sgd":

@@ -104,7 +104,7 @@ class Trainer:
             mode = None if perf.compile_mode == "default" else perf.compile_mode
             self.model = torch.compile(self.model, mode=mode)
         self.model = world.wrap(self.model, device)
-        self.optimizer = build_optimizer(self.raw_model, spec.optimizer, device)
+        self.optimizer = build_optimizer(self.raw_model, spec.optimizer)
         # fp16's narrow range needs loss scaling (Micikevicius et al., 2018); bf16 does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=perf.dtype is Dtype.fp16)
         self.autocast_dtype = AUTOCAST_DTYPES.get(perf.dtype)

@@ -96,7 +96,9 @@ def check_choices(spec: RunSpec) -> None:
 def check_device(name: str) -> torch.device:
     """The device a run will use; fails when it is not there."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        from nanogpt.train import resolve_device  # the run's own choice: cuda, mps, then cpu
+
+        return resolve_device(name)
     try:
         device = torch.device(name)
     except RuntimeError:
