@@ -19,16 +19,10 @@ from nanogpt.data import (
 )
 from nanogpt.errors import ConfigError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TIKTOKEN_CACHE = SHARED / "tiktoken_cache"
-SHAKESPEARE = SHARED / "data" / "tinyshakespeare" / "input.txt"
+from .conftest import SHAKESPEARE, TIKTOKEN_CACHE, needs_shared
 
 needs_tiktoken = pytest.mark.skipif(
     not TIKTOKEN_CACHE.is_dir(), reason="../shared/tiktoken_cache is not beside the repo"
-)
-needs_shakespeare = pytest.mark.skipif(
-    not (TIKTOKEN_CACHE.is_dir() and SHAKESPEARE.is_file()),
-    reason="../shared (tiktoken cache, tinyshakespeare) is not beside the repo",
 )
 
 CPU = torch.device("cpu")
@@ -174,7 +168,7 @@ def test_tokens_same_seed_same_batches(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-@needs_shakespeare
+@needs_shared
 def test_text_tokenizes_tinyshakespeare_with_gpt2(shakespeare_bin):
     ids = np.fromfile(shakespeare_bin, dtype="<u2")
     assert 300_000 < len(ids) < 400_000  # ~1.1 MB of English at ~3.3 bytes per token
@@ -185,7 +179,7 @@ def test_text_tokenizes_tinyshakespeare_with_gpt2(shakespeare_bin):
     assert not list(shakespeare_bin.parent.glob("*.tmp"))  # the atomic write left nothing
 
 
-@needs_shakespeare
+@needs_shared
 def test_text_second_tokenize_is_a_cache_hit(shakespeare_bin):
     before = shakespeare_bin.stat().st_mtime_ns
     again = tokenize_text(SHAKESPEARE, shakespeare_bin.parent)
@@ -194,7 +188,7 @@ def test_text_second_tokenize_is_a_cache_hit(shakespeare_bin):
     assert [p.name for p in shakespeare_bin.parent.iterdir()] == [shakespeare_bin.name]
 
 
-@needs_shakespeare
+@needs_shared
 def test_text_source_batches_come_from_the_cache(shakespeare_bin):
     data = DataConfig(
         kind=DataKind.text, path=str(SHAKESPEARE), cache_dir=str(shakespeare_bin.parent)
