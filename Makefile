@@ -1,4 +1,6 @@
-# Quick start: `make sweep` (the main 4-point sweep) and `make test` (the test suite).
+# Quick start: `make sweep` (the main 4-point sweep) and `make test` (the test suite, what CI
+# runs); `make test-fast` is the unit-level part (tests not marked slow), `make lint` the style
+# and import-layer checks (ARCHITECTURE.md).
 # Both create .venv with what they need first. On a CUDA machine, set TORCH to the build you
 # want (e.g. TORCH=torch); the default pins the CPU wheel this project's CI machines carry.
 PYTHON ?= python3
@@ -7,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test lint bench clean
+.PHONY: setup sweep test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -24,8 +26,11 @@ sweep: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/runner_overhead.py

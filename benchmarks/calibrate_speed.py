@@ -17,7 +17,10 @@ from pathlib import Path
 
 import torch
 
-from nanogpt import calibrate, hardware
+from nanogpt.config import Dtype
+from nanogpt.devices import precision_unavailable
+from nanogpt.hardware.calibration import calibrate
+from nanogpt.hardware.env import device_name
 
 GOAL_S = 10.0
 
@@ -27,22 +30,22 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     device = torch.device(parser.parse_args().device)
     print(
-        f"{hardware.device_name(device)} ({device}), torch {torch.__version__}, "
+        f"{device_name(device)} ({device}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "calibration.json"
-        for dtype in hardware.DTYPES:
-            reason = calibrate.unavailable(device, dtype)
+        for dtype in Dtype:
+            reason = precision_unavailable(device, dtype)
             if reason:
-                print(f"{dtype:5}  skipped: {reason}")
+                print(f"{dtype.value:5}  skipped: {reason}")
                 continue
             started = time.perf_counter()
-            entry = calibrate.calibrate(device, (dtype,), force=True, cache=cache)[dtype]
+            entry = calibrate(device, (dtype,), force=True, cache=cache)[dtype.value]
             wall = time.perf_counter() - started
             verdict = "ok" if wall <= GOAL_S else f"OVER the {GOAL_S:.0f} s goal"
             print(
-                f"{dtype:5}  {wall:5.1f} s  {entry['tflops']:.4g} TFLOP/s at {entry['shape']}"
+                f"{dtype.value:5}  {wall:5.1f} s  {entry['tflops']:.4g} TFLOP/s at {entry['shape']}"
                 f"  ({verdict})"
             )
 

@@ -24,7 +24,7 @@ import torch
 from nanogpt.config import OptimizerConfig
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer
-from nanogpt.report import build_table
+from nanogpt.results.table import build_table
 
 # Small enough to be quick, large enough that a step is tens of ms (overhead would show).
 MODEL = dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=4096)
@@ -67,7 +67,7 @@ def tokens_per_s(step_ms: float) -> float:
 
 def percentile_10(ms: list[float]) -> float:
     """As the runner computes step_ms_p10 (linear interpolation)."""
-    from nanogpt.probes.timing import summarize
+    from nanogpt.measure.timing import summarize
 
     return summarize(ms)["p10"]
 

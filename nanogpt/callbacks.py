@@ -1,9 +1,10 @@
-"""Hydra callbacks: at the end of a multirun, build the sweep's table (and send it to W&B).
+"""Entry point (a Hydra callback, named in conf/config.yaml): at the end of a multirun, build the
+sweep's table (and send it to W&B).
 
 Hydra 1.3 skips on_multirun_end when a job raises, so jobs never raise for a failed point:
-they record it (nanogpt/job.py) and the table is always built here. A job that was interrupted
-(Ctrl-C) returns the status `interrupted`: on_job_end then builds the table of what is done and
-stops the sweep with exit status 130 (128 + SIGINT, the shell's convention).
+they record it (nanogpt/launch/job.py) and the table is always built here. A job that was
+interrupted (Ctrl-C) returns the status `interrupted`: on_job_end then builds the table of what
+is done and stops the sweep with exit status 130 (128 + SIGINT, the shell's convention).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nanogpt import report, tracking
-from nanogpt.job import skipped_since
+from nanogpt.launch.job import skipped_since
+from nanogpt.results import table as sweep_table
+from nanogpt.results import wandb_sink
 
 INTERRUPTED_EXIT = 130
 
@@ -44,8 +46,9 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir, table = self._table(config)
         logger = OmegaConf.to_object(config.logger)
-        tracking.log_sweep_table(logger, sweep_dir, table, sweep_dir / report.SUMMARY_CSV)
-        failed = report.failed_points(table)
+        summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
+        wandb_sink.log_sweep_table(logger, sweep_dir, table, summary_csv)
+        failed = sweep_table.failed_points(table)
         if failed:
             print(f"{len(failed)} point(s) failed: {'; '.join(failed)}", file=sys.stderr)
             sys.exit(1)
@@ -53,7 +56,9 @@ class SweepReport(Callback):
     def _table(self, config: DictConfig):
         """Build, write and print the sweep's table; say how many points a resume kept."""
         sweep_dir = Path(config.hydra.sweep.dir)
-        table = report.report(sweep_dir, baseline=config.report.baseline, plots=config.report.plots)
+        table = sweep_table.publish(
+            sweep_dir, baseline=config.report.baseline, plots=config.report.plots
+        )
         skipped = skipped_since(sweep_dir, self.started) if self.started else 0
         if skipped:
             print(

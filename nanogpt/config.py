@@ -1,6 +1,6 @@
 """The run specification: plain dataclasses, one per config group.
 
-Hydra registers these as structured-config schemas (see nanogpt/run.py), so a wrong type or an
+Hydra registers these as structured-config schemas (see nanogpt/app.py), so a wrong type or an
 unknown key fails at composition. Library code takes a `RunSpec` and never imports Hydra.
 Choices are Enums, not `Literal`: omegaconf 2.3 (kept by hydra-core 1.3) validates Enums only.
 """

@@ -29,7 +29,7 @@ import torch
 
 from nanogpt.config import DataConfig, DataKind
 from nanogpt.errors import ConfigError
-from nanogpt.records import write_atomic
+from nanogpt.files import user_cache_dir, write_atomic
 
 # nanoGPT's on-disk format: token ids as uint16, little-endian ("<"), no header.
 # uint16 holds ids up to 65535, enough for GPT-2's 50257-token vocabulary.
@@ -293,9 +293,7 @@ def _gpt2_encoding():
 
 
 def _default_cache_dir() -> Path:
-    # The XDG base-directory convention: $XDG_CACHE_HOME if set, else ~/.cache.
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "nanogpt-sweep" / "tokens"
+    return user_cache_dir() / "tokens"
 
 
 def _decode_utf8(raw: bytes, path: Path) -> str:

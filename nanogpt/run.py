@@ -1,8 +1,9 @@
 """Entry point: `python -m nanogpt.run [-m] key=value ...`.
 
-This module and nanogpt/callbacks.py are the only ones that know Hydra. Hydra composes the
-config from conf/ against the schema in nanogpt/config.py; from here on the library sees a
-plain RunSpec.
+An entry point: with the other entry points (calibrate, report, callbacks) and nanogpt/app.py,
+the only modules that know Hydra. Hydra composes the config from conf/ against the schema in
+nanogpt/config.py; from here on the library sees a plain RunSpec, and nanogpt/launch runs the
+point (ARCHITECTURE.md follows one point through the layers).
 
 Data parallelism (nanogpt/distributed.py): under `torchrun --nproc_per_node=N -m nanogpt.run`,
 or as one of N submitit tasks (hydra/launcher=slurm with tasks_per_node=N), this process is a
@@ -17,31 +18,19 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nanogpt.app import CONF_DIR, hydra_error_line, to_spec
 from nanogpt.config import RunSpec
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
-from nanogpt.job import Job, run_point
-from nanogpt.validate import check
-from nanogpt.worker import follow, release_followers
-
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
-
-ConfigStore.instance().store(name="base_config", node=RunSpec)
-
-
-def to_spec(cfg: DictConfig) -> RunSpec:
-    """The plain, validated spec of a composed config (raises ConfigError)."""
-    spec = OmegaConf.to_object(cfg)
-    check(spec)
-    return spec
+from nanogpt.launch.handoff import Job
+from nanogpt.launch.job import run_point
+from nanogpt.launch.worker import follow, release_followers
 
 
 def job_from_hydra(cfg: DictConfig) -> Job:
@@ -96,7 +85,7 @@ def main(cfg: DictConfig) -> str | int:
         if world.size > 1:
             release_followers(world)
         sys.exit(2)
-    status = run_point(spec, job_from_hydra(cfg))["status"]
+    status = run_point(spec, job_from_hydra(cfg))
     if world.size > 1 and status not in ("ok", "skipped"):
         # No more messages: a follower may still be stuck in a collective. Under torchrun, exit
         # non-zero so that torchrun stops them. A submitit task returns (a failed task would
@@ -106,22 +95,6 @@ def main(cfg: DictConfig) -> str | int:
     elif by_submitit:
         release_followers(world)  # this task's one job is done
     return status
-
-
-def hydra_error_line(err: Exception) -> str:
-    """One sentence for Hydra's own config errors: the override or key, the problem, the fix."""
-    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
-        group, _, option = err.missing_cfg_file.rpartition("/")
-        return f"{group}={option}: no such option; use one of {', '.join(err.options)}."
-    if isinstance(err, OverrideParseException):
-        lines = str(err).splitlines()
-        problem = next((x for x in lines if x and not x.startswith(("Error parsing", "See "))), "")
-        return f"{err.override}: cannot be parsed ({problem}); see {OVERRIDE_GRAMMAR}"
-    cause = err.__cause__
-    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-        problem = str(cause.msg).splitlines()[0]
-        return f"{cause.full_key}: {problem}; `--cfg job` prints every key and its value."
-    return str(err).strip().splitlines()[0]
 
 
 def main_with_one_line_errors() -> None:

@@ -10,6 +10,7 @@ import torch
 
 from nanogpt.config import COMPILE_MODES, Attention, Dtype, RunSpec
 from nanogpt.data import check_data
+from nanogpt.devices import precision_unavailable, resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
 
@@ -96,9 +97,7 @@ def check_choices(spec: RunSpec) -> None:
 def check_device(name: str) -> torch.device:
     """The device a run will use; fails when it is not there."""
     if name == "auto":
-        from nanogpt.train import resolve_device  # the run's own choice: cuda, mps, then cpu
-
-        return resolve_device(name)
+        return resolve_device(name)  # the run's own choice: cuda, mps, then cpu
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -137,18 +136,10 @@ def check_gpus_per_point(nproc: int, device: torch.device) -> None:
 
 def check_precision(spec: RunSpec, device: torch.device) -> None:
     dtype, attention = spec.perf.dtype, spec.perf.attention
-    if dtype is Dtype.tf32 and device.type != "cuda":
-        raise ConfigError(
-            "perf.dtype",
-            f"tf32 is a CUDA tensor-core mode, not available on {device.type}",
-            "use perf.dtype=fp32",
-        )
-    if dtype is Dtype.bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError(
-            "perf.dtype",
-            f"{torch.cuda.get_device_name(device)} has no bf16 support",
-            "use perf.dtype=fp16 (with a GradScaler) or fp32",
-        )
+    reason = precision_unavailable(device, dtype)
+    if reason:
+        fix = "use perf.dtype=fp32" if dtype is Dtype.tf32 else "use perf.dtype=fp16 or fp32"
+        raise ConfigError("perf.dtype", reason, fix)
     if attention in CUDA_ONLY_ATTENTION and device.type != "cuda":
         raise ConfigError(
             "perf.attention",

@@ -22,9 +22,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from nbclient import NotebookClient
 from omegaconf import OmegaConf
 
-from nanogpt import maxbatch, plots, report
+from nanogpt.app import CONF_DIR, to_spec
 from nanogpt.errors import ConfigError
-from nanogpt.run import CONF_DIR, to_spec
+from nanogpt.measure import maxbatch
+from nanogpt.results import plots
+from nanogpt.results import table as report
 
 from .conftest import REPO, run_cli, with_micro
 

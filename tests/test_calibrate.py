@@ -1,4 +1,4 @@
-"""Calibration of the achievable matmul peak (nanogpt/calibrate.py) and its use by runs.
+"""Calibration of the achievable matmul peak (nanogpt/hardware/calibration.py) and its use by runs.
 
 Real timing on the CPU throughout, over a tiny shape search so the tests stay fast; the figures
 are only checked for being positive and consistent, never against a time.
@@ -13,8 +13,17 @@ import pandas as pd
 import pytest
 import torch
 
-from nanogpt import calibrate, hardware
+from nanogpt import calibrate as calibrate_command
+from nanogpt.config import Dtype
+from nanogpt.devices import precision_unavailable
 from nanogpt.errors import ConfigError
+from nanogpt.hardware import calibration as calibrate
+from nanogpt.hardware import matmul
+from nanogpt.hardware.env import device_name
+from nanogpt.hardware.peaks import resolve_peak
+from nanogpt.results import derive
+from nanogpt.results.derive import Ceilings, Peak
+from nanogpt.results.record import Rates, Setup
 from tests.conftest import run_cli
 
 CPU = torch.device("cpu")
@@ -28,13 +37,13 @@ def cache(tmp_path, monkeypatch):
     """A calibration cache of this test's own, for in-process calls and child processes alike."""
     path = tmp_path / "cache" / "calibration.json"
     monkeypatch.setenv(calibrate.CACHE_ENV, str(path))
-    monkeypatch.setenv(calibrate.SHAPES_ENV, TINY_ENV)
+    monkeypatch.setenv(matmul.SHAPES_ENV, TINY_ENV)
     return path
 
 
 def test_every_cpu_dtype_gets_a_positive_figure_and_tf32_none(cache):
     results = calibrate.calibrate(CPU, **FAST)
-    assert list(results) == list(hardware.DTYPES)
+    assert list(results) == [d.value for d in Dtype]
     for dtype in ("fp32", "bf16", "fp16"):
         entry = results[dtype]
         assert entry["tflops"] > 0
@@ -43,14 +52,14 @@ def test_every_cpu_dtype_gets_a_positive_figure_and_tf32_none(cache):
         assert entry["by_shape_tflops"][entry["shape"]] == entry["tflops"]
     # TF32 is a CUDA tensor-core mode: no CPU run can use it, so there is nothing to calibrate.
     assert results["tf32"] is None
-    assert "CUDA" in calibrate.unavailable(CPU, "tf32")
+    assert "CUDA" in precision_unavailable(CPU, Dtype.tf32)
 
 
 def test_second_call_reads_the_cache_and_force_measures_again(cache):
     first = calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)["fp32"]
     on_disk = json.loads(cache.read_text())
     (machine,) = on_disk["machines"].values()
-    assert machine["machine"]["device_name"] == hardware.device_name(CPU)
+    assert machine["machine"]["device_name"] == device_name(CPU)
     assert machine["dtypes"]["fp32"] == first
 
     again = calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)["fp32"]
@@ -85,40 +94,53 @@ def test_an_unreadable_cache_is_warned_about_and_replaced(cache):
 
 
 def test_a_bad_shape_list_names_the_variable(monkeypatch):
-    monkeypatch.setenv(calibrate.SHAPES_ENV, "64x64")
-    with pytest.raises(ConfigError, match=calibrate.SHAPES_ENV):
-        calibrate.default_shapes(CPU)
+    monkeypatch.setenv(matmul.SHAPES_ENV, "64x64")
+    with pytest.raises(ConfigError, match=matmul.SHAPES_ENV):
+        matmul.default_shapes(CPU)
+
+
+def run_rates(ceilings: Ceilings, achieved_flops: float) -> Rates:
+    """A run's derived figures when it achieved `achieved_flops`: one token a step on one
+    device, a step of one second, so FLOP/s = FLOPs per token."""
+    setup = Setup(world_size=1, tokens_per_step=1, flops_per_token=achieved_flops)
+    return derive.rates(
+        setup, 1000.0, 1000.0, ceilings, compiled=False, checkpointing=False, dtype="fp32"
+    )
 
 
 def test_run_figures_and_the_flag(cache):
-    assert calibrate.achievable_figures(CPU, "fp32", 1e9)["mfu_achievable"] is None
+    uncalibrated = calibrate.ceilings_for_run(CPU, Dtype.fp32, None)
+    assert run_rates(uncalibrated, 1e9).mfu_achievable is None
     entry = calibrate.calibrate(CPU, dtypes=("fp32",), **FAST)["fp32"]
     achievable = entry["tflops"] * 1e12
+    ceilings = calibrate.ceilings_for_run(CPU, Dtype.fp32, None)  # reads the cache once
+    assert ceilings.achievable_flops == achievable
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fine = calibrate.achievable_figures(CPU, "fp32", achievable / 2)
-    assert fine["mfu_achievable"] == pytest.approx(0.5)
-    assert fine["mfu_flag"] is False
-    assert fine["calibration"]["measured_at"] == entry["measured_at"]
+        fine = run_rates(ceilings, achievable / 2)
+    assert fine.mfu_achievable == pytest.approx(0.5)
+    assert fine.mfu_flag is False
+    assert fine.calibration["measured_at"] == entry["measured_at"]
     with pytest.warns(UserWarning, match="FLOP count or the timing is wrong"):
-        too_fast = calibrate.achievable_figures(CPU, "fp32", achievable * 2)
-    assert too_fast["mfu_flag"] is True
+        too_fast = run_rates(ceilings, achievable * 2)
+    assert too_fast.mfu_flag is True
 
 
 def test_calibrated_peak_fills_in_only_where_there_is_no_other():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "MFU will be null" warning when calibrated
-        peak = hardware.resolve_peak("cuda", "Some Future GPU", "bf16", calibrated_flops=5e14)
-    assert peak == hardware.Peak(5e14, "calibrated")
-    datasheet = hardware.resolve_peak("cuda", "NVIDIA H100 PCIe", "bf16", calibrated_flops=5e14)
+        peak = resolve_peak("cuda", "Some Future GPU", "bf16", calibrated_flops=5e14)
+    assert peak == Peak(5e14, "calibrated")
+    datasheet = resolve_peak("cuda", "NVIDIA H100 PCIe", "bf16", calibrated_flops=5e14)
     assert datasheet.source == "datasheet"
-    override = hardware.resolve_peak("cuda", "Some Future GPU", "bf16", 100, calibrated_flops=5e14)
-    assert override == hardware.Peak(100e12, "override")
+    override = resolve_peak("cuda", "Some Future GPU", "bf16", 100, calibrated_flops=5e14)
+    assert override == Peak(100e12, "override")
 
 
 def test_table_compares_achievable_with_peak(cache):
     results = calibrate.calibrate(CPU, **FAST)
-    table = calibrate.format_table(CPU, results, measured_since="9999")  # everything "cached"
+    # measured_since in the future: every entry reads "cached"
+    table = calibrate_command.format_table(CPU, results, measured_since="9999")
     lines = table.splitlines()
     assert lines[1].split()[:2] == ["dtype", "achievable"]
     fp32 = next(line for line in lines if line.startswith("fp32"))

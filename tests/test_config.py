@@ -6,10 +6,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-import nanogpt.run  # noqa: F401 - registers the schema
+from nanogpt.app import CONF_DIR, to_spec
 from nanogpt.config import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
 from nanogpt.errors import ConfigError
-from nanogpt.run import CONF_DIR, to_spec
 
 from .conftest import with_micro
 

@@ -1,4 +1,4 @@
-"""Peak FLOP/s lookups, the CPU estimate and the environment record (nanogpt/hardware.py)."""
+"""Peak FLOP/s lookups, the CPU estimate and the environment record (nanogpt/hardware/)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from nanogpt import hardware
+from nanogpt.config import Dtype
 from nanogpt.errors import ConfigError
+from nanogpt.hardware import cpu, env, peaks
+from nanogpt.results.derive import Peak
 
 # (the string torch.cuda.get_device_name() returns, the table row it must map to)
 DEVICE_NAMES = [
@@ -39,11 +41,11 @@ DEVICE_NAMES = [
 
 @pytest.mark.parametrize(("name", "model"), DEVICE_NAMES)
 def test_device_name_maps_to_its_own_row(name, model):
-    assert hardware.gpu_model(name) == model
+    assert peaks.gpu_model(name) == model
 
 
 # Dense bf16 (fp16 where the GPU has no bf16) in TFLOP/s, checked by hand against the
-# datasheet comments in hardware.py: sparsity figures are halved.
+# datasheet comments in hardware/peaks.py: sparsity figures are halved.
 DENSE_16BIT_TFLOPS = [
     ("NVIDIA A100-SXM4-80GB", "bf16", 312),
     ("NVIDIA A100-PCIE-40GB", "bf16", 312),
@@ -67,7 +69,7 @@ DENSE_16BIT_TFLOPS = [
 
 @pytest.mark.parametrize(("name", "dtype", "tflops"), DENSE_16BIT_TFLOPS)
 def test_peak_flops_is_the_dense_datasheet_figure_in_flops(name, dtype, tflops):
-    assert hardware.peak_flops(name, dtype) == pytest.approx(tflops * 1e12)
+    assert peaks.peak_flops(name, dtype) == pytest.approx(tflops * 1e12)
 
 
 @pytest.mark.parametrize(
@@ -83,24 +85,24 @@ def test_peak_flops_is_the_dense_datasheet_figure_in_flops(name, dtype, tflops):
     ],
 )
 def test_look_alike_names_get_different_peaks(a, b):
-    assert hardware.peak_flops(a, "fp16") != hardware.peak_flops(b, "fp16")
+    assert peaks.peak_flops(a, "fp16") != peaks.peak_flops(b, "fp16")
 
 
 def test_a100_form_factors_share_the_datasheet_peak():
     # Different rows (the name says which), but NVIDIA prints the same figures for both.
-    for dtype in hardware.DTYPES:
-        sxm = hardware.peak_flops("NVIDIA A100-SXM4-40GB", dtype)
-        assert sxm == hardware.peak_flops("NVIDIA A100 80GB PCIe", dtype)
+    for dtype in tuple(Dtype):
+        sxm = peaks.peak_flops("NVIDIA A100-SXM4-40GB", dtype)
+        assert sxm == peaks.peak_flops("NVIDIA A100 80GB PCIe", dtype)
 
 
 def test_lookup_is_case_insensitive():
-    assert hardware.peak_flops("nvidia l40s", "bf16") == hardware.peak_flops("NVIDIA L40S", "bf16")
+    assert peaks.peak_flops("nvidia l40s", "bf16") == peaks.peak_flops("NVIDIA L40S", "bf16")
 
 
 def test_h100_fp32_is_the_cuda_core_rate_and_tf32_is_half_of_bf16():
     name = "NVIDIA H100 80GB HBM3"
-    assert hardware.peak_flops(name, "fp32") == pytest.approx(67e12)
-    assert hardware.peak_flops(name, "tf32") == pytest.approx(494.5e12)
+    assert peaks.peak_flops(name, "fp32") == pytest.approx(67e12)
+    assert peaks.peak_flops(name, "tf32") == pytest.approx(494.5e12)
 
 
 @pytest.mark.parametrize(
@@ -117,35 +119,35 @@ def test_h100_fp32_is_the_cuda_core_rate_and_tf32_is_half_of_bf16():
     ],
 )
 def test_unknown_names_have_no_peak(name):
-    assert hardware.gpu_model(name) is None
-    for dtype in hardware.DTYPES:
-        assert hardware.peak_flops(name, dtype) is None
+    assert peaks.gpu_model(name) is None
+    for dtype in tuple(Dtype):
+        assert peaks.peak_flops(name, dtype) is None
 
 
 @pytest.mark.parametrize("name", ["Tesla V100-SXM2-16GB", "Tesla T4"])
 @pytest.mark.parametrize("dtype", ["bf16", "tf32"])
 def test_dtypes_without_hardware_support_have_no_peak(name, dtype):
-    assert hardware.peak_flops(name, dtype) is None
+    assert peaks.peak_flops(name, dtype) is None
 
 
 def test_unknown_dtype_is_an_error():
-    with pytest.raises(ValueError, match="dtype"):
-        hardware.peak_flops("NVIDIA L4", "fp8")
+    with pytest.raises(ValueError, match="Dtype"):
+        peaks.peak_flops("NVIDIA L4", "fp8")
 
 
 def test_override_wins_and_converts_tflops():
-    peak = hardware.resolve_peak("cuda", "NVIDIA H100 PCIe", "bf16", override_tflops=500)
-    assert peak == hardware.Peak(500e12, "override")
+    peak = peaks.resolve_peak("cuda", "NVIDIA H100 PCIe", "bf16", override_tflops=500)
+    assert peak == Peak(500e12, "override")
 
 
 def test_override_must_be_positive():
     with pytest.raises(ConfigError, match="hardware.peak_tflops"):
-        hardware.resolve_peak("cuda", "NVIDIA L4", "bf16", override_tflops=0)
+        peaks.resolve_peak("cuda", "NVIDIA L4", "bf16", override_tflops=0)
 
 
 def test_cuda_uses_the_datasheet():
-    peak = hardware.resolve_peak("cuda", "NVIDIA A100-SXM4-80GB", "bf16")
-    assert peak == hardware.Peak(312e12, "datasheet")
+    peak = peaks.resolve_peak("cuda", "NVIDIA A100-SXM4-80GB", "bf16")
+    assert peak == Peak(312e12, "datasheet")
 
 
 @pytest.mark.parametrize(
@@ -154,13 +156,13 @@ def test_cuda_uses_the_datasheet():
 )
 def test_unknown_peak_warns_and_is_none(device_type, name):
     with pytest.warns(UserWarning, match=r"MFU will be null.*hardware\.peak_tflops="):
-        peak = hardware.resolve_peak(device_type, name, "bf16")
-    assert peak == hardware.Peak(None, "unknown")
+        peak = peaks.resolve_peak(device_type, name, "bf16")
+    assert peak == Peak(None, "unknown")
 
 
 def test_peak_rejects_an_unknown_source():
     with pytest.raises(ValueError, match="source"):
-        hardware.Peak(1.0, "guess")
+        Peak(1.0, "guess")
 
 
 # The arithmetic of the CPU estimate, on flag sets of known CPUs (no machine needed).
@@ -186,7 +188,7 @@ SAPPHIRE_RAPIDS = COOPER_LAKE | {"avx512_fp16", "amx_bf16", "amx_tile"}
     ],
 )
 def test_cpu_flop_per_cycle(flags, dtype, expected):
-    assert hardware.cpu_flop_per_cycle(flags, dtype) == expected
+    assert cpu.cpu_flop_per_cycle(flags, dtype) == expected
 
 
 has_cpuinfo = pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux")
@@ -194,28 +196,28 @@ has_cpuinfo = pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="nee
 
 @has_cpuinfo
 def test_cpu_estimate_for_this_machine():
-    fp32 = hardware.cpu_peak_estimate("fp32")
+    fp32 = cpu.cpu_peak_estimate("fp32")
     assert fp32 is not None and fp32 > 0
-    assert hardware.cpu_peak_estimate("tf32") is None
+    assert cpu.cpu_peak_estimate("tf32") is None
 
 
 @has_cpuinfo
 def test_resolve_peak_on_cpu_is_the_estimate():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a known CPU must not warn
-        peak = hardware.resolve_peak("cpu", hardware.cpu_model_name(), "fp32")
-    assert peak == hardware.Peak(hardware.cpu_peak_estimate("fp32"), "cpu-estimate")
+        peak = peaks.resolve_peak("cpu", cpu.cpu_model_name(), "fp32")
+    assert peak == Peak(cpu.cpu_peak_estimate("fp32"), "cpu-estimate")
 
 
 def test_cpu_model_name_is_a_non_empty_string():
-    name = hardware.cpu_model_name()
+    name = cpu.cpu_model_name()
     assert isinstance(name, str) and name
 
 
 def test_device_name_for_cpu_is_the_cpu_model():
     import torch
 
-    assert hardware.device_name(torch.device("cpu")) == hardware.cpu_model_name()
+    assert env.device_name(torch.device("cpu")) == cpu.cpu_model_name()
 
 
 ENV_KEYS = {
@@ -238,9 +240,9 @@ ENV_KEYS = {
 
 
 def test_environment_has_the_expected_keys_and_is_json():
-    env = hardware.environment()
-    assert set(env) == ENV_KEYS
-    assert json.loads(json.dumps(env)) == env
-    assert env["torch_threads"] >= 1
-    assert isinstance(env["gpu_names"], list)
-    assert env["git_dirty"] in (True, False, None)
+    record = env.environment()
+    assert set(record) == ENV_KEYS
+    assert json.loads(json.dumps(record)) == record
+    assert record["torch_threads"] >= 1
+    assert isinstance(record["gpu_names"], list)
+    assert record["git_dirty"] in (True, False, None)

@@ -17,7 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from nanogpt.config import ModelConfig, PerfConfig, RunSpec
 from nanogpt.distributed import World
-from nanogpt.train import Trainer
+from nanogpt.measure.trainer import Trainer
 
 from .conftest import run_cli, with_micro
 

@@ -20,10 +20,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanogpt import records, report
 from nanogpt.config import LoggerMode
-from nanogpt.tracking import FAULT_ENV, api_key_configured, resolve_mode
-from nanogpt.wandb_reader import OfflineRun, read_run, run_file
+from nanogpt.results import store as records
+from nanogpt.results import table as report
+from nanogpt.results.wandb_sink import FAULT_ENV, api_key_configured, resolve_mode
+from tests.wandb_reader import OfflineRun, read_run, run_file
 
 from .conftest import with_micro
 

@@ -1,6 +1,8 @@
 """Where a run's figures go besides its record: sinks with `window(stats)` and `finish(result)`.
 
-Rank 0 alone gets sinks. A sink can never cost a local record: the record is written by the job
+A sink receives figures and computes none: the window stats come from the measured loop (with
+tokens/s and MFU from results/derive.py), the final ones are the record's. Rank 0 alone gets
+sinks. A sink can never cost a local record: the record is written by the job
 process from the measurement, whatever a sink does. The one sink is Weights & Biases:
 
 - one W&B run per job, files in the job's own dir, grouped by sweep (logger.group, default the
@@ -27,24 +29,15 @@ import netrc
 import os
 import re
 import sys
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-import torch
 from tqdm import tqdm
 
-from nanogpt import calibrate, hardware
-from nanogpt.config import LoggerConfig, LoggerMode, RunSpec, spec_to_dict
-from nanogpt.distributed import World
+from nanogpt.config import LoggerConfig, LoggerMode
 from nanogpt.faults import RESULT_STATUSES, describe
-from nanogpt.job import Job
-from nanogpt.model import GPT
-from nanogpt.probes import flops as flops_probe
-from nanogpt.train import gpt_config, resolve_device
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,21 +59,17 @@ FINISH_TIMEOUT_S = 60.0
 SUMMARY_OMITTED = ("steps", "wall_s")
 
 
-def open_sinks(spec: RunSpec, job: Job, world: World) -> list:
-    if not world.is_main:
-        return []
+def open_sinks(logger: LoggerConfig, *, name: str, group: str | None, config: dict, run_dir: Path):
+    """The sinks of one point: its W&B run, or none when W&B is off or cannot start."""
     run = start_run(
-        spec.logger,
+        logger,
         job_type="point",
-        name=job.name,
-        group=spec.logger.group or job.group,
-        config=job.config or spec_to_dict(spec),
-        run_dir=job.job_dir,
+        name=name,
+        group=logger.group or group,
+        config=config,
+        run_dir=run_dir,
     )
-    if run is None:
-        return []
-    throughput = run.attempt("reading FLOPs and peak", lambda _: Throughput.of(spec, world))
-    return [WandbSink(run, throughput)] if throughput else []
+    return [] if run is None else [WandbSink(run)]
 
 
 def log_sweep_table(
@@ -234,14 +223,12 @@ class GuardedRun:
 class WandbSink:
     """Streams each log window and the final record of one point to its W&B run."""
 
-    def __init__(self, run: GuardedRun, throughput: Throughput):
+    def __init__(self, run: GuardedRun):
         self.run = run
-        self.throughput = throughput
 
     def window(self, stats: dict) -> None:
         prefix = "train" if stats["phase"] == "measure" else "warmup"
         values = {k: v for k, v in stats.items() if k not in ("phase", "step")}
-        values.update(self.throughput.rates(stats["step_ms"]))
         payload = {f"{prefix}/{key}": value for key, value in values.items()}
         if _injected("log"):
             payload[REFUSED_KEY] = 0
@@ -252,42 +239,3 @@ class WandbSink:
         self.run.attempt("writing the summary", lambda run: run.summary.update(summary))
         # A failed point (error, interrupted) shows as a failed run on the dashboard.
         self.run.close(exit_code=0 if result["status"] in RESULT_STATUSES else 1)
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """Per-window MFU, by the same formula and peak as the record (nanogpt/train.py)."""
-
-    tokens_per_step: int  # all ranks
-    world_size: int
-    flops_per_token: int  # PaLM formula, see nanogpt/probes/flops.py
-    peak_flops: float | None  # per device; None when unknown (MFU is then not logged)
-
-    @classmethod
-    def of(cls, spec: RunSpec, world: World) -> Throughput:
-        with torch.device("meta"):  # shapes only: no memory, no compute
-            model = GPT(gpt_config(spec))
-        device = world.device(resolve_device(spec.bench.device))
-        with warnings.catch_warnings():  # an unknown peak is warned about by the measurement
-            warnings.simplefilter("ignore")
-            peak = calibrate.run_peak(
-                device,
-                hardware.device_name(device),
-                spec.perf.dtype.value,
-                spec.hardware.peak_tflops,
-            )
-        perf = spec.perf
-        return cls(
-            tokens_per_step=perf.batch_size * spec.model.block_size * perf.grad_accum * world.size,
-            world_size=world.size,
-            flops_per_token=flops_probe.model_flops(model)["flops_per_token"],
-            peak_flops=peak.flops,
-        )
-
-    def rates(self, step_ms: float) -> dict[str, float]:
-        """MFU of a window (tokens/s comes with the window's stats from the loop)."""
-        if not self.peak_flops:
-            return {}
-        step_s = step_ms / 1e3
-        achieved = self.flops_per_token * self.tokens_per_step / self.world_size / step_s
-        return {"mfu": achieved / self.peak_flops}

@@ -26,7 +26,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from nanogpt import records
+from nanogpt.files import write_atomic
+from nanogpt.results import store
 
 MIB, GIB = 2**20, 2**30
 MEMORY_PARTS = ("weights", "gradients", "optimizer_state", "activations", "logits")
@@ -153,7 +154,7 @@ def _keys_that_set(column: pd.Series, table: pd.DataFrame) -> tuple[str, ...]:
 def measured_step_ms(job_dir: str | Path) -> list[float]:
     """A point's measured step times (ms) from its steps.csv (rank 0's under torchrun, where
     the table's step_ms_* take the slowest rank per step); [] when there are none."""
-    path = Path(job_dir) / records.STEPS_FILE
+    path = Path(job_dir) / store.STEPS_FILE
     if not path.is_file():
         return []
     steps = pd.read_csv(path)
@@ -182,7 +183,7 @@ def step_times(table: pd.DataFrame) -> Figure:
 
 
 def memory_estimate(job_dir: str | Path) -> dict | None:
-    record = records.read_result(Path(job_dir) / records.RESULT_FILE)
+    record = store.read_result(Path(job_dir) / store.RESULT_FILE)
     return record.get("mem_estimate") if record else None
 
 
@@ -241,6 +242,6 @@ def write_plots(sweep_dir: Path, table: pd.DataFrame) -> list[Path]:
     for name, fig in figures(table).items():
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=110)
-        records.write_atomic(sweep_dir / name, buffer.getvalue())
+        write_atomic(sweep_dir / name, buffer.getvalue())
         written.append(sweep_dir / name)
     return written

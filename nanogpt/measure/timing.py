@@ -53,14 +53,6 @@ class StepTimer:
         return [start.elapsed_time(end) for start, end in pending]
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for all queued work on the device (used outside the measured loop only)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def summarize(ms: list[float]) -> dict[str, float | None]:
     """Median, mean, p10, p90, std and coefficient of variation (std / mean) of step times."""
     if not ms:

@@ -15,23 +15,24 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
-from nanogpt.probes.timing import synchronize
-
-if TYPE_CHECKING:
-    from nanogpt.train import StepLog, Trainer
+from nanogpt.devices import synchronize
 
 TOP_OPS = 15
 TRACE_FILE = "trace.json"
 
 
-def profile_steps(trainer: Trainer, n_steps: int, out_dir: Path, log: StepLog) -> dict:
-    """Run `n_steps` optimizer steps under the profiler; returns the record's profile figures."""
-    device = trainer.device
+def profile_steps(
+    step: Callable[[], object], device: torch.device, n_steps: int, out_dir: Path
+) -> tuple[dict, list[float]]:
+    """Run `step` n_steps times under the profiler, each synced and timed; returns the record's
+    profile figures and the profiled step times (ms), which the caller logs apart."""
+    step_ms = []
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -39,10 +40,9 @@ def profile_steps(trainer: Trainer, n_steps: int, out_dir: Path, log: StepLog) -
         for _ in range(n_steps):
             synchronize(device)
             started = time.perf_counter()
-            trainer.step()
+            step()
             synchronize(device)
-            step_ms = (time.perf_counter() - started) * 1e3
-            log.add(trainer.steps_done, "profile", step_ms, trainer.last_data_ms)
+            step_ms.append((time.perf_counter() - started) * 1e3)
     trace = _export_trace(prof, out_dir)
     events = prof.key_averages()
     figures = {
@@ -51,7 +51,7 @@ def profile_steps(trainer: Trainer, n_steps: int, out_dir: Path, log: StepLog) -
     }
     if device.type == "cuda":
         figures["profile_top_ops_cuda"] = _top_ops(events, "self_device_time_total")
-    return figures
+    return figures, step_ms
 
 
 def _export_trace(prof, out_dir: Path) -> Path:

@@ -12,8 +12,8 @@ one real optimizer step (forward, backward, optimizer update: everything a step 
 peak) on a model built exactly as the point asks: compile, dtype, attention, checkpointing,
 optimizer, data.
 
-The search runs in a child process of its own (`python -m nanogpt.maxbatch OUT DEVICE`, spec as
-JSON on stdin): its high-water marks (peak RSS, the allocator's cache, the limit below) never
+The launcher runs the search in a child process of its own (nanogpt/launch/worker.py, task
+"max-batch"): its high-water marks (peak RSS, the allocator's cache, the limit below) never
 reach the measured run, and a probe that takes the process down costs the search, not the point.
 
 The budget is bench.max_batch_memory_gib, or else all the memory that is free:
@@ -29,28 +29,20 @@ The budget is bench.max_batch_memory_gib, or else all the memory that is free:
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 import resource
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 import torch
 
-from nanogpt import records
-from nanogpt.config import RunSpec, spec_from_dict, spec_to_dict
+from nanogpt.config import RunSpec
+from nanogpt.devices import synchronize
 from nanogpt.distributed import World
 from nanogpt.faults import describe, is_out_of_memory
-from nanogpt.probes.memory import release
-from nanogpt.probes.timing import synchronize
-from nanogpt.train import Trainer, data_source
+from nanogpt.measure.memory import release
+from nanogpt.measure.trainer import Trainer, data_source
 
 GIB = 2**30
-SEARCH_FILE = "max_batch.json"  # the child's answer, read into the record and then removed
 # glibc malloc settings that make address space track live memory, for the CPU budget (mallopt(3)):
 # one arena (each extra thread's arena reserves 64 MiB of address space) and a fixed mmap
 # threshold (big blocks get their own mapping, returned to the OS when freed).
@@ -80,10 +72,8 @@ class Prober:
     """One model, one optimizer; `fits(b)` runs one optimizer step at batch size b."""
 
     def __init__(self, spec: RunSpec, device: torch.device, probes: list[dict]):
-        # bench.inject_fault is aimed at the measured run's steps, not at the probes.
-        self.spec = dataclasses.replace(
-            spec, bench=dataclasses.replace(spec.bench, inject_fault=None)
-        )
+        # A plain Trainer: bench.inject_fault is aimed at the measured run, not at the probes.
+        self.spec = spec
         self.world = World()  # one process: DDP's buckets are not part of the search
         self.trainer = Trainer(self.spec, device, self.world)
         self.probes = probes
@@ -147,29 +137,3 @@ def run_search(spec: RunSpec, device: torch.device) -> dict:
         if is_out_of_memory(exc):
             found = 0  # the model and optimizer alone do not fit
     return {"max_batch_size": found, "max_batch_search": details}
-
-
-def find_in_child(spec: RunSpec, device: torch.device, out: Path) -> dict:
-    """Run the search in a child process and return its figures for the record."""
-    out.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "nanogpt.maxbatch", str(out), str(device)]
-    env = {**os.environ, **GLIBC_MALLOC_ENV} if device.type == "cpu" else None
-    proc = subprocess.run(command, input=json.dumps(spec_to_dict(spec)), text=True, env=env)
-    try:
-        found = json.loads(out.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        error = f"the search process exited with code {proc.returncode} before its answer"
-        found = {"max_batch_size": None, "max_batch_search": {"error": error}}
-    out.unlink(missing_ok=True)
-    return found
-
-
-def main(argv: list[str]) -> int:
-    out, device = Path(argv[0]), torch.device(argv[1])
-    spec = spec_from_dict(json.load(sys.stdin))
-    records.write_json(out, run_search(spec, device))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

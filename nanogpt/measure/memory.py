@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import resource
 import sys
 from pathlib import Path
@@ -114,10 +115,30 @@ def release(device: torch.device) -> None:
         dynamo.reset()
     gc.collect()
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        except RuntimeError as exc:
+            # After a sticky CUDA error (an illegal access, a device assert) every CUDA call
+            # raises again; the point's figures are already in its record, so say so and go on.
+            print(f"warning: releasing {device} failed ({type(exc).__name__}: {exc})")
     _trim_c_heap()
+
+
+def save_snapshot(out_dir: Path) -> str | None:
+    """Save the CUDA allocator's snapshot, the pickle that pytorch.org/memory_viz reads (PyTorch
+    docs, "Understanding CUDA Memory Usage"). Written beside, then renamed: never half a file."""
+    path = out_dir / "memory_snapshot.pickle"
+    partial = out_dir / ".memory_snapshot.pickle.tmp"
+    try:
+        torch.cuda.memory._dump_snapshot(str(partial))
+        os.replace(partial, path)
+    except Exception as exc:  # the record matters more than the snapshot
+        partial.unlink(missing_ok=True)
+        print(f"warning: no memory snapshot ({type(exc).__name__}: {exc})")
+        return None
+    return path.name
 
 
 def _trim_c_heap() -> None:

@@ -1,14 +1,15 @@
-"""The peak FLOP/s that MFU divides by, and a record of the environment a run measured in.
+"""The peak FLOP/s that MFU divides by.
 
 MFU (model FLOPs utilisation) is achieved FLOP/s over peak FLOP/s, so the peak has to be the right
 one for the device *and* the math mode. A peak comes from one of these sources (`Peak.source`):
 
 - "datasheet": a table of NVIDIA's published figures, looked up by the exact string that
   `torch.cuda.get_device_name()` returns;
-- "cpu-estimate": cores x clock x FLOP per cycle, worked out from the CPU's SIMD flags;
+- "cpu-estimate": cores x clock x FLOP per cycle, worked out from the CPU's SIMD flags
+  (hardware/cpu.py);
 - "override": `hardware.peak_tflops=...` given by the user, which always wins;
-- "calibrated": the achievable matmul peak measured on this machine (nanogpt/calibrate.py), used
-  as `peak_tflops` only when none of the above exists (an unknown GPU, a CPU without an
+- "calibrated": the achievable matmul peak measured on this machine (hardware/calibration.py),
+  used as `peak_tflops` only when none of the above exists (an unknown GPU, a CPU without an
   estimate, MPS): then `mfu` and `mfu_achievable` are the same number;
 - "unknown": none of the above; MFU is then recorded as null rather than guessed.
 
@@ -23,28 +24,13 @@ have no bf16 or tf32 tensor cores) and the lookup answers None instead of invent
 
 from __future__ import annotations
 
-import functools
-import os
-import platform
 import re
-import socket
-import subprocess
-import sys
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
 
-import psutil
-import torch
-
+from nanogpt.config import Dtype
 from nanogpt.errors import ConfigError
-
-# The math modes a run can ask for (see config.Dtype): true fp32, TF32 matmuls, and bf16/fp16
-# autocast.
-DTYPES = ("fp32", "tf32", "bf16", "fp16")
-
-SOURCES = ("datasheet", "cpu-estimate", "override", "calibrated", "unknown")
-
+from nanogpt.hardware.cpu import cpu_peak_estimate
+from nanogpt.results.derive import Peak
 
 # --------------------------------------------------------------------------------------------
 # GPU datasheet table
@@ -201,150 +187,13 @@ def gpu_model(device_name: str) -> str | None:
     return None
 
 
-def peak_flops(device_name: str, dtype: str) -> float | None:
+def peak_flops(device_name: str, dtype: Dtype) -> float | None:
     """Dense datasheet peak in FLOP/s for a CUDA device name; None if unknown or unsupported."""
-    _check_dtype(dtype)
     model = gpu_model(device_name)
     if model is None:
         return None
-    tflops = _GPU_PEAK_TFLOPS[model].get(dtype)
+    tflops = _GPU_PEAK_TFLOPS[model].get(Dtype(dtype).value)
     return None if tflops is None else tflops * 1e12
-
-
-def _check_dtype(dtype: str) -> None:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# CPU estimate
-# --------------------------------------------------------------------------------------------
-#
-# A CPU publishes no single peak figure, so we build one from its parts:
-#
-#     peak = physical cores x max clock (Hz) x FLOP per cycle per core
-#
-# FLOP per cycle for fp32 = SIMD lanes x 2 if the CPU has FMA (a fused multiply-add is two
-# FLOPs) x the number of FMA units a core can feed each cycle. The lanes come from the widest
-# vector extension /proc/cpuinfo lists: AVX-512 registers hold 16 fp32 values, AVX2 8, SSE 4.
-#
-# Assumption: AVX2 and AVX-512 cores have 2 FMA units. That holds for Intel server cores since
-# Haswell/Skylake-SP and for AMD Zen 2-4 at 256 bits, but some parts have only one 512-bit unit
-# (lower-bin Xeons, and Zen 4 splits a 512-bit op into two 256-bit halves). Together with the
-# max clock (often a single-core turbo that wide vector code does not sustain), this makes the
-# estimate an upper bound, so CPU MFU errs low rather than high.
-
-_SIMD_LANES_FP32 = (("avx512f", 16), ("avx2", 8), ("sse", 4))
-
-# Native low-precision math, in FLOP per cycle per core:
-# - AMX (amx_bf16, and amx_fp16 on Granite Rapids): one tile-multiply unit per core, which
-#   Intel's AMX overview rates at 1,024 BF16 FLOP/cycle (vs 64 for fp32 AVX-512 with 2 FMAs).
-#   We assume the same for FP16 tiles.
-# - AVX512_BF16 (VDPBF16PS) and AVX512_FP16: twice the fp32 lanes per 512-bit register at the
-#   same instruction rate, so 2x the fp32 FLOP/cycle.
-# Without these, PyTorch's CPU autocast converts to fp32 to do the math: there is no honest
-# bf16/fp16 peak to quote, so the estimate is None.
-_AMX_FLOP_PER_CYCLE = 1024
-_LOW_PRECISION_FLAGS = {
-    "bf16": ("amx_bf16", "avx512_bf16"),
-    "fp16": ("amx_fp16", "avx512_fp16"),
-}
-
-
-def cpu_flop_per_cycle(flags: set[str], dtype: str) -> int | None:
-    """FLOP per cycle per core for a set of /proc/cpuinfo flags; None if there is no native path."""
-    _check_dtype(dtype)
-    if dtype == "tf32":
-        return None  # TF32 is a CUDA tensor-core mode; CPUs have no such thing.
-    fp32 = _fp32_flop_per_cycle(flags)
-    if fp32 is None or dtype == "fp32":
-        return fp32
-    amx_flag, avx512_flag = _LOW_PRECISION_FLAGS[dtype]
-    if amx_flag in flags:
-        return _AMX_FLOP_PER_CYCLE
-    if avx512_flag in flags:
-        return 2 * fp32
-    return None
-
-
-def _fp32_flop_per_cycle(flags: set[str]) -> int | None:
-    lanes = next((n for flag, n in _SIMD_LANES_FP32 if flag in flags), None)
-    if lanes is None:
-        return None  # Not an x86 SIMD we know (e.g. ARM, whose cpuinfo has no such flags).
-    # Every AVX-512 CPU has FMA even if an odd hypervisor hides the separate "fma" flag.
-    has_fma = "fma" in flags or "avx512f" in flags
-    wide = "avx2" in flags or "avx512f" in flags
-    return lanes * (2 if has_fma else 1) * (2 if wide else 1)
-
-
-def cpu_peak_estimate(dtype: str) -> float | None:
-    """Estimated peak FLOP/s of this machine's CPUs; None where it cannot honestly be estimated."""
-    per_cycle = cpu_flop_per_cycle(_cpu_flags(), dtype)
-    cores = _physical_cores()
-    clock_hz = _max_clock_hz()
-    if per_cycle is None or cores is None or clock_hz is None:
-        return None
-    return float(cores * clock_hz * per_cycle)
-
-
-def cpu_model_name() -> str:
-    """E.g. "Intel(R) Xeon(R) Platinum 8480+"; falls back to what `platform` knows."""
-    name = _cpuinfo().get("model name") or _macos_cpu_brand() or platform.processor()
-    return name or platform.machine() or "unknown CPU"
-
-
-@functools.cache
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's block of /proc/cpuinfo as key -> value; {} where there is none."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    info: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if info:
-                break  # One block is enough: all cores of a machine report the same features.
-            continue
-        key, _, value = line.partition(":")
-        info[key.strip()] = value.strip()
-    return info
-
-
-def _cpu_flags() -> set[str]:
-    return set(_cpuinfo().get("flags", "").split())
-
-
-def _physical_cores() -> int | None:
-    try:
-        cores = psutil.cpu_count(logical=False)
-    except Exception:
-        cores = None
-    # Without a physical count, the logical one (which counts SMT siblings twice) at least keeps
-    # the estimate an upper bound.
-    return cores or os.cpu_count()
-
-
-def _max_clock_hz() -> float | None:
-    """Max clock from psutil, else the "cpu MHz" of /proc/cpuinfo (a current, not max, clock)."""
-    try:
-        freq = psutil.cpu_freq()
-        mhz = freq.max if freq else 0.0
-    except Exception:
-        mhz = 0.0
-    if not mhz:  # Many VMs expose no cpufreq driver, so psutil reports max=0.
-        try:
-            mhz = float(_cpuinfo().get("cpu MHz", 0))
-        except ValueError:
-            mhz = 0.0
-    return mhz * 1e6 if mhz > 0 else None
-
-
-def _macos_cpu_brand() -> str | None:
-    """E.g. "Apple M2 Pro"; macOS has no /proc/cpuinfo and platform.processor() says only "arm"."""
-    if sys.platform != "darwin":
-        return None
-    return _run(["sysctl", "-n", "machdep.cpu.brand_string"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,28 +201,16 @@ def _macos_cpu_brand() -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Peak:
-    """The FLOP/s that MFU divides by, and where that number came from (one of SOURCES)."""
-
-    flops: float | None
-    source: str
-
-    def __post_init__(self):
-        if self.source not in SOURCES:
-            raise ValueError(f"Peak.source must be one of {SOURCES}, got {self.source!r}")
-
-
 def resolve_peak(
     device_type: str,
     device_name: str,
-    dtype: str,
+    dtype: Dtype,
     override_tflops: float | None = None,
     calibrated_flops: float | None = None,
 ) -> Peak:
     """The peak for one run: the user's override, else the datasheet (cuda) or estimate (cpu),
     else the calibrated (measured) matmul peak."""
-    _check_dtype(dtype)
+    dtype = Dtype(dtype)
     if override_tflops is not None:
         if override_tflops <= 0:
             raise ConfigError("hardware.peak_tflops", "must be positive", "give TFLOP/s or null")
@@ -388,110 +225,11 @@ def resolve_peak(
         flops, source = calibrated_flops, "calibrated"
     if flops is None:
         warnings.warn(
-            f"No peak FLOP/s known for {device_type} device {device_name!r} at {dtype}, so MFU "
+            f"No peak FLOP/s known for {device_type} device {device_name!r} at {dtype.value}, so "
+            "MFU "
             "will be null; set hardware.peak_tflops=<TFLOP/s> to supply one, or "
             "hardware.calibrate=true to measure one.",
             stacklevel=2,
         )
         return Peak(None, "unknown")
     return Peak(flops, source)
-
-
-def device_name(device: torch.device | str) -> str:
-    """A human-readable name for the device a run trains on (the key the peak lookup uses)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        return cpu_model_name()
-    if device.type == "mps":
-        return f"Apple MPS ({cpu_model_name()})"
-    return device.type
-
-
-# --------------------------------------------------------------------------------------------
-# Environment record
-# --------------------------------------------------------------------------------------------
-#
-# Stored with every result so a number can be traced to the software and hardware that made it.
-# Each probe is guarded: a missing driver or a tarball checkout must cost a None, not the run.
-
-_PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def environment() -> dict:
-    """Versions, devices, CPU, host and git state as a JSON-ready dict. Never raises."""
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=_PROJECT_ROOT)
-    return {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": _guarded(torch.backends.cudnn.version),
-        "nvidia_driver": nvidia_driver(),
-        "device_count": _guarded(torch.cuda.device_count) or 0,
-        "gpu_names": _guarded(_gpu_names) or [],
-        "cpu_model": _guarded(cpu_model_name),
-        "cpu_logical_cores": _guarded(os.cpu_count),
-        "cpu_physical_cores": _guarded(_physical_cores),
-        "torch_threads": _guarded(torch.get_num_threads),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": _guarded(socket.gethostname),
-        "git_commit": commit,
-        "git_dirty": _git_dirty() if commit else None,  # dirty relative to a commit
-    }
-
-
-def _guarded(probe):
-    """probe(), or None if it raises: one failed probe must not lose the whole record."""
-    try:
-        return probe()
-    except Exception:
-        return None
-
-
-def _gpu_names() -> list[str]:
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-
-
-def nvidia_driver() -> str | None:
-    """Driver version via NVML (the nvidia-ml-py package); None without an NVIDIA driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # No package, no libnvidia-ml.so, or no driver loaded.
-        return None
-    return version.decode() if isinstance(version, bytes) else str(version)
-
-
-def _git_dirty() -> bool | None:
-    """True if tracked files differ from HEAD; None if git cannot tell.
-
-    --no-optional-locks stops `git status` from rewriting the index while we only look, so it
-    cannot collide with a git command someone runs in the same checkout. Untracked files
-    (outputs, caches) do not count as dirty.
-    """
-    status = _run(
-        ["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
-        cwd=_PROJECT_ROOT,
-        keep_empty=True,
-    )
-    return None if status is None else status != ""
-
-
-def _run(cmd: list[str], cwd: Path | None = None, keep_empty: bool = False) -> str | None:
-    """A short command's stripped stdout; None if it fails, times out or prints nothing."""
-    try:
-        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    out = done.stdout.strip()
-    if done.returncode != 0 or (not out and not keep_empty):
-        return None
-    return out

@@ -1,0 +1,48 @@
+"""What the entry points share about Hydra: where conf/ is, the schema it composes against, the
+plain validated RunSpec a composed config becomes, and one line for Hydra's own errors.
+
+Hydra is known here and in the entry points (run, calibrate, report, callbacks) only: from
+`to_spec` on, the library sees plain dataclasses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from hydra.errors import MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from nanogpt.config import RunSpec
+from nanogpt.validate import check
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+# conf/config.yaml's defaults list starts with this schema: a wrong type or an unknown key
+# fails at composition, naming the key.
+ConfigStore.instance().store(name="base_config", node=RunSpec)
+
+
+def to_spec(cfg: DictConfig) -> RunSpec:
+    """The plain, validated spec of a composed config (raises ConfigError)."""
+    spec = OmegaConf.to_object(cfg)
+    check(spec)
+    return spec
+
+
+def hydra_error_line(err: Exception) -> str:
+    """One sentence for Hydra's own config errors: the override or key, the problem, the fix."""
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}={option}: no such option; use one of {', '.join(err.options)}."
+    if isinstance(err, OverrideParseException):
+        lines = str(err).splitlines()
+        problem = next((x for x in lines if x and not x.startswith(("Error parsing", "See "))), "")
+        return f"{err.override}: cannot be parsed ({problem}); see {OVERRIDE_GRAMMAR}"
+    cause = err.__cause__
+    if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+        problem = str(cause.msg).splitlines()[0]
+        return f"{cause.full_key}: {problem}; `--cfg job` prints every key and its value."
+    return str(err).strip().splitlines()[0]

@@ -1,0 +1,153 @@
+"""A CPU's peak FLOP/s, estimated from its parts, and its model name.
+
+A CPU publishes no single peak figure, so we build one from its parts:
+
+    peak = physical cores x max clock (Hz) x FLOP per cycle per core
+
+FLOP per cycle for fp32 = SIMD lanes x 2 if the CPU has FMA (a fused multiply-add is two
+FLOPs) x the number of FMA units a core can feed each cycle. The lanes come from the widest
+vector extension /proc/cpuinfo lists: AVX-512 registers hold 16 fp32 values, AVX2 8, SSE 4.
+
+Assumption: AVX2 and AVX-512 cores have 2 FMA units. That holds for Intel server cores since
+Haswell/Skylake-SP and for AMD Zen 2-4 at 256 bits, but some parts have only one 512-bit unit
+(lower-bin Xeons, and Zen 4 splits a 512-bit op into two 256-bit halves). Together with the
+max clock (often a single-core turbo that wide vector code does not sustain), this makes the
+estimate an upper bound, so CPU MFU errs low rather than high.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from nanogpt.config import Dtype
+
+_SIMD_LANES_FP32 = (("avx512f", 16), ("avx2", 8), ("sse", 4))
+
+# Native low-precision math, in FLOP per cycle per core:
+# - AMX (amx_bf16, and amx_fp16 on Granite Rapids): one tile-multiply unit per core, which
+#   Intel's AMX overview rates at 1,024 BF16 FLOP/cycle (vs 64 for fp32 AVX-512 with 2 FMAs).
+#   We assume the same for FP16 tiles.
+# - AVX512_BF16 (VDPBF16PS) and AVX512_FP16: twice the fp32 lanes per 512-bit register at the
+#   same instruction rate, so 2x the fp32 FLOP/cycle.
+# Without these, PyTorch's CPU autocast converts to fp32 to do the math: there is no honest
+# bf16/fp16 peak to quote, so the estimate is None.
+_AMX_FLOP_PER_CYCLE = 1024
+_LOW_PRECISION_FLAGS = {
+    Dtype.bf16: ("amx_bf16", "avx512_bf16"),
+    Dtype.fp16: ("amx_fp16", "avx512_fp16"),
+}
+
+
+def cpu_flop_per_cycle(flags: set[str], dtype: Dtype) -> int | None:
+    """FLOP per cycle per core for a set of /proc/cpuinfo flags; None if there is no native path."""
+    dtype = Dtype(dtype)
+    if dtype is Dtype.tf32:
+        return None  # TF32 is a CUDA tensor-core mode; CPUs have no such thing.
+    fp32 = _fp32_flop_per_cycle(flags)
+    if fp32 is None or dtype is Dtype.fp32:
+        return fp32
+    amx_flag, avx512_flag = _LOW_PRECISION_FLAGS[dtype]
+    if amx_flag in flags:
+        return _AMX_FLOP_PER_CYCLE
+    if avx512_flag in flags:
+        return 2 * fp32
+    return None
+
+
+def _fp32_flop_per_cycle(flags: set[str]) -> int | None:
+    lanes = next((n for flag, n in _SIMD_LANES_FP32 if flag in flags), None)
+    if lanes is None:
+        return None  # Not an x86 SIMD we know (e.g. ARM, whose cpuinfo has no such flags).
+    # Every AVX-512 CPU has FMA even if an odd hypervisor hides the separate "fma" flag.
+    has_fma = "fma" in flags or "avx512f" in flags
+    wide = "avx2" in flags or "avx512f" in flags
+    return lanes * (2 if has_fma else 1) * (2 if wide else 1)
+
+
+def cpu_peak_estimate(dtype: Dtype) -> float | None:
+    """Estimated peak FLOP/s of this machine's CPUs; None where it cannot honestly be estimated."""
+    per_cycle = cpu_flop_per_cycle(_cpu_flags(), dtype)
+    cores = physical_cores()
+    clock_hz = _max_clock_hz()
+    if per_cycle is None or cores is None or clock_hz is None:
+        return None
+    return float(cores * clock_hz * per_cycle)
+
+
+def cpu_model_name() -> str:
+    """E.g. "Intel(R) Xeon(R) Platinum 8480+"; falls back to what `platform` knows."""
+    name = _cpuinfo().get("model name") or _macos_cpu_brand() or platform.processor()
+    return name or platform.machine() or "unknown CPU"
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's block of /proc/cpuinfo as key -> value; {} where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if info:
+                break  # One block is enough: all cores of a machine report the same features.
+            continue
+        key, _, value = line.partition(":")
+        info[key.strip()] = value.strip()
+    return info
+
+
+def _cpu_flags() -> set[str]:
+    return set(_cpuinfo().get("flags", "").split())
+
+
+def physical_cores() -> int | None:
+    try:
+        cores = psutil.cpu_count(logical=False)
+    except Exception:
+        cores = None
+    # Without a physical count, the logical one (which counts SMT siblings twice) at least keeps
+    # the estimate an upper bound.
+    return cores or os.cpu_count()
+
+
+def _max_clock_hz() -> float | None:
+    """Max clock from psutil, else the "cpu MHz" of /proc/cpuinfo (a current, not max, clock)."""
+    try:
+        freq = psutil.cpu_freq()
+        mhz = freq.max if freq else 0.0
+    except Exception:
+        mhz = 0.0
+    if not mhz:  # Many VMs expose no cpufreq driver, so psutil reports max=0.
+        try:
+            mhz = float(_cpuinfo().get("cpu MHz", 0))
+        except ValueError:
+            mhz = 0.0
+    return mhz * 1e6 if mhz > 0 else None
+
+
+def _macos_cpu_brand() -> str | None:
+    """E.g. "Apple M2 Pro"; macOS has no /proc/cpuinfo and platform.processor() says only "arm"."""
+    if sys.platform != "darwin":
+        return None
+    return run_command(["sysctl", "-n", "machdep.cpu.brand_string"])
+
+
+def run_command(cmd: list[str], cwd: Path | None = None, keep_empty: bool = False) -> str | None:
+    """A short command's stripped stdout; None if it fails, times out or prints nothing."""
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out = done.stdout.strip()
+    if done.returncode != 0 or (not out and not keep_empty):
+        return None
+    return out

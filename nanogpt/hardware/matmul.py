@@ -1,0 +1,127 @@
+"""The matmul FLOP/s a device achieves: timing F.linear over a small search of shapes.
+
+What is timed is the matmul training runs. Every nn.Linear calls F.linear(x, W) with W stored as
+(out_features, in_features). Under torch.autocast (bf16/fp16) autocast casts x and W down and
+dispatches that same aten::linear -> aten::mm to the low-precision kernel; we time exactly that
+call with the operands already cast, because the casts are elementwise work with no matmul FLOPs.
+fp32 and tf32 run under the matmul-precision settings training uses (devices.matmul_precision).
+An (M, K) input times an (N, K) weight is 2*M*N*K FLOPs: a multiply and an add per term.
+
+How: per shape, one warm-up call (kernel selection, page faults, GPU clock ramp-up), then up to
+MAX_TRIALS trials, each timed by perf_counter between two device synchronizations and repeating
+the call until it lasts about TRIAL_S (so a short GPU matmul is not drowned by the sync). The
+fastest trial counts, since noise only ever slows a trial down. A time budget per dtype (BUDGET_S,
+warm-ups included) is shared by the shapes and bounds the search.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from nanogpt.config import Dtype
+from nanogpt.devices import AUTOCAST_DTYPES, matmul_precision, synchronize
+from nanogpt.errors import ConfigError
+
+SHAPES_ENV = "NANOGPT_CALIBRATION_SHAPES"  # e.g. "256x256x256,512x512x512": a smaller search
+OP = "F.linear(x[M,K], W[N,K]) in the compute dtype, as nn.Linear under autocast; 2*M*N*K FLOPs"
+CLOCK = "perf_counter+synchronize, fastest trial"
+
+Shape = tuple[int, int, int]  # (M, N, K): an (M, K) input times an (N, K) weight
+
+# The searches: large enough for the kernels to reach full rate, small enough that one dtype
+# fits in BUDGET_S. On 2 CPU cores a 2048^3 fp32 matmul takes ~50 ms; on a GPU, 8192^3 at bf16
+# takes a few ms, and rates keep rising up to about that size.
+CPU_SHAPES: tuple[Shape, ...] = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096))
+CUDA_SHAPES: tuple[Shape, ...] = (
+    (4096, 4096, 4096),
+    (6144, 6144, 6144),
+    (8192, 8192, 8192),
+    (16384, 8192, 4096),
+)
+BUDGET_S = 8.0  # per dtype, warm-ups included
+MAX_TRIALS = 10
+TRIAL_S = 0.05  # a trial repeats the call until it lasts about this long
+
+
+def _seconds_per_call(call, calls: int, device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
+def linear_flops(device: torch.device, dtype: Dtype, shape: Shape, seconds: float) -> float:
+    """Best FLOP/s of one F.linear shape in one dtype, searched for about `seconds`."""
+    m, n, k = shape
+    compute_dtype = AUTOCAST_DTYPES.get(dtype, torch.float32)
+    x = torch.randn(m, k, device=device).to(compute_dtype)
+    w = torch.randn(n, k, device=device).to(compute_dtype)
+
+    def call():
+        return F.linear(x, w)
+
+    deadline = time.perf_counter() + seconds
+    best = math.inf
+    with matmul_precision(dtype):  # fp32/tf32 exactly as a training run sets them
+        per_call = _seconds_per_call(call, 1, device)  # warm-up
+        for _ in range(MAX_TRIALS):
+            calls = max(1, math.ceil(TRIAL_S / per_call))
+            per_call = _seconds_per_call(call, calls, device)
+            best = min(best, per_call)
+            if time.perf_counter() > deadline:
+                break
+    return 2 * m * n * k / best
+
+
+def measure(
+    device: torch.device, dtype: Dtype, shapes: tuple[Shape, ...], budget_s: float, bar=None
+) -> dict:
+    """The cache entry of one dtype: the best rate over `shapes`, and every shape's rate."""
+    started = time.perf_counter()
+    by_shape = {}
+    for i, shape in enumerate(shapes):
+        share = (started + budget_s - time.perf_counter()) / (len(shapes) - i)  # time left, split
+        by_shape[shape_name(shape)] = linear_flops(device, dtype, shape, share)
+        if bar is not None:
+            bar.set_postfix(dtype=dtype.value, best_tflops=f"{max(by_shape.values()) / 1e12:.3f}")
+            bar.update(1)
+    best = max(by_shape, key=by_shape.get)
+    return {
+        "tflops": by_shape[best] / 1e12,
+        "shape": best,
+        "by_shape_tflops": {name: flops / 1e12 for name, flops in by_shape.items()},
+        "seconds": time.perf_counter() - started,
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "op": OP,
+        "clock": CLOCK,
+    }
+
+
+def shape_name(shape: Shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def default_shapes(device: torch.device) -> tuple[Shape, ...]:
+    """$NANOGPT_CALIBRATION_SHAPES if set, else the search for the device type."""
+    text = os.environ.get(SHAPES_ENV)
+    if not text:
+        return CUDA_SHAPES if device.type == "cuda" else CPU_SHAPES
+    try:
+        shapes = tuple(tuple(int(v) for v in item.split("x")) for item in text.split(","))
+    except ValueError:
+        shapes = ()
+    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise ConfigError(
+            SHAPES_ENV,
+            f"'{text}' is not a list of shapes",
+            "give MxNxK[,MxNxK...], e.g. 256x256x256",
+        )
+    return shapes

@@ -1,0 +1,89 @@
+"""Run a Handoff in a fresh child process: `python -m nanogpt.launch.worker DIR TASK`, or the same
+under torchrun for a data-parallel point (dist.nproc > 1).
+
+A fresh process gives a clean allocator and clean peaks, no compiled graphs or W&B state carried
+over from the previous point, and a crash or kill -9 of it costs one answer, never the sweep.
+On Linux the child dies with its parent (PR_SET_PDEATHSIG), so a kill -9 of the sweep leaves no
+orphan still measuring.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nanogpt.launch.handoff import Handoff, take_answer
+
+# After Ctrl-C, how long the child gets to write its figures before it is told again (SIGINT)
+# and then killed (SIGKILL).
+INTERRUPT_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
+
+
+@dataclass
+class Outcome:
+    answer: dict | None  # None when the child left no answer
+    returncode: int
+    interrupted: bool  # Ctrl-C came while it ran
+
+    def crash(self) -> str:
+        """Why a child left no answer, for the record."""
+        how = (
+            f"was killed by signal {-self.returncode}"
+            if self.returncode < 0
+            else f"exited with code {self.returncode}"
+        )
+        return f"WorkerCrash: the measuring process {how} before writing its figures"
+
+
+def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None = None) -> Outcome:
+    """Write the handoff into `folder`, run its task in a child process, take its answer."""
+    handoff.write(folder)
+    command = [sys.executable, "-m", "nanogpt.launch.worker", str(folder), handoff.task]
+    if nproc > 1:
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        command = [sys.executable, *launcher, *command[1:]]
+    proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
+    interrupted = _wait_for(proc)
+    return Outcome(take_answer(folder, handoff.task), proc.returncode, interrupted)
+
+
+def _wait_for(proc: subprocess.Popen) -> bool:
+    """Wait for the child to exit; True if Ctrl-C came meanwhile.
+
+    Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so the child gets it
+    too: it records what it measured as `interrupted` and exits. It gets INTERRUPT_GRACE_S to do
+    so; if it is still running (the signal went to this process alone, e.g. `kill -INT`), SIGINT
+    is passed on, then SIGKILL. A second Ctrl-C kills it at once.
+    """
+    try:
+        proc.wait()
+        return False
+    except KeyboardInterrupt:
+        pass
+    try:
+        for escalate in (None, signal.SIGINT, signal.SIGKILL):
+            if escalate is not None:
+                proc.send_signal(escalate)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+    return True
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec (Linux): SIGKILL it when this process dies."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux/glibc: an orphan finishes its task and exits
+        pass

@@ -1,0 +1,113 @@
+"""One sweep point, from the Hydra job process's side: resume, launch, record.
+
+By default the point is measured in a fresh child process (nanogpt/launch/child.py, or torchrun
+with dist.nproc > 1); `bench.isolate=false` measures it in this process. Either way this process
+writes the record: result.json and steps.csv, atomically (results/store.py).
+
+Ctrl-C: the point is recorded as `interrupted` (with what was measured up to then) and the job
+returns that status; the Hydra callback then stops the sweep after building its table.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nanogpt.config import RunSpec
+from nanogpt.files import read_json, write_atomic, write_json
+from nanogpt.launch.child import run_child
+from nanogpt.launch.handoff import Handoff, Job
+from nanogpt.launch.worker import finish_record, measure_point
+from nanogpt.results import store
+from nanogpt.results.record import Record
+
+SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when
+
+
+def run_point(spec: RunSpec, job: Job) -> str:
+    """Measure a point (or skip it when an ok record exists), write its record; its status."""
+    if job.sweep_dir and not spec.bench.rerun:
+        done = store.find_ok(job.sweep_dir, job.overrides)
+        if done is not None:
+            print(f"[skip] {job.name}: ok record in {done} (bench.rerun=true measures it again)")
+            _keep_record(done, job.job_dir)
+            return "skipped"
+    job.job_dir.mkdir(parents=True, exist_ok=True)
+    (job.job_dir / SKIPPED_FILE).unlink(missing_ok=True)  # from an earlier run of the sweep
+    handoff = Handoff("point", spec, job)
+    started = time.perf_counter()
+    try:
+        if spec.bench.isolate or spec.dist.nproc > 1:
+            record = _measure_in_child(handoff)
+        else:
+            record = measure_point(handoff)
+    except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
+        record = _failure(handoff, "interrupted", "KeyboardInterrupt: before any figures")
+    record.wall_s = time.perf_counter() - started
+    store.write_record(job.job_dir, record)
+    print(summary_line(record))
+    return record.status
+
+
+def _measure_in_child(handoff: Handoff) -> Record:
+    spec = handoff.spec
+    env = {}
+    if spec.bench.cold_compile_cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(handoff.job.job_dir / "inductor_cache")
+    outcome = run_child(handoff, handoff.job.job_dir, nproc=spec.dist.nproc, env=env)
+    if outcome.answer is None:
+        status = "interrupted" if outcome.interrupted else "error"
+        return _failure(handoff, status, outcome.crash())
+    record = Record.from_dict(outcome.answer)
+    if outcome.interrupted:
+        # Ctrl-C stops the sweep whatever the point's figures say; a resume measures it again.
+        record.status = "interrupted"
+        record.error = record.error or "KeyboardInterrupt: interrupted while finishing"
+    return record
+
+
+def _failure(handoff: Handoff, status: str, error: str) -> Record:
+    """The record of a point that ended before the measuring code could report any figures."""
+    return finish_record(Record(status=status, error=error), handoff)
+
+
+def _keep_record(done: Path, job_dir: Path) -> None:
+    """The ok record of a resumed point, copied into this job's dir if it lives elsewhere.
+
+    Hydra numbers job dirs by position in the sweep, so when a resumed sweep's list of points
+    changed, the record may sit in a dir that a later job of this sweep reuses and overwrites.
+    """
+    record = store.read_result(done / store.RESULT_FILE)
+    if done.resolve() != job_dir.resolve():
+        steps = done / store.STEPS_FILE
+        if steps.is_file():
+            write_atomic(job_dir / store.STEPS_FILE, steps.read_text(encoding="utf-8"))
+        store.write_result(job_dir, {**record, "job_dir": str(job_dir)})
+    write_json(job_dir / SKIPPED_FILE, {"kept_from": str(done), "at": time.time()})
+
+
+def skipped_since(sweep_dir: Path, since: float) -> int:
+    """How many jobs below sweep_dir kept an earlier ok record at or after `since` (epoch s)."""
+    count = 0
+    for marker in sweep_dir.rglob(SKIPPED_FILE):
+        data = read_json(marker)  # None when unreadable: not written by this run (atomic writes)
+        at = data.get("at") if isinstance(data, dict) else None
+        count += isinstance(at, int | float) and at >= since
+    return count
+
+
+def summary_line(record: Record) -> str:
+    result = record.to_dict()
+
+    def fmt(key: str, spec: str) -> str:
+        value = result.get(key)
+        return "-" if value is None else format(value, spec)
+
+    mfu = result.get("mfu")
+    return (
+        f"[{result['status']}] {result['overrides_str']}: "
+        f"step {fmt('step_ms_median', '.1f')} ms, {fmt('tokens_per_s', ',.0f')} tok/s, "
+        f"{fmt('achieved_tflops', '.3f')} TFLOP/s, "
+        f"MFU {'-' if mfu is None else f'{mfu:.1%}'}"
+        + (f" ({result['error']})" if result.get("error") else "")
+    )

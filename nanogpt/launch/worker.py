@@ -1,0 +1,162 @@
+"""The measuring process: `python -m nanogpt.launch.worker DIR TASK` (or under torchrun).
+
+It reads the Handoff in DIR, runs its task and writes the answer beside it for the job process
+(nanogpt/launch/handoff.py). The `point` task is measured here: the peak and the calibration
+are resolved once, before measuring, and handed to the loop as plain values; the max-batch
+search and a calibration the point asks for run first, each in a child process of its own, so
+their high-water marks never reach the point's figures.
+
+In a data-parallel world rank 0 leads and the other ranks `follow`. Rank 0 alone reads the
+hand-off (or runs Hydra, under torchrun by hand); it sends each point it measures to the others
+(the same Handoff dict), records it, and sends None when it is done (`release_followers`).
+After a failed measurement no rank sends or waits for anything more, as a peer may still be stuck
+in a collective: each exits, non-zero, and torchrun stops the rest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from nanogpt.devices import resolve_device
+from nanogpt.distributed import World
+from nanogpt.hardware import calibration
+from nanogpt.hardware.env import device_name, environment
+from nanogpt.launch.child import run_child
+from nanogpt.launch.handoff import Handoff, write_answer
+from nanogpt.measure import maxbatch
+from nanogpt.measure.loop import measure
+from nanogpt.results import wandb_sink
+from nanogpt.results.record import Asked, MaxBatch, Record
+
+
+def finish_record(record: Record, handoff: Handoff) -> Record:
+    """Complete a record with what was asked, when it finished and the environment."""
+    job = handoff.job
+    record.asked = Asked.of(handoff.spec, job.overrides, str(job.job_dir))
+    record.finished_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    record.env = environment()
+    return record
+
+
+def measure_point(handoff: Handoff) -> Record:
+    """Measure here (in this process) and return the record. In a data-parallel world this is
+    rank 0: it first sends the point to the other ranks, which wait for it in `follow`."""
+    world = World.from_env()
+    world.init()
+    world.share(handoff.to_dict())
+    return _measure_here(handoff, world)
+
+
+def follow() -> int:
+    """A rank > 0: measure each point rank 0 sends, in lockstep, until it sends None (a skipped
+    point or a bad config: none at all). Returns the exit code."""
+    world = World.from_env()
+    world.init()
+    while (point := world.share(None)) is not None:
+        if _measure_here(Handoff.from_dict(point), world).status != "ok":
+            return 1
+    world.shutdown()
+    return 0
+
+
+def release_followers(world: World) -> None:
+    """Rank 0 is done (it may have measured nothing): the ranks waiting in `follow` exit."""
+    world.init()
+    world.share(None)
+    world.shutdown()
+
+
+def own_dir(job_dir: Path, world: World) -> Path:
+    """Where this rank's own files go (profiler trace, memory snapshot, the max-batch search):
+    the job dir for rank 0, JOB_DIR/rank<N> for the others, so that no two ranks write one file."""
+    if world.is_main:
+        return job_dir
+    path = job_dir / f"rank{world.rank}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _measure_here(handoff: Handoff, world: World) -> Record:
+    spec, job = handoff.spec, handoff.job
+    device = world.device(resolve_device(spec.bench.device))
+    folder = own_dir(job.job_dir, world)
+    searched = MaxBatch()
+    if spec.bench.find_max_batch:  # before anything else holds memory
+        searched = _child_max_batch(handoff, device, folder)
+    hw = spec.hardware
+    if world.is_main and (hw.calibrate or hw.recalibrate):  # before the run holds memory
+        if calibration.needs_calibration(device, spec.perf.dtype, force=hw.recalibrate):
+            _child_calibration(handoff, device, folder)
+    ceilings = calibration.ceilings_for_run(device, spec.perf.dtype, hw.peak_tflops)
+    sinks = []
+    if world.is_main:
+        sinks = wandb_sink.open_sinks(
+            spec.logger, name=job.name, group=job.group, config=job.config, run_dir=job.job_dir
+        )
+    record = measure(spec, device, world, ceilings, folder, sinks)
+    record.setup.device_name = device_name(device)
+    record.max_batch = searched
+    if not world.is_main:
+        return record  # the record is rank 0's
+    finish_record(record, handoff)
+    for sink in sinks:
+        sink.finish(record.to_dict())
+    return record
+
+
+def _child_max_batch(handoff: Handoff, device, folder: Path) -> MaxBatch:
+    env = maxbatch.GLIBC_MALLOC_ENV if device.type == "cpu" else None
+    outcome = run_child(handoff.for_task("max-batch", device), folder, env=env)
+    if outcome.interrupted:
+        raise KeyboardInterrupt
+    if outcome.answer is None:
+        error = f"the search process exited with code {outcome.returncode} before its answer"
+        return MaxBatch(max_batch_search={"error": error})
+    return MaxBatch(**outcome.answer)
+
+
+def _child_calibration(handoff: Handoff, device, folder: Path) -> None:
+    """Calibration runs in a process of its own: its large matrices must not raise the run's
+    peak RSS (a process-lifetime figure) or stay cached in the run's CUDA allocator."""
+    outcome = run_child(handoff.for_task("calibrate", device), folder)
+    if outcome.interrupted:
+        raise KeyboardInterrupt
+    if outcome.returncode != 0:
+        dtype = handoff.spec.perf.dtype.value
+        warnings.warn(
+            f"calibrating {dtype} failed (exit code {outcome.returncode}), so "
+            "achievable_tflops and mfu_achievable will be null",
+            stacklevel=2,
+        )
+
+
+def main(argv: list[str]) -> int:
+    """Run TASK of the handoff in DIR; exit code 1 when a measured point failed (the job process
+    reads the answer either way)."""
+    folder, task = Path(argv[0]), argv[1]
+    if task == "point" and not World.from_env().is_main:
+        return follow()
+    handoff = Handoff.read(folder, task)
+    spec = handoff.spec
+    if task == "max-batch":  # the handoff names the exact device (for_task)
+        write_answer(folder, task, maxbatch.run_search(spec, torch.device(spec.bench.device)))
+        return 0
+    if task == "calibrate":
+        device = torch.device(spec.bench.device)
+        calibration.calibrate(device, (spec.perf.dtype,), force=spec.hardware.recalibrate)
+        write_answer(folder, task, {})
+        return 0
+    record = measure_point(handoff)
+    write_answer(folder, task, record.to_dict(steps=True))
+    if record.status == "ok":
+        release_followers(World.from_env())
+    return 0 if record.status == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,152 @@
+"""One point's model, optimizer, precision and data; `step()` is one optimizer step.
+
+`build_trainer` reads the spec once: it seeds, sets the math mode (TF32 only for `tf32`),
+builds the model, compiles it when asked, wraps it for data parallelism, and picks autocast,
+the GradScaler (fp16) and the attention kernel. With `bench.inject_fault` (a testing knob) it
+returns a `FaultyTrainer`, so the trainer that measures never checks for a fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from nanogpt.config import Attention, Dtype, RunSpec
+from nanogpt.data import open_source
+from nanogpt.devices import AUTOCAST_DTYPES, set_matmul_precision
+from nanogpt.distributed import World
+from nanogpt.faults import Fault
+from nanogpt.model import GPT, GPTConfig
+from nanogpt.optim import build_optimizer
+
+SDPA_BACKENDS = {
+    Attention.flash: SDPBackend.FLASH_ATTENTION,
+    Attention.efficient: SDPBackend.EFFICIENT_ATTENTION,
+    Attention.cudnn: SDPBackend.CUDNN_ATTENTION,
+    Attention.math: SDPBackend.MATH,
+}
+
+
+def gpt_config(spec: RunSpec) -> GPTConfig:
+    m = spec.model
+    return GPTConfig(
+        block_size=m.block_size,
+        vocab_size=m.vocab_size,
+        n_layer=m.n_layer,
+        n_head=m.n_head,
+        n_embd=m.n_embd,
+        dropout=m.dropout,
+        bias=m.bias,
+        attention=spec.perf.attention.value,
+        activation_checkpointing=spec.perf.activation_checkpointing,
+    )
+
+
+def data_source(spec: RunSpec, device: torch.device, world: World, batch_size: int):
+    """The batches a Trainer draws (measure/maxbatch.py reopens it at other batch sizes)."""
+    return open_source(
+        spec.data,
+        vocab_size=spec.model.vocab_size,
+        block_size=spec.model.block_size,
+        batch_size=batch_size,
+        device=device,
+        seed=spec.bench.seed + world.rank,
+    )
+
+
+def tokens_per_step(spec: RunSpec, world_size: int) -> int:
+    """Tokens one optimizer step trains on, over all ranks."""
+    perf = spec.perf
+    return perf.batch_size * spec.model.block_size * perf.grad_accum * world_size
+
+
+class Trainer:
+    """Model, optimizer, precision and data for one point; `step()` is one optimizer step."""
+
+    def __init__(self, spec: RunSpec, device: torch.device, world: World):
+        perf = spec.perf
+        self.device = device
+        self.world = world
+        torch.manual_seed(spec.bench.seed + world.rank)
+        set_matmul_precision(perf.dtype)
+        self.raw_model = GPT(gpt_config(spec)).to(device)
+        self.model = self.raw_model
+        if perf.compile:
+            mode = None if perf.compile_mode == "default" else perf.compile_mode
+            self.model = torch.compile(self.model, mode=mode)
+        self.model = world.wrap(self.model, device)
+        self.optimizer = build_optimizer(self.raw_model, spec.optimizer)
+        # fp16's narrow range needs loss scaling (Micikevicius et al., 2018); bf16 does not.
+        self.scaler = torch.amp.GradScaler(device.type, enabled=perf.dtype is Dtype.fp16)
+        self.autocast_dtype = AUTOCAST_DTYPES.get(perf.dtype)
+        self.backend = SDPA_BACKENDS.get(perf.attention)
+        self.grad_accum = perf.grad_accum
+        self.tokens_per_step = tokens_per_step(spec, world.size)
+        self.grad_clip = spec.optimizer.grad_clip
+        self.source = data_source(spec, device, world, perf.batch_size)
+        self.steps_done = 0
+        self.last_data_ms = 0.0
+
+    def _kernel(self):
+        """The attention backend asked for, around forward *and* backward: activation
+        checkpointing recomputes the forward inside backward, and a recompute that picked
+        another kernel than the forward did would fail torch.utils.checkpoint's check."""
+        if self.backend is None:
+            return contextlib.nullcontext()
+        return sdpa_kernel(self.backend)
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self._autocast():  # the forward only: backward runs in the forward's dtypes
+            _, loss = self.model(x, y)
+        return loss / self.grad_accum
+
+    def step(self) -> torch.Tensor:
+        """One optimizer step over grad_accum micro-batches. Returns the mean loss, on device."""
+        self.steps_done += 1
+        total = torch.zeros((), device=self.device)
+        data_s = 0.0
+        for micro in range(self.grad_accum):
+            t0 = time.perf_counter()
+            x, y = self.source.next_batch()
+            data_s += time.perf_counter() - t0
+            # DDP all-reduces gradients only on the last micro-step of accumulation.
+            last = micro == self.grad_accum - 1
+            with self.world.sync_grads(self.model, last), self._kernel():
+                loss = self.loss(x, y)
+                self.scaler.scale(loss).backward()
+            total += loss.detach()
+        if self.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.last_data_ms = data_s * 1e3
+        return total
+
+
+class FaultyTrainer(Trainer):
+    """TESTING ONLY (bench.inject_fault): a Trainer whose loss goes through the fault, which
+    fails the run for real at its step (nanogpt/faults.py)."""
+
+    def __init__(self, spec: RunSpec, device: torch.device, world: World, fault: Fault):
+        super().__init__(spec, device, world)
+        self.fault = fault
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.fault.trigger(self.steps_done, super().loss(x, y), self.device)
+
+
+def build_trainer(spec: RunSpec, device: torch.device, world: World) -> Trainer:
+    fault = Fault.parse(spec.bench.inject_fault)
+    if fault is None:
+        return Trainer(spec, device, world)
+    return FaultyTrainer(spec, device, world, fault)

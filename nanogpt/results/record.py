@@ -1,0 +1,270 @@
+"""The record of one sweep point: what was asked, what was measured, and what follows from it.
+
+One typed record, `Record`, made of small dataclasses, each filled by one part of the code:
+
+  Asked     the point as the user asked for it (its overrides and the spec's main choices)
+  Setup     the model on its device: parameter and FLOP counts, tokens per step, the estimate
+  Timing    the step clock: first step, measured-step statistics, per-rank medians, losses
+  Memory    the allocator peaks, NVML, the process's peak RSS (and how it was read)
+  Rates     the derived figures: tokens/s, achieved FLOP/s, MFU, HFU, mfu_achievable
+            (computed in one function, results/derive.py), with their peak and its source
+  Profile   torch.profiler's trace and top ops, when asked for
+  MaxBatch  the largest batch that fits, when asked for
+
+Every field name is unique across the parts, so result.json, summary.csv, the W&B summary and the
+notebook all read one flat namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a
+flat dict back. Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); README.md
+documents each. Provenance travels with the figures: `clock` (which clock timed the steps),
+`flops_formula`, `peak_source` and `calibration` (where a peak came from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from nanogpt.config import RunSpec
+
+# The table's columns, in order: the scalar fields (and one list) of a record. Nested values
+# (env, mem_estimate, calibration, profile_top_ops, max_batch_search, step_ms_per_rank) stay in
+# result.json only.
+RESULT_COLUMNS = (
+    "status",
+    "error",
+    "overrides",
+    "model",
+    "n_params",
+    "n_params_flops",
+    "dtype",
+    "compile",
+    "compile_mode",
+    "attention",
+    "activation_checkpointing",
+    "optimizer",
+    "optimizer_impl",
+    "batch_size",
+    "block_size",
+    "grad_accum",
+    "tokens_per_step",
+    "device",
+    "device_name",
+    "world_size",
+    "warmup_steps",
+    "measured_steps",
+    "stopped_by_budget",
+    "clock",
+    "compile_s",
+    "inductor_cache",
+    "first_step_ms",
+    "step_ms_median",
+    "step_ms_mean",
+    "step_ms_p10",
+    "step_ms_p90",
+    "step_ms_std",
+    "step_ms_cv",
+    "step_ms_median_per_rank",  # a list, one median per rank (step_ms_* are the slowest rank's)
+    "data_ms_median",
+    "tokens_per_s",
+    "flops_per_token",
+    "flops_per_token_counted",
+    "flops_per_token_hw",
+    "achieved_tflops",
+    "peak_tflops",
+    "peak_source",
+    "mfu",
+    "hfu",
+    "achievable_tflops",
+    "mfu_achievable",
+    "mfu_flag",
+    "mem_peak_allocated_bytes",
+    "mem_peak_reserved_bytes",
+    "mem_nvml_used_bytes",
+    "mem_peak_rss_bytes",
+    "mem_estimate_bytes",
+    "loss_first",
+    "loss_last",
+    "max_batch_size",
+    "wall_s",
+    "finished_at",
+    "job_dir",
+)
+
+STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, measure/timing.py
+
+
+@dataclass
+class Asked:
+    """The point as asked: its Hydra overrides and the spec's main choices, as plain values."""
+
+    overrides: list[str] = field(default_factory=list)
+    overrides_str: str = "defaults"
+    model: str | None = None
+    dtype: str | None = None
+    compile: bool | None = None
+    compile_mode: str | None = None
+    attention: str | None = None
+    activation_checkpointing: bool | None = None
+    optimizer: str | None = None
+    optimizer_impl: str | None = None
+    batch_size: int | None = None
+    block_size: int | None = None
+    grad_accum: int | None = None
+    warmup_steps: int | None = None
+    job_dir: str | None = None
+
+    @classmethod
+    def of(cls, spec: RunSpec, overrides: list[str], job_dir: str) -> Asked:
+        perf = spec.perf
+        return cls(
+            overrides=list(overrides),
+            overrides_str=" ".join(overrides) or "defaults",
+            model=spec.model.name,
+            dtype=perf.dtype.value,
+            compile=perf.compile,
+            compile_mode=perf.compile_mode,
+            attention=perf.attention.value,
+            activation_checkpointing=perf.activation_checkpointing,
+            optimizer=spec.optimizer.name,
+            optimizer_impl=spec.optimizer.impl.value,
+            batch_size=perf.batch_size,
+            block_size=spec.model.block_size,
+            grad_accum=perf.grad_accum,
+            warmup_steps=spec.bench.warmup_steps,
+            job_dir=job_dir,
+        )
+
+
+@dataclass
+class Setup:
+    """The model on its device, known before the first step."""
+
+    device: str | None = None
+    device_name: str | None = None
+    world_size: int | None = None
+    n_params: int | None = None  # all parameters, the tied embedding once
+    n_params_flops: int | None = None  # N of the FLOPs formula (no position embedding)
+    flops_per_token: int | None = None  # the formula (measure/flops.py)
+    flops_per_token_counted: float | None = None  # FlopCounterMode on the meta device
+    flops_per_token_hw: int | None = None  # the formula plus activation-checkpointing recompute
+    flops_formula: str | None = None
+    tokens_per_step: int | None = None  # all ranks
+    inductor_cache: str | None = None  # cold | warm, with compile
+    mem_estimate_bytes: int | None = None
+    mem_estimate: dict | None = None  # the estimate by component
+
+
+@dataclass
+class Timing:
+    """The step clock. step_ms_* are over measured steps only (the slowest rank's per step)."""
+
+    clock: str | None = None  # cuda-events | perf_counter | perf_counter+mps-sync
+    first_step_ms: float | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    measured_steps: int | None = None
+    stopped_by_budget: bool | None = None
+    step_ms_median: float | None = None
+    step_ms_mean: float | None = None
+    step_ms_p10: float | None = None
+    step_ms_p90: float | None = None
+    step_ms_std: float | None = None
+    step_ms_cv: float | None = None
+    step_ms_per_rank: list | None = None
+    step_ms_median_per_rank: list | None = None
+    data_ms_median: float | None = None
+
+    def set_stats(self, stats: dict) -> None:
+        """step_ms_<stat> from measure/timing.summarize's dict."""
+        for name in STATS:
+            setattr(self, f"step_ms_{name}", stats[name])
+
+
+@dataclass
+class Memory:
+    mem_peak_allocated_bytes: int | None = None  # CUDA caching allocator
+    mem_peak_reserved_bytes: int | None = None
+    mem_nvml_used_bytes: int | None = None  # the driver's view, all processes, largest sample
+    mem_peak_rss_bytes: int | None = None  # the measuring process
+    mem_peak_rss_method: str | None = None  # vmhwm | ru_maxrss
+    memory_snapshot: str | None = None  # file name, written on a CUDA OOM when asked
+
+
+@dataclass
+class Rates:
+    """Derived figures, each computed once in results/derive.py."""
+
+    tokens_per_s: float | None = None
+    achieved_tflops: float | None = None  # per device
+    peak_tflops: float | None = None
+    peak_source: str | None = None  # override | datasheet | cpu-estimate | calibrated | unknown
+    mfu: float | None = None
+    hfu: float | None = None
+    achievable_tflops: float | None = None  # the calibrated matmul peak, when known
+    mfu_achievable: float | None = None
+    mfu_flag: bool | None = None  # mfu_achievable > 1: the FLOP count or the timing is wrong
+    calibration: dict | None = None  # the calibration's provenance
+    compile_s: float | None = None  # first step minus median step, with compile
+
+
+@dataclass
+class Profile:
+    profile_trace: str | None = None
+    profile_top_ops: list | None = None
+    profile_top_ops_cuda: list | None = None
+
+
+@dataclass
+class MaxBatch:
+    max_batch_size: int | None = None
+    max_batch_search: dict | None = None
+
+
+PARTS = {
+    "asked": Asked,
+    "setup": Setup,
+    "timing": Timing,
+    "memory": Memory,
+    "rates": Rates,
+    "profile": Profile,
+    "max_batch": MaxBatch,
+}
+
+
+@dataclass
+class Record:
+    status: str = "running"  # ok | oom | diverged | error | interrupted (nanogpt/faults.py)
+    error: str | None = None  # "Type: first line of the message" of a failed point
+    asked: Asked = field(default_factory=Asked)
+    setup: Setup = field(default_factory=Setup)
+    timing: Timing = field(default_factory=Timing)
+    memory: Memory = field(default_factory=Memory)
+    rates: Rates = field(default_factory=Rates)
+    profile: Profile = field(default_factory=Profile)
+    max_batch: MaxBatch = field(default_factory=MaxBatch)
+    env: dict | None = None  # versions, devices, host, git commit (hardware/env.py)
+    wall_s: float | None = None  # the job process's clock around the whole point
+    finished_at: str | None = None
+    steps: list[dict] = field(default_factory=list)  # steps.csv rows; not in result.json
+
+    def to_dict(self, steps: bool = False) -> dict[str, Any]:
+        """The flat record: the table's columns first, then the nested extras."""
+        flat: dict[str, Any] = {"status": self.status, "error": self.error}
+        for name in PARTS:
+            flat.update(dataclasses.asdict(getattr(self, name)))
+        flat.update(env=self.env, wall_s=self.wall_s, finished_at=self.finished_at)
+        ordered = {col: flat.pop(col) for col in RESULT_COLUMNS}
+        ordered.update(flat)
+        if steps:
+            ordered["steps"] = self.steps
+        return ordered
+
+    @classmethod
+    def from_dict(cls, flat: dict[str, Any]) -> Record:
+        """Inverse of to_dict; keys it does not know are ignored."""
+        parts = {
+            name: part(**{f.name: flat[f.name] for f in dataclasses.fields(part) if f.name in flat})
+            for name, part in PARTS.items()
+        }
+        top = ("status", "error", "env", "wall_s", "finished_at", "steps")
+        return cls(**parts, **{key: flat[key] for key in top if key in flat})

@@ -1,0 +1,62 @@
+"""A point's files in its job dir: `result.json` (the record) and `steps.csv` (its steps).
+
+Both are written atomically (nanogpt/files.py), by the job process alone. A sweep dir is found
+point by point: a point's identity is its overrides, order-free, not its job number.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from nanogpt.files import read_json, write_atomic, write_json
+from nanogpt.results.record import Record
+
+RESULT_FILE = "result.json"
+STEPS_FILE = "steps.csv"
+STEPS_COLUMNS = ("step", "phase", "step_ms", "data_ms", "loss")
+
+
+def write_record(job_dir: Path, record: Record) -> None:
+    """steps.csv, then result.json: a readable result.json always has its steps beside it."""
+    write_steps(job_dir, record.steps)
+    write_result(job_dir, record.to_dict())
+
+
+def write_steps(job_dir: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=STEPS_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(job_dir / STEPS_FILE, buf.getvalue())
+
+
+def write_result(job_dir: Path, result: dict) -> None:
+    write_json(job_dir / RESULT_FILE, result)
+
+
+def read_result(path: Path) -> dict | None:
+    """A record, or None when the file is unreadable or not a complete record."""
+    data = read_json(path)
+    return data if isinstance(data, dict) and "status" in data else None
+
+
+def point_key(overrides: list[str]) -> str:
+    """A sweep point's identity: its overrides, order-free (job numbers can change)."""
+    return " ".join(sorted(overrides))
+
+
+def iter_records(sweep_dir: Path):
+    """(path, record or None) for every result.json below a sweep dir."""
+    for path in sorted(sweep_dir.rglob(RESULT_FILE)):
+        yield path, read_result(path)
+
+
+def find_ok(sweep_dir: Path, overrides: list[str]) -> Path | None:
+    """The job dir of an earlier `ok` record of the same point, if any."""
+    key = point_key(overrides)
+    for path, record in iter_records(sweep_dir):
+        if record and record.get("status") == "ok" and point_key(record["overrides"]) == key:
+            return path.parent
+    return None
