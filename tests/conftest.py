@@ -90,3 +90,22 @@ def single(tmp_path):
         return run_cli(*args, cwd=tmp_path, **kwargs), run_dir
 
     return _run
+
+
+# Fixtures that run real sweeps or processes: a test that uses one is `slow` (make test-fast
+# leaves it out). Tests that start processes themselves carry @pytest.mark.slow.
+SLOW_FIXTURES = {
+    "sweep",
+    "single",
+    "preset_sweep",
+    "oom_sweep",
+    "in_process_sweep",
+    "result_keys",
+    "bad_input_runs",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -71,6 +71,7 @@ def test_sweep_group_is_the_sweeps_dir():
     } <= set(PRESETS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_composes_and_each_point_validates_where_it_can_run(hydra_conf, name):
     points = preset_points(name)
@@ -109,6 +110,7 @@ def test_command_line_replaces_a_preset_list(hydra_conf):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 def test_cuda_preset_without_cuda_stops_at_once_with_one_line(tmp_path):
     no_device = [o for o in with_micro([]) if not o.startswith("bench.device=")]
@@ -346,6 +348,7 @@ def test_search_grows_then_bisects(limit, start, probed):
     assert tried == probed
 
 
+@pytest.mark.slow
 def test_max_batch_search_finds_a_bigger_batch_in_a_bigger_budget(tmp_path):
     sweep_dir = tmp_path / "sweep"
     overrides = [

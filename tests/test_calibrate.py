@@ -41,6 +41,7 @@ def cache(tmp_path, monkeypatch):
     return path
 
 
+@pytest.mark.slow
 def test_every_cpu_dtype_gets_a_positive_figure_and_tf32_none(cache):
     results = calibrate.calibrate(CPU, **FAST)
     assert list(results) == [d.value for d in Dtype]
@@ -148,6 +149,7 @@ def test_table_compares_achievable_with_peak(cache):
     assert any(line.startswith("tf32: not calibrated") for line in lines)
 
 
+@pytest.mark.slow
 def test_cli_calibrates_then_reuses(cache, tmp_path):
     done = run_cli("bench.device=cpu", cwd=tmp_path, module="nanogpt.calibrate")
     assert done.returncode == 0, done.stderr
@@ -160,6 +162,7 @@ def test_cli_calibrates_then_reuses(cache, tmp_path):
     assert not (tmp_path / "outputs").exists()  # composed, not a Hydra run: no output dir
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_bad_override(cache, tmp_path):
     done = run_cli("hardware.calibrate=maybe", cwd=tmp_path, module="nanogpt.calibrate")
     assert done.returncode == 2

@@ -144,6 +144,7 @@ def test_oom_and_nan_are_results_and_one_process_releases_memory_between_points(
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_records_the_point_as_interrupted_builds_the_table_and_stops(tmp_path):
     proc, sweep_dir = start_sweep(
         tmp_path, "perf.batch_size=1,2", "bench.measure_steps=100000", "bench.time_budget_s=600"
@@ -168,6 +169,7 @@ def test_ctrl_c_records_the_point_as_interrupted_builds_the_table_and_stops(tmp_
     assert table["status"].tolist() == ["interrupted"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_a_measuring_process_dies_with_its_job_process():
     """kill -9 of a job process takes its measuring process along (it would run 60 s)."""
@@ -194,6 +196,7 @@ def test_a_measuring_process_dies_with_its_job_process():
         job_process.stdout.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_path):
     points = ("perf.batch_size=1,2",)

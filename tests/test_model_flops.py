@@ -30,6 +30,7 @@ def test_num_params_counts_tied_weight_once_and_drops_wpe():
     assert model.get_num_params() == sum(unique.values()) - 16 * 32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["auto", "math", "flash", "manual"])
 def test_attention_paths_agree(attention):
     torch.manual_seed(0)

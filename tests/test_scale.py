@@ -69,6 +69,7 @@ def _train_two_steps(rank: int, port: int, out_dir) -> None:
     world.shutdown()
 
 
+@pytest.mark.slow
 def test_ddp_all_reduces_once_per_optimizer_step_and_keeps_ranks_identical(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,6 +83,7 @@ def test_ddp_all_reduces_once_per_optimizer_step_and_keeps_ranks_identical(tmp_p
     assert ranks[0]["params"] == ranks[1]["params"]  # averaged gradients: one model
 
 
+@pytest.mark.slow
 def test_torchrun_by_hand_writes_one_record_of_the_slowest_rank(tmp_path):
     # Default run dir (named by the clock), a time budget that stops the ranks mid-run, and
     # gradient accumulation: the ranks must agree on the dir and on the step they stop after.
@@ -122,6 +124,7 @@ def test_torchrun_by_hand_writes_one_record_of_the_slowest_rank(tmp_path):
     assert record["mfu"] == pytest.approx(per_device / 0.5e12)  # per-GPU MFU
 
 
+@pytest.mark.slow
 def test_bad_config_under_torchrun_stops_every_rank_and_writes_no_record(tmp_path):
     proc = torchrun("dist.nproc=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
     assert proc.returncode != 0

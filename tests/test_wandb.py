@@ -148,6 +148,7 @@ def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):
     assert list(logged_table["mfu"]) == pytest.approx(list(summary["mfu"]))
 
 
+@pytest.mark.slow
 def test_auto_without_a_key_logs_offline_from_the_measuring_child(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_nanogpt([*with_micro(WANDB), f"hydra.run.dir={run_dir}"], tmp_path)

@@ -235,13 +235,13 @@ PARTS = {
 class Record:
     status: str = "running"  # ok | oom | diverged | error | interrupted (nanogpt/faults.py)
     error: str | None = None  # "Type: first line of the message" of a failed point
-    asked: Asked = field(default_factory=Asked)
-    setup: Setup = field(default_factory=Setup)
+    asked: Asked = field(default_factory=Asked)  # launch/worker.py
+    setup: Setup = field(default_factory=Setup)  # measure/loop.py, from here to profile
     timing: Timing = field(default_factory=Timing)
     memory: Memory = field(default_factory=Memory)
-    rates: Rates = field(default_factory=Rates)
+    rates: Rates = field(default_factory=Rates)  # results/derive.py, called by the loop
     profile: Profile = field(default_factory=Profile)
-    max_batch: MaxBatch = field(default_factory=MaxBatch)
+    max_batch: MaxBatch = field(default_factory=MaxBatch)  # measure/maxbatch.py, in a child
     env: dict | None = None  # versions, devices, host, git commit (hardware/env.py)
     wall_s: float | None = None  # the job process's clock around the whole point
     finished_at: str | None = None

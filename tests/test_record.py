@@ -1,0 +1,119 @@
+"""The typed record, the derived figures, the baseline rule and the trainer's build, on real
+torch and pandas (no processes: these are unit-level)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+from nanogpt.config import Attention, BenchConfig, ModelConfig, PerfConfig, RunSpec
+from nanogpt.distributed import World
+from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
+from nanogpt.results import derive
+from nanogpt.results.derive import Ceilings, Peak
+from nanogpt.results.record import PARTS, RESULT_COLUMNS, Asked, Record, Setup, Timing
+from nanogpt.results.table import ReportError, baseline_row
+
+TINY = RunSpec(
+    model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256),
+    perf=PerfConfig(batch_size=2),
+    bench=BenchConfig(device="cpu"),
+)
+CPU = torch.device("cpu")
+
+
+def test_every_column_is_a_field_of_one_part_and_field_names_are_unique():
+    names = [f.name for part in PARTS.values() for f in dataclasses.fields(part)]
+    names += ["status", "error", "env", "wall_s", "finished_at"]
+    assert len(names) == len(set(names))  # one flat namespace: no name in two parts
+    assert set(RESULT_COLUMNS) <= set(names)
+
+
+def test_record_round_trips_through_its_flat_dict():
+    record = Record(
+        status="oom",
+        error="OutOfMemoryError: no",
+        asked=Asked.of(TINY, ["perf.batch_size=2"], "/tmp/job"),
+        setup=Setup(device="cpu", tokens_per_step=32, world_size=1),
+        timing=Timing(step_ms_median=3.5, step_ms_per_rank=[[3.5]]),
+        wall_s=1.5,
+        steps=[{"step": 1, "phase": "warmup", "step_ms": 9.0, "data_ms": 0.1, "loss": 5.0}],
+    )
+    flat = record.to_dict(steps=True)
+    assert list(flat)[: len(RESULT_COLUMNS)] == list(RESULT_COLUMNS)
+    assert flat["dtype"] == "fp32" and flat["overrides_str"] == "perf.batch_size=2"
+    assert Record.from_dict(flat) == record
+    assert "steps" not in record.to_dict()  # result.json: the steps go to steps.csv
+
+
+def test_point_and_window_rates_share_one_formula():
+    setup = Setup(
+        world_size=2, tokens_per_step=4096, flops_per_token=1_000_000, flops_per_token_hw=1_500_000
+    )
+    ceilings = Ceilings(Peak(1e12, "override"), achievable_flops=5e11, calibration={"op": "x"})
+    rates = derive.rates(
+        setup, 8.0, 20.0, ceilings, compiled=True, checkpointing=True, dtype="fp32"
+    )
+    window = derive.window_rates(setup, 8.0, ceilings)
+    assert rates.tokens_per_s == window["tokens_per_s"] == pytest.approx(4096 / 0.008)
+    # per device: half the tokens of a step on each of the 2 ranks
+    assert rates.achieved_tflops == pytest.approx(1e6 * 2048 / 0.008 / 1e12)
+    assert rates.mfu == window["mfu"] == pytest.approx(rates.achieved_tflops / 1.0)
+    assert rates.hfu == pytest.approx(rates.mfu * 1.5)
+    assert rates.mfu_achievable == pytest.approx(rates.mfu * 2)
+    assert rates.compile_s == pytest.approx(0.012)
+    unknown = derive.rates(
+        setup,
+        8.0,
+        20.0,
+        Ceilings(Peak(None, "unknown")),
+        compiled=False,
+        checkpointing=True,
+        dtype="fp32",
+    )
+    assert unknown.mfu is None and unknown.hfu is None and unknown.peak_source == "unknown"
+    assert "mfu" not in derive.window_rates(setup, 8.0, Ceilings(Peak(None, "unknown")))
+
+
+def table_of(rows: list[tuple[str, str, bool, str, float]]) -> pd.DataFrame:
+    columns = ["overrides", "status", "compile", "dtype", "tokens_per_s"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def test_baseline_is_the_given_point_else_eager_fp32_else_the_first_ok():
+    table = table_of(
+        [
+            ("perf.compile=true perf.dtype=bf16", "ok", True, "bf16", 300.0),
+            ("perf.compile=false perf.dtype=bf16", "error", False, "bf16", None),
+            ("perf.compile=false perf.dtype=fp32", "ok", False, "fp32", 100.0),
+        ]
+    )
+    assert baseline_row(table)["tokens_per_s"] == 100.0  # eager fp32, though not first
+    assert baseline_row(table, "dtype=bf16")["tokens_per_s"] == 300.0  # given, and ok
+    without_fp32 = table[table["dtype"] != "fp32"]
+    assert baseline_row(without_fp32)["tokens_per_s"] == 300.0  # the first ok point
+    assert baseline_row(table[table["status"] != "ok"]) is None
+    with pytest.raises(ReportError, match="report.baseline"):
+        baseline_row(table, "model=gpt2")
+
+
+def test_the_fault_knob_is_chosen_when_the_trainer_is_built():
+    assert type(build_trainer(TINY, CPU, World())) is Trainer
+    faulty = dataclasses.replace(TINY, bench=BenchConfig(device="cpu", inject_fault="nan@2"))
+    trainer = build_trainer(faulty, CPU, World())
+    assert isinstance(trainer, FaultyTrainer)
+    assert torch.isfinite(trainer.step())
+    assert torch.isnan(trainer.step())  # the real loss, poisoned at its step
+
+
+@pytest.mark.parametrize("attention", [Attention.math, Attention.flash])
+def test_checkpointing_recomputes_with_the_attention_kernel_asked_for(attention):
+    # The recompute in backward runs under the same sdpa_kernel as the forward: outside it, it
+    # picked another kernel and torch.utils.checkpoint raised CheckpointError.
+    perf = PerfConfig(batch_size=2, attention=attention, activation_checkpointing=True)
+    trainer = build_trainer(dataclasses.replace(TINY, perf=perf), CPU, World())
+    losses = [trainer.step().item() for _ in range(2)]
+    assert all(torch.isfinite(torch.tensor(losses)))
