@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-fast lint bench clean
+.PHONY: setup sweep test test-fast test-gpu lint bench clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m cuda
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports

@@ -12,13 +12,17 @@ import contextlib
 
 import torch
 
-from nanogpt.config import Dtype
+from nanogpt.config import Attention, Dtype
 
 # bf16/fp16 train under torch.autocast to these dtypes; fp32/tf32 keep fp32 tensors.
 AUTOCAST_DTYPES = {Dtype.bf16: torch.bfloat16, Dtype.fp16: torch.float16}
 # Native bf16 and TF32 tensor-core math arrived with Ampere (compute capability 8.0). Older
 # GPUs run bf16 only by emulation, which torch.cuda.is_bf16_supported() counts as support.
 AMPERE = (8, 0)
+CUDA_ONLY_ATTENTION = (Attention.efficient, Attention.cudnn)
+# The flash and cuDNN SDPA kernels take 16-bit tensors only, on Ampere or newer (PyTorch's
+# scaled_dot_product_attention docs); with fp32/tf32 they fail at the first step.
+SIXTEEN_BIT_ATTENTION = (Attention.flash, Attention.cudnn)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -53,6 +57,48 @@ def precision_unavailable(device: torch.device, dtype: Dtype) -> str | None:
                 f"{dtype.value}: it needs compute capability 8.0 (Ampere) or newer"
             )
     return None
+
+
+def attention_unavailable(device: torch.device, attention: Attention, dtype: Dtype) -> str | None:
+    """Why the SDPA kernel `attention` cannot run on `device` in `dtype`; None when it can."""
+    if attention in CUDA_ONLY_ATTENTION and device.type != "cuda":
+        return f"the {attention.value} SDPA kernel exists only on CUDA"
+    if device.type != "cuda" or attention not in SIXTEEN_BIT_ATTENTION:
+        return None
+    if dtype not in AUTOCAST_DTYPES:
+        return f"the {attention.value} SDPA kernel takes bf16/fp16 tensors, not {dtype.value}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < AMPERE:
+        return (
+            f"the {attention.value} SDPA kernel needs compute capability 8.0 (Ampere) or newer, "
+            f"not {capability[0]}.{capability[1]}"
+        )
+    return None
+
+
+def nvml_handle(device: torch.device) -> tuple[object | None, str | None]:
+    """The NVML handle of a CUDA device and which device it is, matched by UUID.
+
+    NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, while CUDA numbers the
+    visible ones fastest first: an index would read another GPU (under SLURM, another job's).
+    The UUID names the same device in both. A MIG slice is looked up as such; where the driver
+    gives no handle for it, the parent GPU's figures would be all there is, so none is used.
+    (None, why) when there is no handle.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+    except Exception as exc:  # no driver, no library
+        return None, f"no NVML ({type(exc).__name__})"
+    for prefix in ("GPU-", "MIG-"):
+        name = uuid if uuid.startswith(prefix) else prefix + uuid
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(name), name
+        except Exception:
+            continue
+    return None, f"NVML has no device with UUID {uuid}"
 
 
 def set_matmul_precision(dtype: Dtype) -> None:

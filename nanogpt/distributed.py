@@ -77,7 +77,9 @@ class World:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        # Every rank builds the same buffers (the causal mask): broadcasting them from rank 0
+        # at every forward, DDP's default, would only add a collective to each step.
+        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
     def sync_grads(self, model: torch.nn.Module, last_micro_step: bool):
         """Skip DDP's gradient all-reduce on all but the last micro-step of accumulation: the

@@ -25,9 +25,17 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: torch.nn.Module, cfg: OptimizerConfig, prefer_fused: bool = False
+) -> torch.optim.Optimizer:
+    """`prefer_fused`: with impl=auto, take the fused implementation. The trainer asks for it
+    where a GradScaler steps the optimizer on CUDA: with a non-fused optimizer GradScaler.step
+    reads found_inf to the host every step, a sync inside the measured loop; a fused one checks
+    it on the device."""
     groups = param_groups(model, cfg.weight_decay)
     flags = IMPL_FLAGS[cfg.impl]
+    if prefer_fused and cfg.impl is OptimizerImpl.auto:
+        flags = IMPL_FLAGS[OptimizerImpl.fused]
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **flags)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **flags)

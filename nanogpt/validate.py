@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from nanogpt.config import COMPILE_MODES, Attention, Dtype, RunSpec
+from nanogpt.config import COMPILE_MODES, Dtype, RunSpec
 from nanogpt.data import check_data
-from nanogpt.devices import precision_unavailable, resolve_device
+from nanogpt.devices import attention_unavailable, precision_unavailable, resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
 
-CUDA_ONLY_ATTENTION = (Attention.efficient, Attention.cudnn)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+CUDA_GRAPH_WARMUP = 3  # steps: warm-up run, recording run, then replays
 
 
 def check(spec: RunSpec) -> None:
@@ -23,6 +24,7 @@ def check(spec: RunSpec) -> None:
     check_choices(spec)
     device = check_device(spec.bench.device)
     check_precision(spec, device)
+    check_cuda_graph_warmup(spec, device)
     check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
     check_data(spec.data, vocab_size=spec.model.vocab_size, block_size=spec.model.block_size)
@@ -140,9 +142,25 @@ def check_precision(spec: RunSpec, device: torch.device) -> None:
     if reason:
         fix = "use perf.dtype=fp32" if dtype is Dtype.tf32 else "use perf.dtype=fp16 or fp32"
         raise ConfigError("perf.dtype", reason, fix)
-    if attention in CUDA_ONLY_ATTENTION and device.type != "cuda":
+    reason = attention_unavailable(device, attention, dtype)
+    if reason and device.type != "cuda":
+        fix = f"use perf.attention=auto, flash, math or manual on {device.type}"
+        raise ConfigError("perf.attention", reason, fix)
+    if reason:
+        fix = "use perf.dtype=bf16 or fp16 with it, or perf.attention=auto, efficient or math"
+        raise ConfigError("perf.attention", reason, fix)
+
+
+def check_cuda_graph_warmup(spec: RunSpec, device: torch.device) -> None:
+    """reduce-overhead and max-autotune capture CUDA graphs: the first calls of each compiled
+    graph run eagerly, the next records the graph, and only later calls replay it. With fewer
+    warmup steps the recording would fall into the measured steps."""
+    perf, warmup = spec.perf, spec.bench.warmup_steps
+    graphs = perf.compile and perf.compile_mode in CUDA_GRAPH_MODES
+    if graphs and device.type == "cuda" and warmup < CUDA_GRAPH_WARMUP:
         raise ConfigError(
-            "perf.attention",
-            f"the {attention.value} SDPA kernel exists only on CUDA",
-            f"use perf.attention=auto, flash, math or manual on {device.type}",
+            "bench.warmup_steps",
+            f"is {warmup}, but perf.compile_mode={perf.compile_mode} records CUDA graphs in the "
+            f"first {CUDA_GRAPH_WARMUP} steps",
+            f"set bench.warmup_steps={CUDA_GRAPH_WARMUP} or more",
         )

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanogpt.config import Dtype
 from nanogpt.errors import ConfigError
@@ -36,6 +37,18 @@ DEVICE_NAMES = [
     ("NVIDIA GeForce RTX 4090", "RTX 4090"),
     ("NVIDIA RTX A6000", "RTX A6000"),
     ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+    ("NVIDIA GH200 480GB", "GH200"),
+    ("NVIDIA H800", "H800 SXM"),
+    ("NVIDIA H800 PCIe", "H800 PCIe"),
+    ("NVIDIA H20", "H20"),
+    ("NVIDIA A40", "A40"),
+    ("NVIDIA A30", "A30"),
+    ("NVIDIA B200", "B200"),
+    ("NVIDIA GB200", "GB200"),
+    ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+    ("AMD Instinct MI300X", "MI300X"),
+    ("AMD Instinct MI300X VF", "MI300X"),
+    ("AMD Instinct MI250X", "MI250X GCD"),
 ]
 
 
@@ -64,6 +77,17 @@ DENSE_16BIT_TFLOPS = [
     ("Tesla T4", "fp16", 65),
     ("NVIDIA GeForce RTX 3090", "bf16", 71),
     ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+    ("NVIDIA GH200 480GB", "bf16", 989.5),
+    ("NVIDIA H800", "bf16", 989.5),
+    ("NVIDIA H800 PCIe", "bf16", 756.5),
+    ("NVIDIA H20", "bf16", 148),
+    ("NVIDIA A40", "bf16", 149.7),
+    ("NVIDIA A30", "bf16", 165),
+    ("NVIDIA B200", "bf16", 2250),
+    ("NVIDIA GB200", "bf16", 2500),
+    ("NVIDIA GeForce RTX 5090", "bf16", 209.5),
+    ("AMD Instinct MI300X", "bf16", 1307.4),
+    ("AMD Instinct MI250X", "bf16", 191.5),
 ]
 
 
@@ -109,11 +133,11 @@ def test_h100_fp32_is_the_cuda_core_rate_and_tf32_is_half_of_bf16():
     "name",
     [
         "NVIDIA GeForce GTX 1080",
-        "AMD Instinct MI300X",
+        "AMD Instinct MI325X",
         "Intel(R) Xeon(R) Platinum 8480+",
         "NVIDIA GeForce RTX 3090 Ti",  # a different chip configuration from the 3090
         "NVIDIA GeForce RTX 4090 Laptop GPU",
-        "NVIDIA GH200 480GB",  # not "H200"
+        "NVIDIA GeForce RTX 5090 D",  # the China variant: fewer SMs
         "NVIDIA H100",  # SXM, PCIe or NVL? Too different to guess.
         "",
     ],
@@ -128,6 +152,13 @@ def test_unknown_names_have_no_peak(name):
 @pytest.mark.parametrize("dtype", ["bf16", "tf32"])
 def test_dtypes_without_hardware_support_have_no_peak(name, dtype):
     assert peaks.peak_flops(name, dtype) is None
+
+
+def test_gh200_is_not_an_h200_and_h20_is_not_either():
+    assert peaks.gpu_model("NVIDIA GH200 480GB") == "GH200"
+    assert peaks.gpu_model("NVIDIA H20") == "H20"
+    assert peaks.peak_flops("NVIDIA H20", "bf16") < peaks.peak_flops("NVIDIA H200", "bf16") / 6
+    assert peaks.peak_flops("AMD Instinct MI300X", "tf32") is None  # ROCm: no tf32 matmuls
 
 
 def test_unknown_dtype_is_an_error():
@@ -246,3 +277,52 @@ def test_environment_has_the_expected_keys_and_is_json():
     assert record["torch_threads"] >= 1
     assert isinstance(record["gpu_names"], list)
     assert record["git_dirty"] in (True, False, None)
+
+
+def test_zen4_avx512_counts_at_256_bit_width():
+    flags = {"avx512f", "avx2", "fma", "avx512_bf16"}
+    assert cpu.cpu_flop_per_cycle(flags, Dtype.fp32) == 64  # Intel: two 512-bit FMA units
+    assert cpu.cpu_flop_per_cycle(flags, Dtype.fp32, avx512_on_256_bit_units=True) == 32
+    assert cpu.cpu_flop_per_cycle(flags, Dtype.bf16, avx512_on_256_bit_units=True) == 64
+    avx2_only = {"avx2", "fma"}
+    assert cpu.cpu_flop_per_cycle(avx2_only, Dtype.fp32, avx512_on_256_bit_units=True) == 32
+    assert cpu._splits_avx512({"vendor_id": "AuthenticAMD", "cpu family": "25"})  # Zen 4
+    assert not cpu._splits_avx512({"vendor_id": "AuthenticAMD", "cpu family": "26"})  # Zen 5
+    assert not cpu._splits_avx512({"vendor_id": "GenuineIntel", "cpu family": "6"})
+
+
+def test_cgroup_quota_counts_in_cpus(tmp_path):
+    assert cpu._cgroup_cpus(tmp_path) is None  # no cgroup files: unknown
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpu._cgroup_cpus(tmp_path) is None  # unlimited
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cpu._cgroup_cpus(tmp_path) == 2  # 1.5 CPUs: a second core is partly usable
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu._cgroup_cpus(tmp_path) == 1  # cgroup v1
+
+
+def test_cpu_estimate_counts_only_the_threads_torch_computes_with():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert cpu.usable_cores() == 1
+        one = cpu.cpu_peak_estimate(Dtype.fp32)
+    finally:
+        torch.set_num_threads(threads)
+    everything = cpu.cpu_peak_estimate(Dtype.fp32)
+    if one is not None:
+        assert everything == pytest.approx(one * cpu.usable_cores())
+
+
+def test_a_mig_slice_never_gets_the_whole_gpus_peak():
+    name = "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+    assert peaks.peak_flops(name, Dtype.bf16) is not None  # the table would match the parent
+    with pytest.warns(UserWarning, match="MIG slice"):
+        assert peaks.resolve_peak("cuda", name, Dtype.bf16) == Peak(None, "unknown")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a measured figure for the slice is fine, silently
+        calibrated = peaks.resolve_peak("cuda", name, Dtype.bf16, calibrated_flops=4e13)
+    assert calibrated == Peak(4e13, "calibrated")

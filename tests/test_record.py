@@ -9,7 +9,16 @@ import pandas as pd
 import pytest
 import torch
 
-from nanogpt.config import Attention, BenchConfig, ModelConfig, PerfConfig, RunSpec
+from nanogpt.config import (
+    Attention,
+    BenchConfig,
+    Dtype,
+    ModelConfig,
+    OptimizerConfig,
+    OptimizerImpl,
+    PerfConfig,
+    RunSpec,
+)
 from nanogpt.distributed import World
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
 from nanogpt.results import derive
@@ -117,3 +126,23 @@ def test_checkpointing_recomputes_with_the_attention_kernel_asked_for(attention)
     trainer = build_trainer(dataclasses.replace(TINY, perf=perf), CPU, World())
     losses = [trainer.step().item() for _ in range(2)]
     assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_the_record_says_when_a_host_sync_stays_in_the_step():
+    # GradScaler.step reads found_inf to the host each step unless the optimizer is fused.
+    cases = {
+        (Dtype.fp32, OptimizerImpl.auto): False,  # no scaler
+        (Dtype.fp16, OptimizerImpl.auto): True,  # on CPU auto stays non-fused
+        (Dtype.fp16, OptimizerImpl.fused): False,
+    }
+    for (dtype, impl), syncs in cases.items():
+        spec = dataclasses.replace(
+            TINY,
+            perf=PerfConfig(batch_size=2, dtype=dtype),
+            optimizer=OptimizerConfig(impl=impl),
+        )
+        trainer = build_trainer(spec, CPU, World())
+        assert trainer.host_sync_in_step is syncs, (dtype, impl)
+        assert trainer.model_wrapping == "model"
+    compiled = dataclasses.replace(TINY, perf=PerfConfig(batch_size=2, compile=True))
+    assert build_trainer(compiled, CPU, World()).model_wrapping == "compile(model)"

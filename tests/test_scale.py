@@ -64,7 +64,13 @@ def _train_two_steps(rank: int, port: int, out_dir) -> None:
     for _ in range(2):
         trainer.step()
     params = torch.cat([p.detach().flatten() for p in trainer.raw_model.parameters()])
-    result = {"reduced_at": reduced_at, "params": params.tolist(), "first_batch": first_batch}
+    result = {
+        "reduced_at": reduced_at,
+        "params": params.tolist(),
+        "first_batch": first_batch,
+        "broadcast_buffers": trainer.ddp.broadcast_buffers,
+        "model_wrapping": trainer.model_wrapping,
+    }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     world.shutdown()
 
@@ -81,6 +87,9 @@ def test_ddp_all_reduces_once_per_optimizer_step_and_keeps_ranks_identical(tmp_p
     assert [r["reduced_at"] for r in ranks] == [[1, 2], [1, 2]]
     assert ranks[0]["first_batch"] != ranks[1]["first_batch"]  # per-rank data seeds
     assert ranks[0]["params"] == ranks[1]["params"]  # averaged gradients: one model
+    # Every rank builds the same buffers: no broadcast of them at each forward.
+    assert [r["broadcast_buffers"] for r in ranks] == [False, False]
+    assert ranks[0]["model_wrapping"] == "ddp(model)"
 
 
 @pytest.mark.slow

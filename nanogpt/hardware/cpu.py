@@ -2,17 +2,22 @@
 
 A CPU publishes no single peak figure, so we build one from its parts:
 
-    peak = physical cores x max clock (Hz) x FLOP per cycle per core
+    peak = usable cores x max clock (Hz) x FLOP per cycle per core
+
+Usable cores are the fewest of: physical cores, the CPUs this process may run on (its
+affinity), the CPU quota of its cgroup (containers, SLURM), and the threads torch computes with.
 
 FLOP per cycle for fp32 = SIMD lanes x 2 if the CPU has FMA (a fused multiply-add is two
 FLOPs) x the number of FMA units a core can feed each cycle. The lanes come from the widest
 vector extension /proc/cpuinfo lists: AVX-512 registers hold 16 fp32 values, AVX2 8, SSE 4.
 
 Assumption: AVX2 and AVX-512 cores have 2 FMA units. That holds for Intel server cores since
-Haswell/Skylake-SP and for AMD Zen 2-4 at 256 bits, but some parts have only one 512-bit unit
-(lower-bin Xeons, and Zen 4 splits a 512-bit op into two 256-bit halves). Together with the
-max clock (often a single-core turbo that wide vector code does not sustain), this makes the
-estimate an upper bound, so CPU MFU errs low rather than high.
+Haswell/Skylake-SP and for AMD Zen 2-4 at 256 bits. AMD Zen 4 (family 19h, the first AMD cores
+with AVX-512) runs each 512-bit op as two 256-bit halves on its 256-bit units (AMD's Zen 4
+software optimization guide), so it is counted at AVX2's width: 32 fp32 FLOP/cycle, not 64.
+Some Intel parts have only one 512-bit unit (lower-bin Xeons); with the max clock (often a
+single-core turbo that wide vector code does not sustain), this keeps the estimate an upper
+bound, so CPU MFU errs low rather than high.
 """
 
 from __future__ import annotations
@@ -45,12 +50,16 @@ _LOW_PRECISION_FLAGS = {
 }
 
 
-def cpu_flop_per_cycle(flags: set[str], dtype: Dtype) -> int | None:
+def cpu_flop_per_cycle(
+    flags: set[str], dtype: Dtype, avx512_on_256_bit_units: bool = False
+) -> int | None:
     """FLOP per cycle per core for a set of /proc/cpuinfo flags; None if there is no native path."""
     dtype = Dtype(dtype)
     if dtype is Dtype.tf32:
         return None  # TF32 is a CUDA tensor-core mode; CPUs have no such thing.
     fp32 = _fp32_flop_per_cycle(flags)
+    if fp32 is not None and avx512_on_256_bit_units and "avx512f" in flags:
+        fp32 //= 2
     if fp32 is None or dtype is Dtype.fp32:
         return fp32
     amx_flag, avx512_flag = _LOW_PRECISION_FLAGS[dtype]
@@ -73,8 +82,8 @@ def _fp32_flop_per_cycle(flags: set[str]) -> int | None:
 
 def cpu_peak_estimate(dtype: Dtype) -> float | None:
     """Estimated peak FLOP/s of this machine's CPUs; None where it cannot honestly be estimated."""
-    per_cycle = cpu_flop_per_cycle(_cpu_flags(), dtype)
-    cores = physical_cores()
+    per_cycle = cpu_flop_per_cycle(_cpu_flags(), dtype, _splits_avx512(_cpuinfo()))
+    cores = usable_cores()
     clock_hz = _max_clock_hz()
     if per_cycle is None or cores is None or clock_hz is None:
         return None
@@ -107,6 +116,47 @@ def _cpuinfo() -> dict[str, str]:
 
 def _cpu_flags() -> set[str]:
     return set(_cpuinfo().get("flags", "").split())
+
+
+def _splits_avx512(info: dict[str, str]) -> bool:
+    """AMD family 19h with AVX-512 is Zen 4, which executes 512-bit ops on 256-bit units."""
+    return info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25"
+
+
+def usable_cores() -> int | None:
+    """The cores a run can compute on: the fewest of physical cores, this process's CPU
+    affinity, its cgroup's CPU quota and torch's threads."""
+    import torch  # the threads torch's kernels use; imported here: torch is heavy to import
+
+    limits = [physical_cores(), _affinity(), _cgroup_cpus(), torch.get_num_threads()]
+    known = [n for n in limits if n]
+    return min(known) if known else None
+
+
+def _affinity() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+def _cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """CPUs the cgroup quota allows (rounded up), from cgroup v2's cpu.max ("200000 100000":
+    quota and period in us) or v1's cfs files; None when unlimited or unknown."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    if quota in ("max", "-1"):
+        return None
+    try:
+        return max(1, -(-int(quota) // int(period)))  # ceil
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def physical_cores() -> int | None:

@@ -137,6 +137,65 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # Same whitepaper, RTX 6000 Ada Generation column: FP32 91.1 | TF32 182.1/364.2* |
     # BF16 364.2/728.5* | FP16 with FP32 accumulate 364.2/728.5*.
     "RTX 6000 Ada": {"fp32": 91.1, "tf32": 182.1, "bf16": 364.2, "fp16": 364.2},
+    # NVIDIA GH200 Grace Hopper Superchip datasheet, GPU column: the same H100 die as H100 SXM,
+    # FP32 67 | TF32 989* | BF16 1,979* | FP16 1,979*. LESS CERTAIN: read from secondary copies.
+    "GH200": {
+        "fp32": 67,
+        "tf32": _without_sparsity(989),
+        "bf16": _without_sparsity(1979),
+        "fp16": _without_sparsity(1979),
+    },
+    # NVIDIA H800 datasheet (export variant; only FP64 and NVLink are cut): SXM column as H100
+    # SXM, FP32 67 | TF32 989* | BF16 1,979* | FP16 1,979*; PCIe column as H100 PCIe.
+    "H800 SXM": {
+        "fp32": 67,
+        "tf32": _without_sparsity(989),
+        "bf16": _without_sparsity(1979),
+        "fp16": _without_sparsity(1979),
+    },
+    "H800 PCIe": {
+        "fp32": 51,
+        "tf32": _without_sparsity(756),
+        "bf16": _without_sparsity(1513),
+        "fp16": _without_sparsity(1513),
+    },
+    # NVIDIA H20 product brief (dense figures, no sparse column): FP32 44 | TF32 74 |
+    # BF16 148 | FP16 148. LESS CERTAIN: no public NVIDIA datasheet; widely reported figures,
+    # consistent with measured bf16 matmuls of ~136 TFLOP/s.
+    "H20": {"fp32": 44, "tf32": 74, "bf16": 148, "fp16": 148},
+    # NVIDIA A40 datasheet (dense | sparse): FP32 37.4 | TF32 74.8 | 149.6* |
+    # BF16 149.7 | 299.4* | FP16 149.7 | 299.4*.
+    "A40": {"fp32": 37.4, "tf32": 74.8, "bf16": 149.7, "fp16": 149.7},
+    # NVIDIA A30 datasheet (dense | sparse): FP32 10.3 | TF32 82 | 165* | BF16 165 | 330* |
+    # FP16 165 | 330*.
+    "A30": {"fp32": 10.3, "tf32": 82, "bf16": 165, "fp16": 165},
+    # NVIDIA HGX B200 page, per GPU: FP32 75 | TF32 2.2 PF* | BF16 4.5 PF* | FP16 4.5 PF*
+    # (NVIDIA's exemplar-performance README uses 2,250 dense BF16).
+    "B200": {
+        "fp32": 75,
+        "tf32": _without_sparsity(2200),
+        "bf16": _without_sparsity(4500),
+        "fp16": _without_sparsity(4500),
+    },
+    # NVIDIA GB200 NVL72 page, per Blackwell GPU (the rack's figures / 72): FP32 80 |
+    # TF32 2.5 PF* | BF16 5 PF* | FP16 5 PF*.
+    "GB200": {
+        "fp32": 80,
+        "tf32": _without_sparsity(2500),
+        "bf16": _without_sparsity(5000),
+        "fp16": _without_sparsity(5000),
+    },
+    # NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5090 column: FP32 104.8 |
+    # TF32 104.8/209.5* | BF16 (FP32 accumulate) 209.5/419* | FP16 with FP32 accumulate
+    # 209.5/419*. Its boost clock often runs above the rated one: MFU can pass 100 % a little.
+    "RTX 5090": {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5},
+    # AMD Instinct MI300X (ROCm docs, "AMD Instinct MI300 series microarchitecture", peak
+    # table; AMD prints dense figures): FP32 163.4 | BF16 1,307.4 | FP16 1,307.4. ROCm's
+    # PyTorch does not run fp32 matmuls as TF32 by default, so tf32 has no figure here.
+    "MI300X": {"fp32": 163.4, "bf16": 1307.4, "fp16": 1307.4},
+    # AMD Instinct MI250X (AMD's launch specifications, per OAM package of two GCDs): FP32
+    # matrix 95.7 | BF16 383 | FP16 383. torch sees each GCD as one device: half of each.
+    "MI250X GCD": {"fp32": 95.7 / 2, "bf16": 383 / 2, "fp16": 383 / 2},
 }
 
 # How a device-name string maps to a table row. Rules are tried in order and the first match
@@ -149,6 +208,7 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
 # ($) so that "RTX 3090 Ti", "RTX 4090 D" and "RTX 4090 Laptop GPU" (other chips, other clocks)
 # fall through to None.
 _GPU_NAME_RULES: tuple[tuple[str, str], ...] = (
+    (r"\bGH200\b", "GH200"),  # before H200: a Grace Hopper superchip, not an H200
     (r"\bH100\b.*\bNVL\b", "H100 NVL"),
     (r"\bH100\b.*\bPCIE\b", "H100 PCIe"),
     # The SXM part reports itself as "NVIDIA H100 80GB HBM3" (the PCIe card uses HBM2e). A bare
@@ -175,6 +235,16 @@ _GPU_NAME_RULES: tuple[tuple[str, str], ...] = (
     (r"\bRTX 4090$", "RTX 4090"),
     (r"\bRTX A6000$", "RTX A6000"),
     (r"\bRTX 6000 ADA\b", "RTX 6000 Ada"),
+    (r"\bH800\b.*\bPCIE\b", "H800 PCIe"),
+    (r"\bH800\b", "H800 SXM"),
+    (r"\bH20\b", "H20"),  # not H200: no word boundary after "H20" there
+    (r"\bA40\b", "A40"),
+    (r"\bA30\b", "A30"),
+    (r"\bGB200\b", "GB200"),
+    (r"\bB200\b", "B200"),
+    (r"\bRTX 5090$", "RTX 5090"),  # not "5090 D" or "Laptop GPU": other chips, other clocks
+    (r"\bMI300X\b", "MI300X"),  # also "AMD Instinct MI300X VF" in cloud VMs
+    (r"\bMI250X\b", "MI250X GCD"),
 )
 
 
@@ -215,20 +285,26 @@ def resolve_peak(
         if override_tflops <= 0:
             raise ConfigError("hardware.peak_tflops", "must be positive", "give TFLOP/s or null")
         return Peak(override_tflops * 1e12, "override")
-    if device_type == "cuda":
+    if device_type == "cuda" and re.search(r"\bMIG\b", device_name.upper()):
+        # A MIG slice has a fraction of the GPU's SMs: the whole GPU's datasheet peak would
+        # understate its MFU up to 7x.
+        flops, source = None, "unknown"
+        why = "it is a MIG slice, and the datasheet peak is the whole GPU's"
+    elif device_type == "cuda":
         flops, source = peak_flops(device_name, dtype), "datasheet"
+        why = "its model is not in the datasheet table, or has no such math mode"
     elif device_type == "cpu":
         flops, source = cpu_peak_estimate(dtype), "cpu-estimate"
+        why = "no native path for it is known on this CPU"
     else:
-        flops, source = None, "unknown"
+        flops, source, why = None, "unknown", "no datasheet covers this device type"
     if flops is None and calibrated_flops is not None:
         flops, source = calibrated_flops, "calibrated"
     if flops is None:
         warnings.warn(
-            f"No peak FLOP/s known for {device_type} device {device_name!r} at {dtype.value}, so "
-            "MFU "
-            "will be null; set hardware.peak_tflops=<TFLOP/s> to supply one, or "
-            "hardware.calibrate=true to measure one.",
+            f"No peak FLOP/s known for {device_type} device {device_name!r} at {dtype.value} "
+            f"({why}), so MFU will be null; set hardware.peak_tflops=<TFLOP/s> to supply one, "
+            "or hardware.calibrate=true to measure one.",
             stacklevel=2,
         )
         return Peak(None, "unknown")

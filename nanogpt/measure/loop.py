@@ -61,6 +61,8 @@ def measure(
 ) -> Record:
     """Run one point and return its record; on failure, what was measured plus a status."""
     record = Record(setup=Setup(device=str(device), world_size=world.size))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # cuda:N: its stream, allocator and kernels, not GPU 0's
     log = StepLog()
     trainer = None
     # Allocation history (with stack traces) for the snapshot saved on OOM; it slows allocation
@@ -160,6 +162,8 @@ def _setup(spec: RunSpec, trainer: Trainer) -> Setup:
         flops_per_token_hw=formula["flops_per_token_hw"],
         flops_formula=flops.FORMULA,
         tokens_per_step=trainer.tokens_per_step,
+        model_wrapping=trainer.model_wrapping,
+        host_sync_in_step=trainer.host_sync_in_step,
         inductor_cache=_inductor_cache_state() if perf.compile else None,
         mem_estimate_bytes=estimate["total"],
         mem_estimate=estimate,

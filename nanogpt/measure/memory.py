@@ -25,6 +25,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from nanogpt.devices import nvml_handle
+
 # proc(5): writing "5" to clear_refs resets the process's peak RSS (VmHWM) to its current RSS.
 CLEAR_REFS = Path("/proc/self/clear_refs")
 PROC_STATUS = Path("/proc/self/status")
@@ -34,7 +36,7 @@ class MemoryProbe:
     def __init__(self, device: torch.device):
         self.device = device
         self.cuda = device.type == "cuda"
-        self._nvml_handle = _nvml_handle(device) if self.cuda else None
+        self._nvml_handle, self._nvml_device = nvml_handle(device) if self.cuda else (None, None)
         self._nvml_peak: int | None = None
         self.rss_method = "ru_maxrss"
 
@@ -61,6 +63,7 @@ class MemoryProbe:
             "mem_peak_allocated_bytes": None,
             "mem_peak_reserved_bytes": None,
             "mem_nvml_used_bytes": self._nvml_peak,
+            "mem_nvml_device": self._nvml_device,
             "mem_peak_rss_bytes": peak_rss_bytes(self.rss_method),
             "mem_peak_rss_method": self.rss_method,
         }
@@ -148,17 +151,6 @@ def _trim_c_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def _nvml_handle(device: torch.device):
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return pynvml.nvmlDeviceGetHandleByIndex(index)
-    except Exception:  # no driver, no library, or a device NVML cannot see
-        return None
 
 
 def _nvml_used(handle) -> int | None:

@@ -1,8 +1,10 @@
 """Step timing without host syncs inside the measured loop.
 
 On CUDA, kernels run asynchronously: a host clock read after `optimizer.step()` measures when the
-work was *queued*, not when it finished. CUDA events are recorded into the stream around each step
-and read back once per window, so the loop itself never waits for the GPU. On CPU the work is
+work was *queued*, not when it finished. CUDA events are recorded into the current stream *of the
+measured device* around each step (with bench.device=cuda:1 that is GPU 1's stream, whatever the
+process's current device is) and read back once per window, so the loop itself never waits for
+the GPU. On CPU the work is
 synchronous and `time.perf_counter` is the right clock. Every result says which clock it used.
 """
 
@@ -29,14 +31,14 @@ class StepTimer:
     def start(self) -> None:
         if self.cuda:
             self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
+            self._start.record(torch.cuda.current_stream(self.device))
         else:
             self._start = time.perf_counter()
 
     def stop(self) -> None:
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(torch.cuda.current_stream(self.device))
             self._pending.append((self._start, end))
         else:
             if self.device.type == "mps":

@@ -1,7 +1,7 @@
 """One point's model, optimizer, precision and data; `step()` is one optimizer step.
 
 `build_trainer` reads the spec once: it seeds, sets the math mode (TF32 only for `tf32`),
-builds the model, compiles it when asked, wraps it for data parallelism, and picks autocast,
+builds the model, wraps it for data parallelism, compiles it when asked, and picks autocast,
 the GradScaler (fp16) and the attention kernel. With `bench.inject_fault` (a testing knob) it
 returns a `FaultyTrainer`, so the trainer that measures never checks for a fault.
 """
@@ -73,14 +73,28 @@ class Trainer:
         torch.manual_seed(spec.bench.seed + world.rank)
         set_matmul_precision(perf.dtype)
         self.raw_model = GPT(gpt_config(spec)).to(device)
-        self.model = self.raw_model
+        # DDP first, then compile (the order torch.compile's docs give for DDP): Dynamo's
+        # DDPOptimizer then splits the graph at DDP's bucket boundaries, so each bucket's
+        # all-reduce overlaps the rest of backward. DDP inside a compiled module cannot overlap.
+        self.ddp = world.wrap(self.raw_model, device)
+        self.model = self.ddp
+        wrapping = "ddp(model)" if self.ddp is not self.raw_model else "model"
         if perf.compile:
             mode = None if perf.compile_mode == "default" else perf.compile_mode
             self.model = torch.compile(self.model, mode=mode)
-        self.model = world.wrap(self.model, device)
-        self.optimizer = build_optimizer(self.raw_model, spec.optimizer)
+            wrapping = f"compile({wrapping})"
+        self.model_wrapping = wrapping
         # fp16's narrow range needs loss scaling (Micikevicius et al., 2018); bf16 does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=perf.dtype is Dtype.fp16)
+        self.optimizer = build_optimizer(
+            self.raw_model,
+            spec.optimizer,
+            prefer_fused=self.scaler.is_enabled() and device.type == "cuda",
+        )
+        # GradScaler.step reads found_inf to the host every step unless the optimizer checks it
+        # on the device itself (the fused ones do): then one host sync stays in each step.
+        fused = getattr(self.optimizer, "_step_supports_amp_scaling", False)
+        self.host_sync_in_step = self.scaler.is_enabled() and not fused
         self.autocast_dtype = AUTOCAST_DTYPES.get(perf.dtype)
         self.backend = SDPA_BACKENDS.get(perf.attention)
         self.grad_accum = perf.grad_accum
@@ -119,7 +133,7 @@ class Trainer:
             data_s += time.perf_counter() - t0
             # DDP all-reduces gradients only on the last micro-step of accumulation.
             last = micro == self.grad_accum - 1
-            with self.world.sync_grads(self.model, last), self._kernel():
+            with self.world.sync_grads(self.ddp, last), self._kernel():
                 loss = self.loss(x, y)
                 self.scaler.scale(loss).backward()
             total += loss.detach()

@@ -149,6 +149,8 @@ class Setup:
     flops_per_token_hw: int | None = None  # the formula plus activation-checkpointing recompute
     flops_formula: str | None = None
     tokens_per_step: int | None = None  # all ranks
+    model_wrapping: str | None = None  # e.g. compile(ddp(model)): what wraps what
+    host_sync_in_step: bool | None = None  # GradScaler with a non-fused optimizer reads the host
     inductor_cache: str | None = None  # cold | warm, with compile
     mem_estimate_bytes: int | None = None
     mem_estimate: dict | None = None  # the estimate by component
@@ -185,6 +187,7 @@ class Memory:
     mem_peak_allocated_bytes: int | None = None  # CUDA caching allocator
     mem_peak_reserved_bytes: int | None = None
     mem_nvml_used_bytes: int | None = None  # the driver's view, all processes, largest sample
+    mem_nvml_device: str | None = None  # the NVML device read (by UUID), or why none
     mem_peak_rss_bytes: int | None = None  # the measuring process
     mem_peak_rss_method: str | None = None  # vmhwm | ru_maxrss
     memory_snapshot: str | None = None  # file name, written on a CUDA OOM when asked
