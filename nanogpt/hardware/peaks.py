@@ -37,9 +37,10 @@ from nanogpt.results.derive import Peak
 # --------------------------------------------------------------------------------------------
 
 
-def _without_sparsity(printed_tflops: float) -> float:
-    """Halve a rate printed "with sparsity" (marked * in the datasheet) to get the dense one."""
-    return printed_tflops / 2
+def _sparse_print(fp32: float, tf32: float, half: float) -> dict[str, float]:
+    """A datasheet row whose tensor rates are printed "with sparsity" (marked *): TF32 and the
+    16-bit rate (BF16 = FP16) halved to the dense ones; FP32 (CUDA cores) as printed."""
+    return {"fp32": fp32, "tf32": tf32 / 2, "bf16": half / 2, "fp16": half / 2}
 
 
 # TFLOP/s by GPU model and dtype. "fp32" is the plain CUDA-core FP32 rate (TF32 off); the others
@@ -55,50 +56,15 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100 PCIe": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312},
     # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column:
     # FP32 67 | TF32 989* | BF16 1,979* | FP16 1,979*.
-    "H100 SXM": {
-        "fp32": 67,
-        "tf32": _without_sparsity(989),
-        "bf16": _without_sparsity(1979),
-        "fp16": _without_sparsity(1979),
-    },
+    "H100 SXM": _sparse_print(fp32=67, tf32=989, half=1979),
     # Same datasheet, H100 PCIe column: FP32 51 | TF32 756* | BF16 1,513* | FP16 1,513*.
-    "H100 PCIe": {
-        "fp32": 51,
-        "tf32": _without_sparsity(756),
-        "bf16": _without_sparsity(1513),
-        "fp16": _without_sparsity(1513),
-    },
+    "H100 PCIe": _sparse_print(fp32=51, tf32=756, half=1513),
     # Same datasheet, H100 NVL column (per GPU, current edition): FP32 60 | TF32 835* |
     # BF16 1,671* | FP16 1,671*. The launch edition printed the NVLink-bridged *pair* instead
     # (FP32 134, BF16 3,958*); one CUDA device is one GPU, so the per-GPU figures are used.
-    "H100 NVL": {
-        "fp32": 60,
-        "tf32": _without_sparsity(835),
-        "bf16": _without_sparsity(1671),
-        "fp16": _without_sparsity(1671),
-    },
-    # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (same compute as H100 SXM, more
-    # and faster memory): FP32 67 | TF32 989* | BF16 1,979* | FP16 1,979*.
-    "H200 SXM": {
-        "fp32": 67,
-        "tf32": _without_sparsity(989),
-        "bf16": _without_sparsity(1979),
-        "fp16": _without_sparsity(1979),
-    },
-    # Same datasheet, H200 NVL column: FP32 60 | TF32 835* | BF16 1,671* | FP16 1,671*.
-    "H200 NVL": {
-        "fp32": 60,
-        "tf32": _without_sparsity(835),
-        "bf16": _without_sparsity(1671),
-        "fp16": _without_sparsity(1671),
-    },
+    "H100 NVL": _sparse_print(fp32=60, tf32=835, half=1671),
     # NVIDIA L4 Tensor Core GPU datasheet: FP32 30.3 | TF32 120* | BF16 242* | FP16 242*.
-    "L4": {
-        "fp32": 30.3,
-        "tf32": _without_sparsity(120),
-        "bf16": _without_sparsity(242),
-        "fp16": _without_sparsity(242),
-    },
+    "L4": _sparse_print(fp32=30.3, tf32=120, half=242),
     # NVIDIA L40S datasheet (prints dense | sparse): FP32 91.6 | TF32 183 | 366* |
     # BF16 362.05 | 733* | FP16 362.05 | 733*.
     "L40S": {"fp32": 91.6, "tf32": 183, "bf16": 362.05, "fp16": 362.05},
@@ -137,28 +103,6 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # Same whitepaper, RTX 6000 Ada Generation column: FP32 91.1 | TF32 182.1/364.2* |
     # BF16 364.2/728.5* | FP16 with FP32 accumulate 364.2/728.5*.
     "RTX 6000 Ada": {"fp32": 91.1, "tf32": 182.1, "bf16": 364.2, "fp16": 364.2},
-    # NVIDIA GH200 Grace Hopper Superchip datasheet, GPU column: the same H100 die as H100 SXM,
-    # FP32 67 | TF32 989* | BF16 1,979* | FP16 1,979*. LESS CERTAIN: read from secondary copies.
-    "GH200": {
-        "fp32": 67,
-        "tf32": _without_sparsity(989),
-        "bf16": _without_sparsity(1979),
-        "fp16": _without_sparsity(1979),
-    },
-    # NVIDIA H800 datasheet (export variant; only FP64 and NVLink are cut): SXM column as H100
-    # SXM, FP32 67 | TF32 989* | BF16 1,979* | FP16 1,979*; PCIe column as H100 PCIe.
-    "H800 SXM": {
-        "fp32": 67,
-        "tf32": _without_sparsity(989),
-        "bf16": _without_sparsity(1979),
-        "fp16": _without_sparsity(1979),
-    },
-    "H800 PCIe": {
-        "fp32": 51,
-        "tf32": _without_sparsity(756),
-        "bf16": _without_sparsity(1513),
-        "fp16": _without_sparsity(1513),
-    },
     # NVIDIA H20 product brief (dense figures, no sparse column): FP32 44 | TF32 74 |
     # BF16 148 | FP16 148. LESS CERTAIN: no public NVIDIA datasheet; widely reported figures,
     # consistent with measured bf16 matmuls of ~136 TFLOP/s.
@@ -171,20 +115,10 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A30": {"fp32": 10.3, "tf32": 82, "bf16": 165, "fp16": 165},
     # NVIDIA HGX B200 page, per GPU: FP32 75 | TF32 2.2 PF* | BF16 4.5 PF* | FP16 4.5 PF*
     # (NVIDIA's exemplar-performance README uses 2,250 dense BF16).
-    "B200": {
-        "fp32": 75,
-        "tf32": _without_sparsity(2200),
-        "bf16": _without_sparsity(4500),
-        "fp16": _without_sparsity(4500),
-    },
+    "B200": _sparse_print(fp32=75, tf32=2200, half=4500),
     # NVIDIA GB200 NVL72 page, per Blackwell GPU (the rack's figures / 72): FP32 80 |
     # TF32 2.5 PF* | BF16 5 PF* | FP16 5 PF*.
-    "GB200": {
-        "fp32": 80,
-        "tf32": _without_sparsity(2500),
-        "bf16": _without_sparsity(5000),
-        "fp16": _without_sparsity(5000),
-    },
+    "GB200": _sparse_print(fp32=80, tf32=2500, half=5000),
     # NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5090 column: FP32 104.8 |
     # TF32 104.8/209.5* | BF16 (FP32 accumulate) 209.5/419* | FP16 with FP32 accumulate
     # 209.5/419*. Its boost clock often runs above the rated one: MFU can pass 100 % a little.
@@ -197,6 +131,23 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # matrix 95.7 | BF16 383 | FP16 383. torch sees each GCD as one device: half of each.
     "MI250X GCD": {"fp32": 95.7 / 2, "bf16": 383 / 2, "fp16": 383 / 2},
 }
+
+# Parts whose datasheets print exactly another part's compute figures: the same die at the same
+# clocks, with other memory, NVLink or FP64.
+# - NVIDIA H200 datasheet: H200 SXM FP32 67 | TF32 989* | BF16 1,979* | FP16 1,979*, as H100
+#   SXM; H200 NVL FP32 60 | TF32 835* | BF16 1,671*, as H100 NVL.
+# - NVIDIA GH200 Grace Hopper Superchip datasheet, GPU: FP32 67 | TF32 989* | BF16 1,979*, the
+#   H100 SXM die. LESS CERTAIN: read from secondary copies of the datasheet.
+# - NVIDIA H800 datasheet (the export variant: only FP64 and NVLink are cut): the SXM column as
+#   H100 SXM, the PCIe column as H100 PCIe.
+_SAME_COMPUTE = {
+    "H200 SXM": "H100 SXM",
+    "H200 NVL": "H100 NVL",
+    "GH200": "H100 SXM",
+    "H800 SXM": "H100 SXM",
+    "H800 PCIe": "H100 PCIe",
+}
+_GPU_PEAK_TFLOPS.update({part: _GPU_PEAK_TFLOPS[same] for part, same in _SAME_COMPUTE.items()})
 
 # How a device-name string maps to a table row. Rules are tried in order and the first match
 # wins, so a specific rule must come before a general one ("H100 ... NVL" before plain "H100").
