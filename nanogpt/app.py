@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from hydra.core.config_store import ConfigStore
 from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +24,31 @@ OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 # conf/config.yaml's defaults list starts with this schema: a wrong type or an unknown key
 # fails at composition, naming the key.
 ConfigStore.instance().store(name="base_config", node=RunSpec)
+
+# Defaults by device (conf/model/auto.yaml, conf/perf/default.yaml): on CUDA what GPU users
+# measure, nanoGPT bench.py's GPT-2 124M at block 1024 and batch 12; elsewhere the nano model.
+DEVICE_DEFAULTS = {
+    True: ("gpt2", 12, "nanoGPT bench.py's configuration: GPT-2 124M, block 1024, batch 12"),
+    False: ("nano", 8, "a small model: GPT-2 takes seconds a step on a CPU"),
+}
+
+
+def _on_cuda(device: str) -> bool:
+    """Whether bench.device means a CUDA GPU (auto: one is available)."""
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+
+
+def _device_model(key: str, device: str):
+    name, _, why = DEVICE_DEFAULTS[_on_cuda(device)]
+    if key == "chosen_by":
+        return f"model=auto on {'cuda' if _on_cuda(device) else device}: {name}, {why}"
+    return OmegaConf.load(Path(CONF_DIR) / "model" / f"{name}.yaml")[key]
+
+
+OmegaConf.register_new_resolver("device_model", _device_model, replace=True)
+OmegaConf.register_new_resolver(
+    "device_batch_size", lambda device: DEVICE_DEFAULTS[_on_cuda(device)][1], replace=True
+)
 
 
 def to_spec(cfg: DictConfig) -> RunSpec:

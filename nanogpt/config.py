@@ -62,6 +62,7 @@ class ModelConfig:
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     dropout: float = 0.0
     bias: bool = False
+    chosen_by: str | None = None  # model=auto: which model the device got, and why
 
 
 @dataclass
@@ -82,7 +83,7 @@ class PerfConfig:
     dtype: Dtype = Dtype.fp32
     attention: Attention = Attention.auto
     activation_checkpointing: bool = False
-    batch_size: int = 8  # micro-batch, sequences
+    batch_size: int = 8  # micro-batch, sequences (conf/: 12 on CUDA, 8 elsewhere)
     grad_accum: int = 1  # micro-batches per optimizer step
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from nanogpt.app import CONF_DIR, to_spec
 from nanogpt.config import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
@@ -19,10 +20,25 @@ def composed(*overrides: str):
 
 
 def test_defaults_compose_to_a_valid_spec():
-    spec = to_spec(composed())
+    spec = to_spec(composed("bench.device=cpu"))
     assert isinstance(spec, RunSpec)
     assert spec.model.name == "nano" and spec.perf.dtype is Dtype.fp32
     assert spec.perf.compile is False and spec.bench.isolate is True
+
+
+def test_the_default_model_is_the_one_the_device_is_for():
+    # On CPU the nano model at batch 8; on CUDA nanoGPT bench.py's GPT-2 124M, block 1024,
+    # batch 12. Composed, not validated: this machine may have no GPU.
+    cpu = OmegaConf.to_object(composed("bench.device=cpu"))
+    assert (cpu.model.name, cpu.model.n_layer, cpu.perf.batch_size) == ("nano", 4, 8)
+    assert "nano" in cpu.model.chosen_by
+    gpu = OmegaConf.to_object(composed("bench.device=cuda:1"))
+    m = gpu.model
+    assert (m.name, m.n_layer, m.n_embd, m.block_size, m.bias) == ("gpt2", 12, 768, 1024, True)
+    assert gpu.perf.batch_size == 12 and "bench.py" in m.chosen_by
+    # An override of a model key still wins; a model picked by name says nothing of a choice.
+    assert OmegaConf.to_object(composed("bench.device=cuda", "model.n_layer=2")).model.n_layer == 2
+    assert OmegaConf.to_object(composed("bench.device=cuda", "model=nano")).model.chosen_by is None
 
 
 @pytest.mark.parametrize(

@@ -145,3 +145,21 @@ def test_a_batch_too_large_is_recorded_oom(tmp_path):
         spec, device, World(), ceilings_for_run(device, Dtype.fp32, None), tmp_path, []
     )
     assert record.status == "oom", record.error
+
+
+def test_energy_and_clocks_are_counted_over_the_measured_steps(tmp_path):
+    device = torch.device("cuda")
+    spec = dataclasses.replace(
+        spec_with(dtype=Dtype.bf16),
+        bench=dataclasses.replace(SMALL.bench, measure_steps=300, time_budget_s=60),
+    )
+    record = measure(
+        spec, device, World(), ceilings_for_run(device, Dtype.bf16, None), tmp_path, []
+    )
+    assert record.status == "ok", record.error
+    energy = record.energy
+    assert energy.energy_source.startswith("nvml total energy (GPU-")
+    assert energy.energy_j > 0 and energy.power_limit_w > 0
+    assert 0 < record.rates.power_mean_w <= energy.power_limit_w * 1.1
+    assert record.rates.j_per_token > 0 and energy.sm_clock_mean_mhz > 0
+    assert isinstance(energy.clock_event_reasons, list)

@@ -20,6 +20,7 @@ from nanogpt.config import (
     RunSpec,
 )
 from nanogpt.distributed import World
+from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
 from nanogpt.results import derive
 from nanogpt.results.derive import Ceilings, Peak
@@ -146,3 +147,66 @@ def test_the_record_says_when_a_host_sync_stays_in_the_step():
         assert trainer.model_wrapping == "model"
     compiled = dataclasses.replace(TINY, perf=PerfConfig(batch_size=2, compile=True))
     assert build_trainer(compiled, CPU, World()).model_wrapping == "compile(model)"
+
+
+def fake_rapl(root, domains: dict[str, tuple[str, int, int]]) -> None:
+    """A powercap tree: domain -> (name, energy_uj, max_energy_range_uj)."""
+    for domain, (name, energy_uj, range_uj) in domains.items():
+        path = root / domain
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "name").write_text(name + "\n")
+        (path / "energy_uj").write_text(f"{energy_uj}\n")
+        (path / "max_energy_range_uj").write_text(f"{range_uj}\n")
+
+
+def test_rapl_energy_sums_the_packages_and_unwraps_the_counters(tmp_path):
+    fake_rapl(
+        tmp_path,
+        {
+            "intel-rapl:0": ("package-0", 999_000_000, 1_000_000_000),
+            "intel-rapl:1": ("package-1", 5_000_000, 1_000_000_000),
+            "intel-rapl:0:0": ("core", 1, 1_000_000_000),  # a sub-domain: inside package-0
+        },
+    )
+    probe = EnergyProbe(CPU, powercap=tmp_path)
+    assert probe.energy.energy_source.startswith("rapl (package-0, package-1")
+    probe.start()
+    fake_rapl(
+        tmp_path,
+        {
+            "intel-rapl:0": ("package-0", 2_000_000, 1_000_000_000),  # wrapped: +3 J
+            "intel-rapl:1": ("package-1", 9_000_000, 1_000_000_000),  # +4 J
+            "intel-rapl:0:0": ("core", 500_000_000, 1_000_000_000),
+        },
+    )
+    energy = probe.stop()
+    assert energy.energy_j == pytest.approx(7.0)
+    setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1)
+    rates = derive.rates(
+        setup,
+        10.0,
+        10.0,
+        Ceilings(Peak(None, "unknown")),
+        compiled=False,
+        checkpointing=False,
+        dtype="fp32",
+        energy=energy,
+        measured_steps=7,
+    )
+    assert rates.j_per_step == pytest.approx(1.0)
+    assert rates.j_per_token == pytest.approx(1e-3)
+    assert rates.tokens_per_kwh == pytest.approx(3.6e9)
+    assert rates.power_mean_w == pytest.approx(7.0 / energy.energy_s)
+
+
+def test_no_counter_is_null_energy_with_the_reason(tmp_path):
+    probe = EnergyProbe(CPU, powercap=tmp_path)  # no RAPL domain
+    probe.start()
+    energy = probe.stop()
+    assert energy.energy_j is None
+    assert energy.energy_source.startswith("none: no RAPL")
+    fake_rapl(tmp_path, {"intel-rapl:0": ("package-0", 10, 1000)})
+    probe = EnergyProbe(CPU, powercap=tmp_path)
+    probe.start()
+    assert probe.stop().energy_j is None  # the counter did not advance: unknown, not 0
+    assert "did not advance" in probe.energy.energy_source

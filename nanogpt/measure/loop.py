@@ -29,6 +29,7 @@ from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import Diverged, classify, describe
 from nanogpt.measure import flops, memory
+from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.timing import StepTimer, summarize
 from nanogpt.measure.trainer import Trainer, build_trainer
@@ -101,6 +102,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
     record.setup = _setup(spec, trainer)
     probe = memory.MemoryProbe(device)
     probe.start()
+    energy = EnergyProbe(device)
     total = bench.warmup_steps + bench.measure_steps
     bar = tqdm(total=total, desc="steps", unit="step", disable=not trainer.world.is_main)
 
@@ -108,6 +110,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
         stats = window.close()
         stats.update(derive.window_rates(record.setup, stats["step_ms"], ceilings))
         stats.update(probe.sample())
+        if window.phase == "measure":
+            energy.sample()
         bar.set_postfix(
             step_ms=f"{stats['step_ms']:.1f}",
             tok_s=f"{stats['tokens_per_s']:,.0f}",
@@ -128,7 +132,9 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
             emit(window)
         if bench.profile:
             _profile(spec, trainer, record, log, out_dir)
+        energy.start()
         _measured_steps(spec, trainer, record, log, bar, emit)
+        record.energy = energy.stop()  # the last window's close synced the device
     finally:
         bar.close()
         for key, value in probe.result().items():
@@ -290,4 +296,6 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
         compiled=spec.perf.compile,
         checkpointing=spec.perf.activation_checkpointing,
         dtype=spec.perf.dtype.value,
+        energy=record.energy,
+        measured_steps=timing.measured_steps,
     )

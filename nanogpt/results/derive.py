@@ -6,6 +6,8 @@ mfu_achievable, for a whole point (`rates`) and for one log window (`window_rate
     MFU             = achieved FLOP/s / peak FLOP/s  (Chowdhery et al. 2022, "PaLM", appendix B)
     HFU             = the same with the recompute of activation checkpointing counted
     mfu_achievable  = achieved FLOP/s / the best matmul this machine measured (calibration)
+    J per token     = energy over the measured steps / tokens this device trained in them
+    tokens per kWh  = 3.6e6 J / J per token
 
 The ceilings a point is divided by are resolved once, before it is measured
 (hardware/calibration.py `ceilings_for_run`), and handed in as plain values: `Ceilings`.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from nanogpt.results.record import Rates, Setup
+from nanogpt.results.record import Energy, Rates, Setup
 
 PEAK_SOURCES = ("datasheet", "cpu-estimate", "override", "calibrated", "unknown")
 
@@ -71,8 +73,10 @@ def rates(
     compiled: bool,
     checkpointing: bool,
     dtype: str,
+    energy: Energy | None = None,
+    measured_steps: int | None = None,
 ) -> Rates:
-    """A point's derived figures from its median step time."""
+    """A point's derived figures from its median step time (and energy, when counted)."""
     achieved = achieved_flops(setup, step_ms_median)
     peak = ceilings.peak
     out = Rates(
@@ -87,6 +91,12 @@ def rates(
     if compiled:
         # What the first step cost beyond a steady one: compilation, autotuning, lazy init.
         out.compile_s = max(first_step_ms - step_ms_median, 0.0) / 1e3
+    if energy is not None and energy.energy_j and measured_steps:
+        tokens_per_device = setup.tokens_per_step / setup.world_size * measured_steps
+        out.j_per_step = energy.energy_j / measured_steps
+        out.j_per_token = energy.energy_j / tokens_per_device
+        out.tokens_per_kwh = 3.6e6 / out.j_per_token
+        out.power_mean_w = energy.energy_j / energy.energy_s
     if ceilings.achievable_flops:
         out.achievable_tflops = ceilings.achievable_flops / 1e12
         out.mfu_achievable = achieved / ceilings.achievable_flops

@@ -6,6 +6,7 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
   Setup     the model on its device: parameter and FLOP counts, tokens per step, the estimate
   Timing    the step clock: first step, measured-step statistics, per-rank medians, losses
   Memory    the allocator peaks, NVML, the process's peak RSS (and how it was read)
+  Energy    joules over the measured steps (NVML or RAPL), power limit, clocks, throttling
   Rates     the derived figures: tokens/s, achieved FLOP/s, MFU, HFU, mfu_achievable
             (computed in one function, results/derive.py), with their peak and its source
   Profile   torch.profiler's trace and top ops, when asked for
@@ -82,6 +83,16 @@ RESULT_COLUMNS = (
     "mem_nvml_used_bytes",
     "mem_peak_rss_bytes",
     "mem_estimate_bytes",
+    "energy_j",
+    "j_per_step",
+    "j_per_token",
+    "tokens_per_kwh",
+    "power_mean_w",
+    "power_limit_w",
+    "sm_clock_mean_mhz",
+    "temperature_max_c",
+    "clock_event_reasons",  # a list: the NVML clock-event (throttle) reasons seen
+    "energy_source",
     "loss_first",
     "loss_last",
     "max_batch_size",
@@ -100,6 +111,7 @@ class Asked:
     overrides: list[str] = field(default_factory=list)
     overrides_str: str = "defaults"
     model: str | None = None
+    model_chosen_by: str | None = None  # model=auto: which model the device got, and why
     dtype: str | None = None
     compile: bool | None = None
     compile_mode: str | None = None
@@ -120,6 +132,7 @@ class Asked:
             overrides=list(overrides),
             overrides_str=" ".join(overrides) or "defaults",
             model=spec.model.name,
+            model_chosen_by=spec.model.chosen_by,
             dtype=perf.dtype.value,
             compile=perf.compile,
             compile_mode=perf.compile_mode,
@@ -194,6 +207,19 @@ class Memory:
 
 
 @dataclass
+class Energy:
+    """Over the measured steps, on the measuring device (rank 0's under data parallelism)."""
+
+    energy_source: str | None = None  # the counter, or "none: why"
+    energy_j: float | None = None  # null when unknown (no counter, or it did not advance)
+    energy_s: float | None = None  # the wall time the energy was counted over
+    power_limit_w: float | None = None  # the enforced board power limit (NVML)
+    sm_clock_mean_mhz: float | None = None  # sampled at each measured window
+    temperature_max_c: float | None = None
+    clock_event_reasons: list | None = None  # e.g. ["sw_power_cap", "hw_thermal_slowdown"]
+
+
+@dataclass
 class Rates:
     """Derived figures, each computed once in results/derive.py."""
 
@@ -208,6 +234,10 @@ class Rates:
     mfu_flag: bool | None = None  # mfu_achievable > 1: the FLOP count or the timing is wrong
     calibration: dict | None = None  # the calibration's provenance
     compile_s: float | None = None  # first step minus median step, with compile
+    j_per_step: float | None = None  # energy_j / measured steps
+    j_per_token: float | None = None  # per device: energy_j / tokens this device trained
+    tokens_per_kwh: float | None = None
+    power_mean_w: float | None = None  # energy_j / energy_s
 
 
 @dataclass
@@ -228,6 +258,7 @@ PARTS = {
     "setup": Setup,
     "timing": Timing,
     "memory": Memory,
+    "energy": Energy,
     "rates": Rates,
     "profile": Profile,
     "max_batch": MaxBatch,
@@ -242,6 +273,7 @@ class Record:
     setup: Setup = field(default_factory=Setup)  # measure/loop.py, from here to profile
     timing: Timing = field(default_factory=Timing)
     memory: Memory = field(default_factory=Memory)
+    energy: Energy = field(default_factory=Energy)  # measure/energy.py
     rates: Rates = field(default_factory=Rates)  # results/derive.py, called by the loop
     profile: Profile = field(default_factory=Profile)
     max_batch: MaxBatch = field(default_factory=MaxBatch)  # measure/maxbatch.py, in a child
