@@ -24,7 +24,7 @@ from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
 from nanogpt.results import derive
 from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.record import PARTS, RESULT_COLUMNS, Asked, Record, Setup, Timing
+from nanogpt.results.record import PARTS, RESULT_COLUMNS, Asked, Rates, Record, Setup, Timing
 from nanogpt.results.table import ReportError, baseline_row
 
 TINY = RunSpec(
@@ -59,6 +59,13 @@ def test_record_round_trips_through_its_flat_dict():
     assert "steps" not in record.to_dict()  # result.json: the steps go to steps.csv
 
 
+def uncompiled_rates(setup: Setup, step_ms: float, **kwargs) -> Rates:
+    """The derived figures of an eager fp32 point with an unknown peak."""
+    kwargs.setdefault("checkpointing", False)
+    ceilings = Ceilings(Peak(None, "unknown"))
+    return derive.rates(setup, step_ms, step_ms, ceilings, compiled=False, dtype="fp32", **kwargs)
+
+
 def test_point_and_window_rates_share_one_formula():
     setup = Setup(
         world_size=2, tokens_per_step=4096, flops_per_token=1_000_000, flops_per_token_hw=1_500_000
@@ -75,15 +82,7 @@ def test_point_and_window_rates_share_one_formula():
     assert rates.hfu == pytest.approx(rates.mfu * 1.5)
     assert rates.mfu_achievable == pytest.approx(rates.mfu * 2)
     assert rates.compile_s == pytest.approx(0.012)
-    unknown = derive.rates(
-        setup,
-        8.0,
-        20.0,
-        Ceilings(Peak(None, "unknown")),
-        compiled=False,
-        checkpointing=True,
-        dtype="fp32",
-    )
+    unknown = uncompiled_rates(setup, 8.0, checkpointing=True)
     assert unknown.mfu is None and unknown.hfu is None and unknown.peak_source == "unknown"
     assert "mfu" not in derive.window_rates(setup, 8.0, Ceilings(Peak(None, "unknown")))
 
@@ -182,17 +181,7 @@ def test_rapl_energy_sums_the_packages_and_unwraps_the_counters(tmp_path):
     energy = probe.stop()
     assert energy.energy_j == pytest.approx(7.0)
     setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1)
-    rates = derive.rates(
-        setup,
-        10.0,
-        10.0,
-        Ceilings(Peak(None, "unknown")),
-        compiled=False,
-        checkpointing=False,
-        dtype="fp32",
-        energy=energy,
-        measured_steps=7,
-    )
+    rates = uncompiled_rates(setup, 10.0, energy=energy, measured_steps=7)
     assert rates.j_per_step == pytest.approx(1.0)
     assert rates.j_per_token == pytest.approx(1e-3)
     assert rates.tokens_per_kwh == pytest.approx(3.6e9)
