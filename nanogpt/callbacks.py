@@ -18,11 +18,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from nanogpt.faults import exit_code, interrupted_exit
 from nanogpt.launch.job import skipped_since
 from nanogpt.results import table as sweep_table
 from nanogpt.results import wandb_sink
-
-INTERRUPTED_EXIT = 130
 
 
 class SweepReport(Callback):
@@ -32,16 +31,22 @@ class SweepReport(Callback):
         self.started = time.time()
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
-        if job_return.status != JobStatus.COMPLETED or job_return.return_value != "interrupted":
+        """An interrupted point stops the sweep (after its table); a single run exits with its
+        point's status code (faults.EXIT_CODES), never 0 for a point that is not ok."""
+        if job_return.status != JobStatus.COMPLETED:
             return
+        status = job_return.return_value
         point = " ".join(job_return.overrides or []) or "defaults"
-        if config.hydra.mode == RunMode.MULTIRUN:
+        multirun = config.hydra.mode == RunMode.MULTIRUN
+        if status == "interrupted" and multirun:
             sweep_dir, _ = self._table(config)
             resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
             print(f"interrupted at {point}; {resume} (ok points are kept)", file=sys.stderr)
-        else:
-            print(f"interrupted: {point} is recorded with status interrupted", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+            sys.exit(interrupted_exit())
+        if not multirun and status != "ok":
+            code = exit_code(status)
+            print(f"{point}: recorded with status {status} (exit code {code})", file=sys.stderr)
+            sys.exit(code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir, table = self._table(config)

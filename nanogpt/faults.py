@@ -6,12 +6,18 @@ Every point ends with a record whose status is one of:
   oom          out of memory (CUDA, MPS or the CPU allocator)        -- a result: the sweep goes on
   diverged     the loss became NaN/inf (checked once per log window) -- a result: the sweep goes on
   error        any other exception, or a crash of the measuring process (type and message kept)
-  interrupted  Ctrl-C: recorded, then the sweep stops (exit 130) after building its table
+  interrupted  Ctrl-C or SIGTERM: recorded, then the sweep stops (exit 130 or 143) after
+               building its table
   skipped      (returned, never recorded) a resumed sweep kept the point's earlier ok record
 
 A failed point's record keeps what was measured before the failure (static figures, first step,
 memory peak, the completed measured steps). `error` and `interrupted` rows make the multirun
-exit non-zero, naming them, once the table is built (nanogpt/callbacks.py).
+exit non-zero, naming them, once the table is built (nanogpt/callbacks.py). A single run exits
+with its status's code (EXIT_CODES), so a script never mistakes a failed point for success.
+
+SIGTERM (what `timeout`, schedulers and SLURM preemption send) stops a run like Ctrl-C: after
+`handle_sigterm()` it is raised as `Stopped`, a KeyboardInterrupt, so every path that records an
+interrupted point records it too.
 """
 
 from __future__ import annotations
@@ -25,7 +31,40 @@ import torch
 from nanogpt.errors import ConfigError
 
 RESULT_STATUSES = ("ok", "oom", "diverged")  # the sweep goes on and exits 0
+FAILED_STATUSES = ("error", "interrupted")  # the multirun exits 1 once its table is built
 FAULT_KINDS = ("oom", "nan", "raise", "kill")
+# A single run's exit code by its point's status; bad input exits CONFIG_EXIT before any run.
+# interrupted is 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for SIGTERM.
+EXIT_CODES = {"ok": 0, "error": 1, "oom": 3, "diverged": 4}
+CONFIG_EXIT = 2
+_stop_signal: int | None = None  # the first SIGTERM this process got, once it got one
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+
+def handle_sigterm() -> None:
+    """From now on SIGTERM raises Stopped, once: a second one, while the first is being
+    recorded, is ignored (the job process passes SIGTERM on to its measuring child, which may
+    have got its own already from a scheduler that signals the whole job)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum, frame) -> None:
+    global _stop_signal
+    if _stop_signal is None:
+        _stop_signal = signum
+        raise Stopped("SIGTERM")
+
+
+def interrupted_exit() -> int:
+    """The exit code of a stopped run: 128 + SIGTERM if this process got one, else + SIGINT."""
+    return 128 + (_stop_signal or signal.SIGINT)
+
+
+def exit_code(status: str) -> int:
+    return interrupted_exit() if status == "interrupted" else EXIT_CODES[status]
 
 
 class Diverged(RuntimeError):

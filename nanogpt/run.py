@@ -28,9 +28,11 @@ from nanogpt.app import CONF_DIR, hydra_error_line, to_spec
 from nanogpt.config import RunSpec
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
+from nanogpt.faults import CONFIG_EXIT, handle_sigterm
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import run_point
 from nanogpt.launch.worker import follow, release_followers
+from nanogpt.results.store import sweep_id
 
 
 def job_from_hydra(cfg: DictConfig) -> Job:
@@ -41,7 +43,7 @@ def job_from_hydra(cfg: DictConfig) -> Job:
         job_dir=Path(hc.runtime.output_dir),
         overrides=list(hc.overrides.task),
         sweep_dir=sweep_dir,
-        group=sweep_dir.name if sweep_dir else None,
+        group=sweep_id(sweep_dir) if sweep_dir else None,
         config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
     )
 
@@ -72,6 +74,7 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> str | int:
+    handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
     by_submitit = adopt_submitit_tasks()
     world = World.from_env()
     if not world.is_main:  # a submitit task of rank > 0 (under torchrun: see __main__ below)
@@ -84,7 +87,7 @@ def main(cfg: DictConfig) -> str | int:
         print(f"error: {err}", file=sys.stderr)
         if world.size > 1:
             release_followers(world)
-        sys.exit(2)
+        sys.exit(CONFIG_EXIT)
     status = run_point(spec, job_from_hydra(cfg))
     if world.size > 1 and status not in ("ok", "skipped"):
         # No more messages: a follower may still be stuck in a collective. Under torchrun, exit
@@ -108,7 +111,7 @@ def main_with_one_line_errors() -> None:
         main()
     except (CompactHydraException, OmegaConfBaseException) as err:
         print(f"error: {hydra_error_line(err)}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(CONFIG_EXIT)
 
 
 if __name__ == "__main__":

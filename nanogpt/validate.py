@@ -20,6 +20,7 @@ CUDA_GRAPH_WARMUP = 3  # steps: warm-up run, recording run, then replays
 
 def check(spec: RunSpec) -> None:
     check_sizes(spec)
+    check_optimizer(spec)
     check_model(spec)
     check_choices(spec)
     device = check_device(spec.bench.device)
@@ -53,8 +54,16 @@ def check_sizes(spec: RunSpec) -> None:
         "dist.nproc": spec.dist.nproc,
     }.items():
         _at_least(key, value, 1)
-    if b.time_budget_s <= 0:
+    if b.min_measure_steps > b.measure_steps:
+        raise ConfigError(
+            "bench.min_measure_steps",
+            f"is {b.min_measure_steps}, more than bench.measure_steps={b.measure_steps}",
+            f"set it to at most {b.measure_steps}",
+        )
+    if not b.time_budget_s > 0:
         raise ConfigError("bench.time_budget_s", "must be positive", "set it to seconds, e.g. 20")
+    if not spec.logger.init_timeout_s > 0:
+        raise ConfigError("logger.init_timeout_s", "must be positive", "set it to seconds, e.g. 30")
     if b.max_batch_memory_gib is not None and b.max_batch_memory_gib <= 0:
         raise ConfigError(
             "bench.max_batch_memory_gib",
@@ -65,6 +74,28 @@ def check_sizes(spec: RunSpec) -> None:
         raise ConfigError(
             "hardware.peak_tflops", "must be positive", "give TFLOP/s or null for the datasheet"
         )
+
+
+def check_optimizer(spec: RunSpec) -> None:
+    """The values torch.optim would reject at the first step, or that train nothing.
+    Written as `not (ok)` so that NaN fails too."""
+    opt = spec.optimizer
+    if not opt.lr > 0:
+        raise ConfigError("optimizer.lr", f"is {opt.lr} but must be positive", "use e.g. 6e-4")
+    betas = list(opt.betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(
+            "optimizer.betas",
+            f"is {betas} but must be two values in [0, 1)",
+            "use e.g. [0.9,0.95]",
+        )
+    for key, value in {
+        "optimizer.weight_decay": opt.weight_decay,
+        "optimizer.momentum": opt.momentum,
+        "optimizer.grad_clip": opt.grad_clip,
+    }.items():
+        if not value >= 0:
+            raise ConfigError(key, f"is {value} but must be 0 or more", f"set {key}=0 to disable")
 
 
 def check_model(spec: RunSpec) -> None:

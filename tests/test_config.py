@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
@@ -102,3 +104,22 @@ def test_cross_field_checks_name_the_key(override, key):
 def test_spec_round_trips_through_json_dict():
     spec = to_spec(composed("perf.dtype=fp16", "optimizer.impl=foreach"))
     assert spec_from_dict(spec_to_dict(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optimizer.lr=-1", "optimizer.lr"),
+        ("optimizer.lr=nan", "optimizer.lr"),
+        ("optimizer.betas=[2,3]", "optimizer.betas"),
+        ("optimizer.betas=[0.9]", "optimizer.betas"),
+        ("optimizer.weight_decay=-0.1", "optimizer.weight_decay"),
+        ("optimizer.momentum=-1", "optimizer.momentum"),
+        ("optimizer.grad_clip=-1", "optimizer.grad_clip"),
+        ("bench.min_measure_steps=5", "bench.min_measure_steps"),  # with measure_steps=4
+        ("logger.init_timeout_s=0", "logger.init_timeout_s"),
+    ],
+)
+def test_values_the_run_would_reject_later_fail_before_it(override, key):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
+        to_spec(composed(*with_micro([override])))

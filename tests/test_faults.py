@@ -145,7 +145,17 @@ def test_oom_and_nan_are_results_and_one_process_releases_memory_between_points(
 
 
 @pytest.mark.slow
-def test_ctrl_c_records_the_point_as_interrupted_builds_the_table_and_stops(tmp_path):
+@pytest.mark.parametrize(
+    "how,code,error",
+    [
+        ("ctrl-c", 130, "KeyboardInterrupt"),  # SIGINT to the process group, as a terminal does
+        ("sigterm", 143, "Stopped: SIGTERM"),  # SIGTERM to the sweep alone: timeout, schedulers
+        ("sigterm-group", 143, "Stopped: SIGTERM"),  # SIGTERM to every process: SLURM
+    ],
+)
+def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
+    tmp_path, how, code, error
+):
     proc, sweep_dir = start_sweep(
         tmp_path, "perf.batch_size=1,2", "bench.measure_steps=100000", "bench.time_budget_s=600"
     )
@@ -153,20 +163,28 @@ def test_ctrl_c_records_the_point_as_interrupted_builds_the_table_and_stops(tmp_
     try:
         # tqdm shows a loss once the first measured window is in: the loop is running.
         wait_for(lambda: b"loss=" in stderr.read_bytes(), what="the first measured window")
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        elif how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     err = stderr.read_text()
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == code, err[-3000:]
     assert "interrupted at" in err and f"hydra.sweep.dir={sweep_dir}" in err
     record = json.loads((sweep_dir / "0" / "result.json").read_text())
-    assert record["status"] == "interrupted" and record["error"] == "KeyboardInterrupt"
+    assert record["status"] == "interrupted" and record["error"] == error
     assert record["measured_steps"] >= 10 and record["step_ms_median"] > 0
     assert not (sweep_dir / "1").exists()  # the sweep stopped
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["status"].tolist() == ["interrupted"]
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive  # no measuring process left behind
 
 
 @pytest.mark.slow
@@ -252,6 +270,9 @@ CONFIG_ERRORS = [
     ("non-utf8-text", ["data=text", "data.path={d}/latin1.txt"], "data.path"),
     ("token-beyond-vocab", ["data=tokens", "data.path={d}/big_ids.bin"], "model.vocab_size"),
     ("malformed-fault-knob", ["bench.inject_fault=oom"], "bench.inject_fault"),
+    ("negative-lr", ["optimizer.lr=-1"], "optimizer.lr"),
+    ("betas-past-one", ["optimizer.betas=[2,3]"], "optimizer.betas"),
+    ("min-steps-past-steps", ["bench.min_measure_steps=9"], "bench.min_measure_steps"),
 ]
 # Hydra's own errors (composition, override grammar), which run.py turns into one line.
 HYDRA_ERRORS = [
@@ -320,3 +341,13 @@ def test_report_on_a_dir_without_records_is_one_line(bad_input_runs):
     proc, out = bad_input_runs["report-on-empty-dir"]
     lines = _assert_refused(proc, out, "result.json")
     assert len(lines) == 1 and proc.returncode == 2
+
+
+@pytest.mark.parametrize(
+    "fault,status,code", [("raise@2", "error", 1), ("oom@2", "oom", 3), ("nan@2", "diverged", 4)]
+)
+def test_a_single_run_exits_0_only_when_its_point_is_ok(single, fault, status, code):
+    proc, run_dir = single(f"bench.inject_fault={fault}", "bench.isolate=false")
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == status
+    assert f"recorded with status {status} (exit code {code})" in proc.stderr

@@ -128,7 +128,7 @@ def test_each_job_of_an_in_process_multirun_is_its_own_run(in_process_sweep):
     runs = {job: the_run(sweep_dir / job) for job in ("0", "1")}
     assert runs["0"].run_id != runs["1"].run_id
     for job, run in runs.items():
-        assert run.group == sweep_dir.name
+        assert run.group == f"{sweep_dir.parent.name}/{sweep_dir.name}"  # date/time, not time
         assert_run_holds_its_job(run, sweep_dir / job)
     assert [r.summary["batch_size"] for r in runs.values()] == [2, 3]
 
@@ -137,7 +137,7 @@ def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):
     _, sweep_dir = in_process_sweep
     (run_dir,) = offline_runs(sweep_dir)
     run = read_run(run_file(run_dir))
-    assert (run.job_type, run.group) == ("sweep-summary", sweep_dir.name)
+    assert (run.job_type, run.group) == ("sweep-summary", f"{sweep_dir.parent.name}/sweep")
     assert f"sweep-{sweep_dir.name}" in run.artifacts  # summary.csv
     (logged,) = run.history
     assert logged["sweep_table.nrows"] == 2

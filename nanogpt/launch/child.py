@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanogpt.faults import Stopped
 from nanogpt.launch.handoff import Handoff, take_answer
 
 # After Ctrl-C, how long the child gets to write its figures before it is told again (SIGINT)
@@ -54,20 +55,23 @@ def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None =
 
 
 def _wait_for(proc: subprocess.Popen) -> bool:
-    """Wait for the child to exit; True if Ctrl-C came meanwhile.
+    """Wait for the child to exit; True if Ctrl-C or SIGTERM came meanwhile.
 
     Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so the child gets it
     too: it records what it measured as `interrupted` and exits. It gets INTERRUPT_GRACE_S to do
     so; if it is still running (the signal went to this process alone, e.g. `kill -INT`), SIGINT
-    is passed on, then SIGKILL. A second Ctrl-C kills it at once.
+    is passed on, then SIGKILL. A second Ctrl-C kills it at once. SIGTERM (faults.Stopped) is
+    passed on at once, as SIGTERM (the child ignores a second one), then SIGKILL.
     """
     try:
         proc.wait()
         return False
+    except Stopped:
+        steps = (signal.SIGTERM, signal.SIGKILL)
     except KeyboardInterrupt:
-        pass
+        steps = (None, signal.SIGINT, signal.SIGKILL)
     try:
-        for escalate in (None, signal.SIGINT, signal.SIGKILL):
+        for escalate in steps:
             if escalate is not None:
                 proc.send_signal(escalate)
             try:

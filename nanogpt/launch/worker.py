@@ -24,6 +24,7 @@ import torch
 
 from nanogpt.devices import resolve_device
 from nanogpt.distributed import World
+from nanogpt.faults import handle_sigterm
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
 from nanogpt.launch.child import run_child
@@ -138,6 +139,7 @@ def _child_calibration(handoff: Handoff, device, folder: Path) -> None:
 def main(argv: list[str]) -> int:
     """Run TASK of the handoff in DIR; exit code 1 when a measured point failed (the job process
     reads the answer either way)."""
+    handle_sigterm()  # SIGTERM records the point as interrupted, as Ctrl-C does
     folder, task = Path(argv[0]), argv[1]
     if task == "point" and not World.from_env().is_main:
         return follow()

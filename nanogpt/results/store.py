@@ -42,6 +42,12 @@ def read_result(path: Path) -> dict | None:
     return data if isinstance(data, dict) and "status" in data else None
 
 
+def sweep_id(sweep_dir: Path) -> str:
+    """A sweep's id, the default W&B group: its dir's last two parts, DATE/TIME for Hydra's
+    multirun/DATE/TIME (the time alone repeats on other days)."""
+    return "/".join(Path(sweep_dir).resolve().parts[-2:])
+
+
 def point_key(overrides: list[str]) -> str:
     """A sweep point's identity: its overrides, order-free (job numbers can change)."""
     return " ".join(sorted(overrides))

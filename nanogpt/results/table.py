@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from nanogpt.faults import FAILED_STATUSES
 from nanogpt.files import write_atomic
 from nanogpt.results import store
 from nanogpt.results.record import RESULT_COLUMNS
 
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
-FAILED_STATUSES = ("error", "interrupted")
 PRINTED_COLUMNS = (
     "overrides",
     "status",

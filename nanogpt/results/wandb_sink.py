@@ -6,7 +6,8 @@ sinks. A sink can never cost a local record: the record is written by the job
 process from the measurement, whatever a sink does. The one sink is Weights & Biases:
 
 - one W&B run per job, files in the job's own dir, grouped by sweep (logger.group, default the
-  sweep dir's name), named by the job's overrides, with the resolved config;
+  sweep's id: DATE/TIME, results/store.sweep_id), named by the job's overrides, with the
+  resolved config;
 - every log window is logged with the optimizer step as W&B's step: `train/*` keys for measured
   windows, `warmup/*` keys for warmup windows (so warmup never mixes into a measured chart);
 - at the end, every field of result.json goes into the run's summary (but wall_s, which is
@@ -38,6 +39,7 @@ from tqdm import tqdm
 
 from nanogpt.config import LoggerConfig, LoggerMode
 from nanogpt.faults import RESULT_STATUSES, describe
+from nanogpt.results.store import sweep_id
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -76,7 +78,7 @@ def log_sweep_table(
     logger: LoggerConfig, sweep_dir: Path, table: pd.DataFrame, summary_csv: Path
 ) -> None:
     """The sweep table as a wandb.Table, and summary.csv as an artifact, in a summary run."""
-    group = logger.group or sweep_dir.name
+    group = logger.group or sweep_id(sweep_dir)
     run = start_run(
         logger,
         job_type="sweep-summary",
