@@ -10,12 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from hydra import compose
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
-from hydra.errors import MissingConfigException, OverrideParseException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.config import RunSpec
+from nanogpt.errors import ConfigError
+from nanogpt.results.table import names_baseline
 from nanogpt.validate import check
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -56,6 +61,40 @@ def to_spec(cfg: DictConfig) -> RunSpec:
     spec = OmegaConf.to_object(cfg)
     check(spec)
     return spec
+
+
+def sweep_points(config: DictConfig) -> list[list[str]] | None:
+    """Every point's overrides, as Hydra's basic sweeper will expand them (the preset's
+    hydra.sweeper.params, then the command line); None for another sweeper."""
+    sweeper = config.hydra.sweeper
+    if sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+        return None
+    params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+    task = list(config.hydra.overrides.task)
+    overrides = OverridesParser.create().parse_overrides([*params, *task])
+    return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
+
+
+def check_points(points: list[list[str]], baseline: str | None) -> None:
+    """Compose and validate every point before the first is measured: a bad point stops the
+    sweep at once, naming the point and the key (ConfigError). report.baseline must name one."""
+    for number, point in enumerate(points, 1):
+        try:
+            to_spec(compose(config_name="config", overrides=point))
+        except ConfigError as err:
+            raise ConfigError(_point(number, points), str(err)) from None
+        except (CompactHydraException, OmegaConfBaseException) as err:
+            raise ConfigError(_point(number, points), hydra_error_line(err)) from None
+    if baseline and not any(names_baseline(" ".join(point), baseline) for point in points):
+        raise ConfigError(
+            "report.baseline",
+            f"'{baseline}' is in none of the sweep's {len(points)} points",
+            "use text from one point's overrides, e.g. perf.dtype=fp32",
+        )
+
+
+def _point(number: int, points: list[list[str]]) -> str:
+    return f"point {number} of {len(points)} ({' '.join(points[number - 1]) or 'defaults'})"
 
 
 def hydra_error_line(err: Exception) -> str:

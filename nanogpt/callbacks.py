@@ -18,7 +18,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nanogpt.faults import exit_code, interrupted_exit
+from nanogpt.app import check_points, sweep_points
+from nanogpt.errors import ConfigError
+from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
 from nanogpt.launch.job import skipped_since
 from nanogpt.results import table as sweep_table
 from nanogpt.results import wandb_sink
@@ -28,7 +30,15 @@ class SweepReport(Callback):
     started: float | None = None  # when this multirun started (epoch s)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        """Before anything is measured, every point of the sweep is composed and validated."""
         self.started = time.time()
+        try:
+            points = sweep_points(config)
+            if points:
+                check_points(points, config.report.baseline)
+        except ConfigError as err:
+            print(f"error: {err} (nothing was measured)", file=sys.stderr)
+            sys.exit(CONFIG_EXIT)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         """An interrupted point stops the sweep (after its table); a single run exits with its

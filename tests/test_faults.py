@@ -351,3 +351,24 @@ def test_a_single_run_exits_0_only_when_its_point_is_ok(single, fault, status, c
     assert proc.returncode == code, proc.stderr[-2000:]
     assert json.loads((run_dir / "result.json").read_text())["status"] == status
     assert f"recorded with status {status} (exit code {code})" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides,first_line",
+    [
+        (["model.n_embd=32", "model.n_head=2,3,4"], "error: point 2 of 3 ("),
+        (
+            ["perf.batch_size=1,2", "report.baseline='perf.batch_size=4'"],
+            "error: report.baseline: ",
+        ),
+    ],
+)
+def test_a_bad_point_anywhere_stops_the_sweep_before_anything_is_measured(
+    sweep, overrides, first_line
+):
+    proc, sweep_dir = sweep(*overrides)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(first_line), lines
+    assert "model.n_head=3): model.n_embd: " in lines[0] or "report.baseline" in first_line
+    assert not sweep_dir.exists()  # nothing measured, nothing written

@@ -36,6 +36,9 @@ PRINTED_COLUMNS = (
 )
 
 
+BASELINE_OVERRIDE = "report.baseline="
+
+
 class ReportError(Exception):
     pass
 
@@ -91,7 +94,7 @@ def baseline_row(table: pd.DataFrame, baseline: str | None = None) -> pd.Series 
     None when no point is ok."""
     ok = table[table["status"] == "ok"]
     if baseline:
-        ok = ok[ok["overrides"].str.contains(baseline, regex=False)]
+        ok = ok[[names_baseline(text, baseline) for text in ok["overrides"]]]
         if ok.empty:
             raise ReportError(
                 f"report.baseline='{baseline}' matches no ok point; use text from one of the "
@@ -100,6 +103,13 @@ def baseline_row(table: pd.DataFrame, baseline: str | None = None) -> pd.Series 
     eager_fp32 = ok[(ok["compile"].astype(str) == "False") & (ok["dtype"] == "fp32")]
     rows = eager_fp32 if not eager_fp32.empty else ok
     return None if rows.empty else rows.iloc[0]
+
+
+def names_baseline(overrides: str, baseline: str) -> bool:
+    """Whether a point's override string contains the baseline text, not counting the
+    report.baseline override itself (given on the command line, every point carries it)."""
+    kept = [o for o in overrides.split() if not o.startswith(BASELINE_OVERRIDE)]
+    return baseline in " ".join(kept)
 
 
 def _speedup(table: pd.DataFrame, baseline: str | None) -> pd.Series:
