@@ -37,6 +37,7 @@ FAULT_KINDS = ("oom", "nan", "raise", "kill")
 # interrupted is 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for SIGTERM.
 EXIT_CODES = {"ok": 0, "error": 1, "oom": 3, "diverged": 4}
 CONFIG_EXIT = 2
+IO_EXIT = 74  # a file cannot be written (disk full, not writable): sysexits.h's EX_IOERR
 _stop_signal: int | None = None  # the first SIGTERM this process got, once it got one
 
 

@@ -13,6 +13,8 @@ rank. Rank 0 runs the point and writes its record; the other ranks follow it.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import logging
 import os
 import sys
 from pathlib import Path
@@ -28,7 +30,7 @@ from nanogpt.app import CONF_DIR, hydra_error_line, to_spec
 from nanogpt.config import RunSpec
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT, handle_sigterm
+from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import run_point
 from nanogpt.launch.worker import follow, release_followers
@@ -100,18 +102,38 @@ def main(cfg: DictConfig) -> str | int:
     return status
 
 
+def disk_error_line(err: OSError) -> str:
+    """One sentence for a file that cannot be written: the path, why, and what to do."""
+    where = err.filename or "writing below the run's dir"
+    if err.errno == errno.ENOSPC:
+        fix = "free space there"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable"
+    else:
+        fix = "check that disk"
+    return (
+        f"{where}: {err.strerror or err}; {fix} or give another hydra.sweep.dir (hydra.run.dir), "
+        "then rerun the same command: the points already recorded ok are kept."
+    )
+
+
 def main_with_one_line_errors() -> None:
-    """Hydra prints its composition errors over several lines; we print one sentence.
-    HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full report and traceback."""
+    """Hydra prints its composition errors over several lines; we print one sentence, as for a
+    disk that is full or not writable. HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full
+    report and traceback."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         main()
         return
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its config errors to us
+    logging.raiseExceptions = False  # a full disk: no traceback from Hydra's job log file
     try:
         main()
     except (CompactHydraException, OmegaConfBaseException) as err:
         print(f"error: {hydra_error_line(err)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
+    except OSError as err:
+        print(f"error: {disk_error_line(err)}", file=sys.stderr)
+        sys.exit(IO_EXIT)
 
 
 if __name__ == "__main__":

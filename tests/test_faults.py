@@ -372,3 +372,51 @@ def test_a_bad_point_anywhere_stops_the_sweep_before_anything_is_measured(
     assert len(lines) == 1 and lines[0].startswith(first_line), lines
     assert "model.n_head=3): model.n_embd: " in lines[0] or "report.baseline" in first_line
     assert not sweep_dir.exists()  # nothing measured, nothing written
+
+
+def _can_mount_a_private_tmpfs() -> bool:
+    probe = "mount -t tmpfs -o size=64k tmpfs /mnt"
+    try:
+        done = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", probe],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_mount_a_private_tmpfs(), reason="needs unshare and a tmpfs mount")
+def test_a_full_disk_is_one_line_keeps_the_records_and_the_rerun_resumes(tmp_path):
+    """A real ENOSPC: the sweep runs on a 64 KiB tmpfs in a private mount namespace (a few
+    points' files fit), then is resumed on the real disk."""
+    tiny, out = tmp_path / "tiny", tmp_path / "out"
+    tiny.mkdir()
+    out.mkdir()
+    points = ["perf.batch_size=1,2,3,4,5,6"]
+    run = [sys.executable, "-m", "nanogpt.run", "-m", *with_micro(points)]
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {tiny} && "
+        f"{' '.join(run)} hydra.sweep.dir={tiny}/sweep 2> {out}/stderr.txt; "
+        f"echo $? > {out}/code; cp -r {tiny}/sweep {out}/sweep"
+    )
+    subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        cwd=tmp_path,
+        timeout=300,
+        check=True,
+    )
+    lines = (out / "stderr.txt").read_text().strip().splitlines()
+    assert (out / "code").read_text().strip() == "74", lines[-5:]
+    assert "Traceback" not in "\n".join(lines)
+    assert lines[-1].startswith("error: ") and "No space left on device" in lines[-1]
+    kept = [json.loads(p.read_text()) for p in (out / "sweep").glob("*/result.json")]
+    assert 1 <= len(kept) < 6 and all(r["status"] == "ok" for r in kept)  # whole, readable
+    again = run_cli(
+        "-m", *with_micro(points), f"hydra.sweep.dir={out}/sweep", cwd=tmp_path, timeout=300
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resume: skipped {len(kept)} point(s)" in again.stdout
+    assert len(pd.read_csv(out / "sweep" / "summary.csv")) == 6
