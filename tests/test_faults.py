@@ -195,8 +195,8 @@ def test_a_measuring_process_dies_with_its_job_process():
         [
             sys.executable,
             "-c",
-            "import subprocess; from nanogpt.launch.child import _die_with_parent; "
-            "p = subprocess.Popen(['sleep', '60'], preexec_fn=_die_with_parent); "
+            "import subprocess; from nanogpt.launch.process import die_with_parent; "
+            "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent); "
             "print(p.pid, flush=True); p.wait()",
         ],
         stdout=subprocess.PIPE,

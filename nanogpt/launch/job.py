@@ -1,7 +1,8 @@
 """One sweep point, from the Hydra job process's side: resume, launch, record.
 
-By default the point is measured in a fresh child process (nanogpt/launch/child.py, or torchrun
-with dist.nproc > 1); `bench.isolate=false` measures it in this process. Either way this process
+By default the point is measured in a child process of its own: forked from the sweep's fork
+server (launch/forkserver.py), or a fresh interpreter (launch/process.py; torchrun for
+dist.nproc > 1); `bench.isolate=false` measures it in this process. Either way this process
 writes the record: result.json and steps.csv, atomically (results/store.py).
 
 Ctrl-C: the point is recorded as `interrupted` (with what was measured up to then) and the job
@@ -15,8 +16,9 @@ from pathlib import Path
 
 from nanogpt.config import RunSpec
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.launch.child import run_child
+from nanogpt.launch import forkserver
 from nanogpt.launch.handoff import Handoff, Job
+from nanogpt.launch.process import run_child
 from nanogpt.launch.worker import finish_record, measure_point
 from nanogpt.results import store
 from nanogpt.results.record import Record
@@ -54,7 +56,10 @@ def _measure_in_child(handoff: Handoff) -> Record:
     env = {}
     if spec.bench.cold_compile_cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(handoff.job.job_dir / "inductor_cache")
-    outcome = run_child(handoff, handoff.job.job_dir, nproc=spec.dist.nproc, env=env)
+    if spec.dist.nproc > 1:
+        outcome = run_child(handoff, handoff.job.job_dir, nproc=spec.dist.nproc, env=env)
+    else:
+        outcome = forkserver.run_point(handoff, handoff.job.job_dir, env=env)
     if outcome.answer is None:
         status = "interrupted" if outcome.interrupted else "error"
         return _failure(handoff, status, outcome.crash())

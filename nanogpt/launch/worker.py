@@ -16,6 +16,7 @@ in a collective: each exits, non-zero, and torchrun stops the rest.
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -27,8 +28,8 @@ from nanogpt.distributed import World
 from nanogpt.faults import handle_sigterm
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
-from nanogpt.launch.child import run_child
 from nanogpt.launch.handoff import Handoff, write_answer
+from nanogpt.launch.process import die_with_parent, run_child
 from nanogpt.measure import maxbatch
 from nanogpt.measure.loop import measure
 from nanogpt.results import wandb_sink
@@ -134,6 +135,18 @@ def _child_calibration(handoff: Handoff, device, folder: Path) -> None:
             "achievable_tflops and mfu_achievable will be null",
             stacklevel=2,
         )
+
+
+FORK_UNSAFE = 86  # a forked child found CUDA initialised before the fork
+
+
+def forked_main(folder: str, task: str, env: dict) -> None:
+    """The entry of a child of the fork server (launch/forkserver.py): as `main`, in a fork."""
+    die_with_parent()  # the server: it ends with the sweep's process
+    if torch.cuda.is_initialized():
+        os._exit(FORK_UNSAFE)  # CUDA does not survive a fork: the launcher starts afresh
+    os.environ.update(env)
+    sys.exit(main([folder, task]))
 
 
 def main(argv: list[str]) -> int:

@@ -49,13 +49,14 @@ def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None =
     if nproc > 1:
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         command = [sys.executable, *launcher, *command[1:]]
-    proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
-    interrupted = _wait_for(proc)
+    proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
+    interrupted = wait_for(proc)
     return Outcome(take_answer(folder, handoff.task), proc.returncode, interrupted)
 
 
-def _wait_for(proc: subprocess.Popen) -> bool:
-    """Wait for the child to exit; True if Ctrl-C or SIGTERM came meanwhile.
+def wait_for(proc) -> bool:
+    """Wait for the child to exit; True if Ctrl-C or SIGTERM came meanwhile. `proc` is a
+    subprocess.Popen or anything with its wait(timeout), send_signal and kill.
 
     Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so the child gets it
     too: it records what it measured as `interrupted` and exits. It gets INTERRUPT_GRACE_S to do
@@ -85,9 +86,12 @@ def _wait_for(proc: subprocess.Popen) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec (Linux): SIGKILL it when this process dies."""
+def die_with_parent() -> None:
+    """Runs in a child (before exec, or first thing after a fork; Linux): SIGKILL it when its
+    parent dies. A parent that died before this ran has left it to init: it exits now."""
     try:
         ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux/glibc: an orphan finishes its task and exits
-        pass
+        return
+    if os.getppid() == 1:
+        os._exit(1)

@@ -1,0 +1,82 @@
+"""Isolated points without paying for a fresh interpreter each: a fork server.
+
+The first isolated point of a sweep starts multiprocessing's fork server, which imports torch,
+torch._dynamo and the worker once (launch/forkserver_preload.py) and then forks one clean child
+per point. A forked child has all of isolation's guarantees: it never ran a point before (the
+server only imported), so its allocator, peaks, compiled graphs and W&B state start clean, and a
+crash or kill -9 costs one point. What it saves is the interpreter start and torch's imports,
+seconds a point (benchmarks/point_isolation.py).
+
+A process that has initialised CUDA must not fork. The server never touches CUDA, and the child
+checks it first thing: if CUDA was initialised before the fork, the child exits with
+FORK_UNSAFE and this and every later point of the process run in a fresh interpreter instead
+(launch/process.py), as they do where there is no fork server (not Linux) and with
+NANOGPT_FORKSERVER=0 in the environment (an escape hatch, and the benchmark's comparison).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from nanogpt.launch.handoff import Handoff, take_answer
+from nanogpt.launch.process import Outcome, run_child, wait_for
+from nanogpt.launch.worker import FORK_UNSAFE, forked_main
+
+PRELOAD = ["nanogpt.launch.forkserver_preload"]
+_context: multiprocessing.context.BaseContext | None = None
+# Linux: PR_SET_PDEATHSIG, and where the fork server is tested.
+_fork_safe = sys.platform.startswith("linux") and os.environ.get("NANOGPT_FORKSERVER") != "0"
+
+
+def run_point(handoff: Handoff, folder: Path, env: dict | None = None) -> Outcome:
+    """Run the handoff's task in a child forked from the server (or a fresh interpreter)."""
+    global _fork_safe
+    if not _fork_safe:
+        return run_child(handoff, folder, env=env)
+    handoff.write(folder)
+    process = _server().Process(target=forked_main, args=(str(folder), handoff.task, env or {}))
+    process.start()
+    child = _Forked(process)
+    interrupted = wait_for(child)
+    if child.returncode == FORK_UNSAFE:
+        print("warning: CUDA was initialised before the fork; points now start fresh interpreters")
+        _fork_safe = False
+        return run_child(handoff, folder, env=env)
+    return Outcome(take_answer(folder, handoff.task), child.returncode, interrupted)
+
+
+def _server() -> multiprocessing.context.BaseContext:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+class _Forked:
+    """A forked Process with the part of subprocess.Popen's interface that wait_for uses."""
+
+    def __init__(self, process: multiprocessing.Process):
+        self.process = process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"point {self.process.pid}", timeout)
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        if self.process.exitcode is None:
+            os.kill(self.process.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)

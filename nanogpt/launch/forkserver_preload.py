@@ -1,0 +1,27 @@
+"""Imported by the fork server (launch/forkserver.py) and by nothing else: what every point's
+process needs, imported once, before any fork.
+
+torch's import is most of a fresh interpreter's start-up; torch.optim pulls in torch._dynamo,
+the next largest. Importing torch initialises no CUDA: checked here, and again in each child.
+
+The server ignores SIGTERM: a scheduler that signals every process of a job would otherwise end
+the server, and with it (PR_SET_PDEATHSIG) the measuring child before it records the point. The
+child handles SIGTERM itself (faults.handle_sigterm); the server ends when the sweep's process
+does (multiprocessing closes its pipe).
+"""
+
+import signal
+
+import torch
+import torch._dynamo  # noqa: F401 - imported for its cost, once
+import torch.optim  # noqa: F401
+
+import nanogpt.launch.worker  # noqa: F401 - the children's code
+
+try:  # the W&B sink's import, when installed
+    import wandb  # noqa: F401
+except ImportError:
+    pass
+
+assert not torch.cuda.is_initialized(), "importing must not initialise CUDA before a fork"
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
