@@ -22,20 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MICRO = [
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.n_embd=32",
-    "model.block_size=16",
-    "model.vocab_size=256",
-    "perf.batch_size=2",
-    "bench.device=cpu",
-    "bench.warmup_steps=1",
-    "bench.measure_steps=4",
-    "bench.min_measure_steps=1",
-    "logger=none",
-]
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.conftest import MICRO  # noqa: E402 - the tests' micro point: a few ms a step
 
 # How a point runs: forked from the fork server (the default), a fresh interpreter each
 # (NANOGPT_FORKSERVER=0, the launch before the fork server), in the sweep's own process.
