@@ -37,6 +37,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/runner_overhead.py
+	$(BIN)/python benchmarks/point_isolation.py
 
 clean:
 	rm -rf $(VENV) multirun outputs

@@ -1,7 +1,7 @@
 """Runner overhead, measured side by side in one run (ratios, not absolute times).
 
 (a) tokens/s of the runner vs a bare hand-written loop on the same model and settings (goal >= 0.98)
-(b) fixed cost per job of a multirun beyond its training steps, child process included (goal <= 3 s)
+(b) the fixed cost of an isolated point: benchmarks/point_isolation.py
 (c) time to aggregate 1,000 job records into the table (goal <= 2 s)
 
 Usage: python benchmarks/runner_overhead.py [--rounds 3]
@@ -10,7 +10,6 @@ Usage: python benchmarks/runner_overhead.py [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import subprocess
@@ -100,29 +99,6 @@ def runner_tokens_per_s(tmp: Path) -> tuple[float, float]:
     return record["tokens_per_s"], tokens_per_s(record["step_ms_p10"])
 
 
-def overhead_of_sweep(tmp: Path, isolate: bool, jobs: int) -> float:
-    """Wall time of a multirun minus the time its jobs spent in training steps."""
-    sweep = tmp / f"sweep_{isolate}_{jobs}"
-    seeds = ",".join(str(s) for s in range(jobs))
-    args = ["-m", *RUN_ARGS, "bench.measure_steps=5", f"bench.isolate={str(isolate).lower()}"]
-    wall = run([*args, f"bench.seed={seeds}", f"hydra.sweep.dir={sweep}"], tmp)
-    training = 0.0
-    for steps in sweep.glob("*/steps.csv"):
-        with open(steps) as f:
-            training += sum(float(r["step_ms"]) for r in csv.DictReader(f)) / 1e3
-    return wall - training
-
-
-def fixed_cost_per_job(tmp: Path, isolate: bool) -> tuple[float, float]:
-    """(marginal cost of one more job, cost of a whole 1-job sweep) beyond training steps.
-    The difference between a 4-job and a 1-job sweep, over 3, is what each job adds: start,
-    compose, measuring process, record; the 1-job figure adds the once-per-sweep start-up
-    (interpreter, imports, the table at the end)."""
-    one = overhead_of_sweep(tmp, isolate, 1)
-    four = overhead_of_sweep(tmp, isolate, 4)
-    return (four - one) / 3, one
-
-
 def aggregate_seconds(tmp: Path, sweep_with_records: Path, n: int = 1000) -> float:
     template = json.loads(next(sweep_with_records.glob("*/result.json")).read_text())
     big = tmp / "big"
@@ -159,18 +135,11 @@ def main() -> None:
                 f"round {i}: runner {runner:,.0f} tok/s, bare {bare:,.0f} tok/s, "
                 f"ratio {runner / bare:.3f} (at p10 step time: {runner_p10 / bare_p10:.3f})"
             )
-        costs = {isolate: fixed_cost_per_job(tmp, isolate) for isolate in (True, False)}
-        agg = aggregate_seconds(tmp, tmp / "sweep_True_4")
+        agg = aggregate_seconds(tmp, tmp)  # the single run's record as the template
     print(
         f"(a) runner / bare tokens/s, median of {rounds}: {statistics.median(ratios):.3f}"
         f"; at p10 step time {statistics.median(ratios_p10):.3f}  (goal >= 0.98)"
     )
-    for isolate, (per_job, sweep) in costs.items():
-        how = "fresh child process per job" if isolate else "in-process (bench.isolate=false)"
-        print(
-            f"(b) fixed cost per job, {how}: {per_job:.2f} s  (goal <= 3 s); "
-            f"a whole 1-job sweep beyond training: {sweep:.2f} s"
-        )
     print(f"(c) aggregating 1,000 records: {agg:.2f} s  (goal <= 2 s)")
 
 

@@ -1,7 +1,11 @@
-"""Entry point: `python -m nanogpt.report DIR [--baseline TEXT] [--plots]`.
+"""Entry point: `python -m nanogpt.report DIR [--baseline TEXT] [--plots]`, and
+`python -m nanogpt.report NEW --compare OLD [--fail-if-slower PCT] [--markdown]`.
 
 (Re)builds the table of any sweep dir, finished or not: summary.csv and summary.md in DIR,
-printed, and the plots with --plots (results/table.py).
+printed, and the plots with --plots (results/table.py). With --compare, sets the sweep against
+an earlier one, point by point (results/compare.py): tokens/s old and new, the change with its
+95 % interval and a verdict ("~": not significant). --fail-if-slower PCT exits 1 when any point
+is significantly slower by more than PCT %: a performance gate for a training repository's CI.
 """
 
 from __future__ import annotations
@@ -10,7 +14,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from nanogpt.results.table import ReportError, publish
+from nanogpt.results import compare
+from nanogpt.results.labels import point_labels
+from nanogpt.results.table import (
+    STEPS,
+    ReportError,
+    build_table,
+    publish,
+    to_markdown,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,20 +30,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="a sweep dir, e.g. multirun/DATE/TIME")
     parser.add_argument("--baseline", help="text of the overrides of the speedup baseline row")
     parser.add_argument("--plots", action="store_true", help="also write PNG plots")
+    parser.add_argument("--compare", type=Path, metavar="OLD", help="an earlier sweep dir")
+    parser.add_argument(
+        "--fail-if-slower",
+        type=float,
+        metavar="PCT",
+        help="with --compare: exit 1 when a point is significantly slower by more than PCT %%",
+    )
+    parser.add_argument("--markdown", action="store_true", help="with --compare: a markdown table")
     args = parser.parse_args(argv)
-    if not args.sweep_dir.is_dir():
-        print(
-            f"error: sweep_dir: {args.sweep_dir} is not a directory; give a sweep dir "
-            "such as multirun/DATE/TIME.",
-            file=sys.stderr,
-        )
+    for name, path in (("sweep_dir", args.sweep_dir), ("--compare", args.compare)):
+        if path is not None and not path.is_dir():
+            print(
+                f"error: {name}: {path} is not a directory; give a sweep dir "
+                "such as multirun/DATE/TIME.",
+                file=sys.stderr,
+            )
+            return 2
+    if args.fail_if_slower is not None and (args.compare is None or args.fail_if_slower < 0):
+        print("error: --fail-if-slower: needs --compare OLD and PCT >= 0.", file=sys.stderr)
         return 2
     try:
-        publish(args.sweep_dir, args.baseline, args.plots)
+        if args.compare is None:
+            publish(args.sweep_dir, args.baseline, args.plots)
+            return 0
+        return _compare(args.compare, args.sweep_dir, args.fail_if_slower, args.markdown)
     except ReportError as err:
         print(f"error: {err}.", file=sys.stderr)
         return 2
-    return 0
+
+
+def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: bool) -> int:
+    old, _ = build_table(old_dir)
+    new, _ = build_table(new_dir)
+    comparison = compare.compare_sweeps(old, new, STEPS)
+    shown = comparison.copy()
+    labels = point_labels(comparison.rename(columns={"point": "overrides"}))
+    shown["point"] = [label or "defaults" for label in labels]  # what differs between points
+    print(
+        to_markdown(shown)
+        if markdown
+        else shown.to_string(index=False, float_format="{:.4g}".format)
+    )
+    print(f"old: {old_dir}  new: {new_dir}  (~: the change is not significant, p >= 0.05)")
+    if fail_pct is None:
+        return 0
+    slower = compare.significantly_slower(shown, fail_pct)
+    for row in slower.itertuples():
+        print(
+            f"slower: {row.point}: {row.change_pct:+.1f} % "
+            f"[{row.change_ci_low:+.1f}, {row.change_ci_high:+.1f}]",
+            file=sys.stderr,
+        )
+    return 1 if len(slower) else 0
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.timing import StepTimer, summarize
 from nanogpt.measure.trainer import Trainer, build_trainer
-from nanogpt.results import derive
+from nanogpt.results import derive, stats
 from nanogpt.results.record import Record, Setup
 
 
@@ -285,7 +285,13 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
     per_rank = trainer.world.gather(log.measured("step_ms"))
     timing.step_ms_per_rank = per_rank
     timing.step_ms_median_per_rank = [summarize(times)["median"] for times in per_rank]
-    timing.set_stats(summarize(slowest_per_step(per_rank)))
+    steps = slowest_per_step(per_rank)
+    timing.set_stats(summarize(steps))
+    timing.step_ms_ci_low, timing.step_ms_ci_high = stats.median_ci([steps])
+    timing.ci_method = stats.METHOD
+    timing.repeats = 1
+    timing.step_ms_measured = [steps]
+    timing.step_ms_median_per_repeat = [timing.step_ms_median]
     timing.data_ms_median = summarize(log.measured("data_ms"))["median"]
     timing.clock = StepTimer(trainer.device).clock
     record.rates = derive.rates(
@@ -296,6 +302,7 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
         compiled=spec.perf.compile,
         checkpointing=spec.perf.activation_checkpointing,
         dtype=spec.perf.dtype.value,
+        step_ms_ci=(timing.step_ms_ci_low, timing.step_ms_ci_high),
         energy=record.energy,
         measured_steps=timing.measured_steps,
     )

@@ -70,6 +70,7 @@ def rates(
     first_step_ms: float,
     ceilings: Ceilings,
     *,
+    step_ms_ci: tuple[float, float] | None = None,
     compiled: bool,
     checkpointing: bool,
     dtype: str,
@@ -91,6 +92,9 @@ def rates(
     if compiled:
         # What the first step cost beyond a steady one: compilation, autotuning, lazy init.
         out.compile_s = max(first_step_ms - step_ms_median, 0.0) / 1e3
+    if step_ms_ci is not None:  # a slower step bounds tokens/s from below
+        out.tokens_per_s_ci_low = tokens_per_s(setup.tokens_per_step, step_ms_ci[1])
+        out.tokens_per_s_ci_high = tokens_per_s(setup.tokens_per_step, step_ms_ci[0])
     if energy is not None and energy.energy_j and measured_steps:
         tokens_per_device = setup.tokens_per_step / setup.world_size * measured_steps
         out.j_per_step = energy.energy_j / measured_steps

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from nanogpt.files import write_atomic
 from nanogpt.results import store
+from nanogpt.results.labels import parse_overrides, point_labels
 
 MIB, GIB = 2**20, 2**30
 MEMORY_PARTS = ("weights", "gradients", "optimizer_state", "activations", "logits")
@@ -35,21 +36,6 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer_state", "activations", "logit
 
 class NoData(Exception):
     """Raised by a plot that has nothing to draw; the message says why."""
-
-
-def point_labels(table: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
-    """Per row, the overrides whose value is not the same in every row (minus `drop` keys)."""
-    parsed = [_overrides(text) for text in table["overrides"]]
-    keys = dict.fromkeys(key for point in parsed for key in point)
-    varying = [
-        key for key in keys if key not in drop and len({point.get(key) for point in parsed}) > 1
-    ]
-    return [" ".join(f"{k}={point[k]}" for k in varying if k in point) for point in parsed]
-
-
-def _overrides(text: str) -> dict[str, str]:
-    pairs = (item.partition("=") for item in str(text).split() if "=" in item)
-    return {key: value for key, _, value in pairs}
 
 
 def _tagged_labels(table: pd.DataFrame) -> list[str]:
@@ -143,7 +129,9 @@ def batch_scaling(table: pd.DataFrame) -> Figure:
 def _keys_that_set(column: pd.Series, table: pd.DataFrame) -> tuple[str, ...]:
     """Override keys whose value alone fixes `column` (perf.batch_size itself, or a preset file
     that sets it, such as +sweep/accum_split): they are the x axis, not a series of their own."""
-    overrides = pd.DataFrame([_overrides(text) for text in table["overrides"]], index=table.index)
+    overrides = pd.DataFrame(
+        [parse_overrides(text) for text in table["overrides"]], index=table.index
+    )
     return tuple(
         key
         for key in overrides.columns

@@ -64,9 +64,15 @@ RESULT_COLUMNS = (
     "step_ms_p90",
     "step_ms_std",
     "step_ms_cv",
+    "step_ms_ci_low",  # the 95 % interval of step_ms_median (results/stats.py)
+    "step_ms_ci_high",
+    "repeats",
+    "step_ms_median_per_repeat",  # a list: each repeat's median (bench.repeats)
     "step_ms_median_per_rank",  # a list, one median per rank (step_ms_* are the slowest rank's)
     "data_ms_median",
     "tokens_per_s",
+    "tokens_per_s_ci_low",
+    "tokens_per_s_ci_high",
     "flops_per_token",
     "flops_per_token_counted",
     "flops_per_token_hw",
@@ -185,6 +191,12 @@ class Timing:
     step_ms_p90: float | None = None
     step_ms_std: float | None = None
     step_ms_cv: float | None = None
+    step_ms_ci_low: float | None = None  # 95 % interval of the median (results/stats.py)
+    step_ms_ci_high: float | None = None
+    ci_method: str | None = None
+    repeats: int | None = None  # measurements of the point, each in a fresh process
+    step_ms_median_per_repeat: list | None = None
+    step_ms_measured: list | None = None  # the steps behind step_ms_*: a list per repeat
     step_ms_per_rank: list | None = None
     step_ms_median_per_rank: list | None = None
     data_ms_median: float | None = None
@@ -224,6 +236,8 @@ class Rates:
     """Derived figures, each computed once in results/derive.py."""
 
     tokens_per_s: float | None = None
+    tokens_per_s_ci_low: float | None = None  # from the step time's interval
+    tokens_per_s_ci_high: float | None = None
     achieved_tflops: float | None = None  # per device
     peak_tflops: float | None = None
     peak_source: str | None = None  # override | datasheet | cpu-estimate | calibrated | unknown

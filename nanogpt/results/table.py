@@ -16,7 +16,7 @@ import pandas as pd
 
 from nanogpt.faults import FAILED_STATUSES
 from nanogpt.files import write_atomic
-from nanogpt.results import store
+from nanogpt.results import compare, stats, store
 from nanogpt.results.record import RESULT_COLUMNS
 
 SUMMARY_CSV = "summary.csv"
@@ -37,6 +37,7 @@ PRINTED_COLUMNS = (
 
 
 BASELINE_OVERRIDE = "report.baseline="
+STEPS = "step_ms_measured"
 
 
 class ReportError(Exception):
@@ -84,7 +85,12 @@ def build_table(sweep_dir: Path, baseline: str | None = None) -> tuple[pd.DataFr
         columns=list(RESULT_COLUMNS),
     )
     table["overrides"] = [" ".join(row.get("overrides") or []) or "defaults" for row in rows]
-    table["speedup"] = _speedup(table, baseline)
+    # Each row's measured steps (a list per repeat), for intervals: kept beside the columns.
+    table.attrs[STEPS] = [row.get("step_ms_measured") for row in rows]
+    base = baseline_row(table, baseline)
+    position = None if base is None else table.index.get_loc(base.name)
+    compare.add_speedups(table, table.attrs[STEPS], position)
+    table["compile_breakeven_steps"] = compare.compile_breakeven(table)
     return table, unreadable
 
 
@@ -110,14 +116,6 @@ def names_baseline(overrides: str, baseline: str) -> bool:
     report.baseline override itself (given on the command line, every point carries it)."""
     kept = [o for o in overrides.split() if not o.startswith(BASELINE_OVERRIDE)]
     return baseline in " ".join(kept)
-
-
-def _speedup(table: pd.DataFrame, baseline: str | None) -> pd.Series:
-    """tokens/s relative to the baseline row's (baseline_row)."""
-    base = baseline_row(table, baseline)
-    if base is None:
-        return pd.Series([None] * len(table), index=table.index, dtype="float64")
-    return table["tokens_per_s"].astype("float64") / base["tokens_per_s"]
 
 
 def to_markdown(table: pd.DataFrame) -> str:
@@ -148,6 +146,7 @@ def failed_points(table: pd.DataFrame) -> list[str]:
 
 def printable(table: pd.DataFrame) -> str:
     shown = table[list(PRINTED_COLUMNS)].fillna(float("nan"))  # None prints as "-" too
+    shown["speedup"] = [speedup_text(row) for _, row in table.iterrows()]
     for col in ("mem_peak_rss_bytes", "mem_peak_allocated_bytes"):
         shown[col] = shown[col].astype("float64") / 2**20
     shown = shown.rename(
@@ -158,6 +157,18 @@ def printable(table: pd.DataFrame) -> str:
         }
     )
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-")
+
+
+def speedup_text(row: pd.Series) -> str:
+    """E.g. "1.31 [1.27-1.35]", or "~1.02 [0.97-1.07]" when the difference is not significant
+    (benchstat's "~"); "-" where there is no speedup."""
+    if pd.isna(row["speedup"]):
+        return "-"
+    if row["speedup_verdict"] == "baseline":
+        return "1 (baseline)"
+    mark = "~" if row["speedup_verdict"] == stats.NOT_SIGNIFICANT else ""
+    interval = f" [{row['speedup_ci_low']:.3g}-{row['speedup_ci_high']:.3g}]"
+    return f"{mark}{row['speedup']:.3g}{interval if pd.notna(row['speedup_ci_low']) else ''}"
 
 
 def publish(sweep_dir: Path, baseline: str | None = None, plots: bool = False) -> pd.DataFrame:

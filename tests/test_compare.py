@@ -1,0 +1,140 @@
+"""Confidence intervals, verdicts and sweep-vs-sweep comparison: the statistics on synthetic
+series with known truth, and --fail-if-slower on real sweeps, both ways."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nanogpt.results import compare, stats
+
+from .conftest import run_cli, with_micro
+
+
+def ar1_steps(rng: np.random.Generator, n: int = 40, median_ms: float = 10.0) -> list[float]:
+    """Autocorrelated step times: AR(1) noise (phi 0.5, 5 % of the step) around a level."""
+    noise = np.zeros(n)
+    for i in range(1, n):
+        noise[i] = 0.5 * noise[i - 1] + rng.normal(0, 0.05 * median_ms)
+    return list(median_ms + noise)
+
+
+def test_the_interval_holds_the_median_and_narrows_with_more_steps():
+    rng = np.random.default_rng(1)
+    short, long = ar1_steps(rng, 20), ar1_steps(rng, 400)
+    for steps in (short, long):
+        low, high = stats.median_ci([steps])
+        assert low <= np.median(steps) <= high
+    width = [np.subtract(*stats.median_ci([s])[::-1]) for s in (short, long)]
+    assert width[1] < width[0]
+
+
+def test_same_steps_give_the_same_interval():
+    steps = ar1_steps(np.random.default_rng(2))
+    assert stats.median_ci([steps]) == stats.median_ci([steps])
+
+
+def test_a_a_is_rarely_significant_and_a_20_percent_change_always_is():
+    """Over 200 synthetic pairs each: the same point is "~" in at least 95 % of pairs, and a
+    true 20 % difference is found every time."""
+    rng = np.random.default_rng(3)
+    same = [
+        stats.verdict(
+            *stats.interval(
+                stats.resampled([ar1_steps(rng)], stats.SEED)
+                / stats.resampled([ar1_steps(rng)], stats.SEED + 1)
+            )
+        )
+        for _ in range(200)
+    ]
+    assert same.count(stats.NOT_SIGNIFICANT) / len(same) >= 0.95
+    found = [
+        stats.verdict(
+            *stats.interval(
+                stats.resampled([ar1_steps(rng)], stats.SEED)
+                / stats.resampled([ar1_steps(rng, median_ms=12.0)], stats.SEED + 1)
+            )
+        )
+        for _ in range(200)
+    ]
+    assert found.count("slower") == len(found)
+
+
+def test_repeats_widen_the_interval_by_the_noise_between_processes():
+    """Three repeats whose levels differ (9, 10, 11 ms): the hierarchical interval covers the
+    spread between processes, which the pooled steps of one repeat cannot show."""
+    rng = np.random.default_rng(4)
+    repeats = [ar1_steps(rng, median_ms=level) for level in (9.0, 10.0, 11.0)]
+    low, high = stats.median_ci(repeats)
+    one_low, one_high = stats.median_ci([repeats[1]])
+    assert high - low > 2 * (one_high - one_low)
+    assert stats.point_figure(repeats) == pytest.approx(np.median([np.median(r) for r in repeats]))
+
+
+def test_breakeven_is_compile_time_over_the_step_time_saved():
+    table = pd.DataFrame(
+        {
+            "overrides": [
+                "perf.compile=false x=1",
+                "perf.compile=true x=1",
+                "perf.compile=true x=2",
+            ],
+            "status": ["ok", "ok", "ok"],
+            "compile": [False, True, True],
+            "step_ms_median": [10.0, 8.0, 12.0],
+            "compile_s": [None, 4.0, 3.0],
+        }
+    )
+    breakeven = compare.compile_breakeven(table)
+    assert breakeven.iloc[1] == pytest.approx(4.0 * 1e3 / 2.0)  # 2 ms saved a step
+    assert pd.isna(breakeven.iloc[0]) and pd.isna(breakeven.iloc[2])  # eager; no twin
+
+
+# A model whose matmuls keep both cores busy: one thread makes it clearly slower.
+THREADS = [
+    "model.n_layer=2",
+    "model.n_head=4",
+    "model.n_embd=256",
+    "model.block_size=128",
+    "model.vocab_size=1024",
+    "perf.batch_size=8",
+    "bench.measure_steps=30",
+    "bench.min_measure_steps=30",
+    "bench.time_budget_s=600",
+    "perf.compile=false",
+]
+
+
+@pytest.mark.slow
+def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
+    def sweep(name: str, threads: str):
+        args = ["-m", *with_micro(THREADS), f"hydra.sweep.dir={tmp_path / name}"]
+        proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": threads})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return tmp_path / name
+
+    two, one = sweep("two_threads", "2"), sweep("one_thread", "1")
+    slowdown = run_cli(
+        str(one),
+        "--compare",
+        str(two),
+        "--fail-if-slower",
+        "10",
+        cwd=tmp_path,
+        module="nanogpt.report",
+    )
+    assert slowdown.returncode == 1, slowdown.stdout + slowdown.stderr
+    assert "slower" in slowdown.stdout and "slower: " in slowdown.stderr
+    speedup = run_cli(
+        str(two),
+        "--compare",
+        str(one),
+        "--fail-if-slower",
+        "10",
+        "--markdown",
+        cwd=tmp_path,
+        module="nanogpt.report",
+    )
+    assert speedup.returncode == 0, speedup.stdout + speedup.stderr
+    assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout
