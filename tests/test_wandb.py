@@ -138,7 +138,7 @@ def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):
     (run_dir,) = offline_runs(sweep_dir)
     run = read_run(run_file(run_dir))
     assert (run.job_type, run.group) == ("sweep-summary", f"{sweep_dir.parent.name}/sweep")
-    assert f"sweep-{sweep_dir.name}" in run.artifacts  # summary.csv
+    assert f"sweep-{sweep_dir.parent.name}-sweep" in run.artifacts  # summary.csv, named by group
     (logged,) = run.history
     assert logged["sweep_table.nrows"] == 2
     table = json.loads((run_dir / "files" / logged["sweep_table.path"]).read_text())
