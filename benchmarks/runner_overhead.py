@@ -66,7 +66,7 @@ def tokens_per_s(step_ms: float) -> float:
 
 def percentile_10(ms: list[float]) -> float:
     """As the runner computes step_ms_p10 (linear interpolation)."""
-    from nanogpt.measure.timing import summarize
+    from nanogpt.results.stats import summarize
 
     return summarize(ms)["p10"]
 

@@ -72,8 +72,14 @@ class SweepReport(Callback):
     def _table(self, config: DictConfig):
         """Build, write and print the sweep's table; say how many points a resume kept."""
         sweep_dir = Path(config.hydra.sweep.dir)
+        report, cost = config.report, config.cost
         table = sweep_table.publish(
-            sweep_dir, baseline=config.report.baseline, plots=config.report.plots
+            sweep_dir,
+            baseline=report.baseline,
+            plots=report.plots,
+            memory_budget_gib=report.memory_budget_gib,
+            usd_per_hour=cost.usd_per_hour,
+            usd_per_kwh=cost.usd_per_kwh,
         )
         skipped = skipped_since(sweep_dir, self.started) if self.started else 0
         if skipped:

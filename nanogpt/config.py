@@ -102,6 +102,7 @@ class BenchConfig:
     measure_steps: int = 20
     time_budget_s: float = 20.0  # stop measuring after this long ...
     min_measure_steps: int = 5  # ... once this many steps are in
+    repeats: int = 1  # measure the point this many times, each in a fresh process
     isolate: bool = True  # measure in a fresh child process
     cold_compile_cache: bool = False  # give this point its own, empty Inductor cache
     profile: bool = False  # torch.profiler over a window after warmup
@@ -139,8 +140,15 @@ class DistConfig:
 
 @dataclass
 class ReportConfig:
-    baseline: str | None = None  # override string of the speedup baseline (default: first row)
+    baseline: str | None = None  # text of the baseline point's overrides (default: eager fp32)
     plots: bool = False
+    memory_budget_gib: float | None = None  # the recommendation's "fastest that fits" line
+
+
+@dataclass
+class CostConfig:
+    usd_per_hour: float | None = None  # the machine's price: gives usd_per_1m_tokens
+    usd_per_kwh: float | None = None  # energy's price, added where energy is known
 
 
 @dataclass
@@ -154,6 +162,7 @@ class RunSpec:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
 
 
 def spec_to_dict(spec: RunSpec) -> dict[str, Any]:

@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", type=Path, help="a sweep dir, e.g. multirun/DATE/TIME")
     parser.add_argument("--baseline", help="text of the overrides of the speedup baseline row")
     parser.add_argument("--plots", action="store_true", help="also write PNG plots")
+    parser.add_argument("--memory-budget-gib", type=float, help="recommend the fastest that fits")
+    parser.add_argument("--usd-per-hour", type=float, help="the machine's price: $ per 1M tokens")
+    parser.add_argument("--usd-per-kwh", type=float, help="energy's price, where energy is known")
     parser.add_argument("--compare", type=Path, metavar="OLD", help="an earlier sweep dir")
     parser.add_argument(
         "--fail-if-slower",
@@ -52,7 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.compare is None:
-            publish(args.sweep_dir, args.baseline, args.plots)
+            publish(
+                args.sweep_dir,
+                args.baseline,
+                args.plots,
+                args.memory_budget_gib,
+                args.usd_per_hour,
+                args.usd_per_kwh,
+            )
             return 0
         return _compare(args.compare, args.sweep_dir, args.fail_if_slower, args.markdown)
     except ReportError as err:

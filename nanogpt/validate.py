@@ -49,6 +49,7 @@ def check_sizes(spec: RunSpec) -> None:
         "bench.warmup_steps": b.warmup_steps,  # the first step (compile, lazy init) is warmup
         "bench.measure_steps": b.measure_steps,
         "bench.min_measure_steps": b.min_measure_steps,
+        "bench.repeats": b.repeats,
         "bench.profile_steps": b.profile_steps,
         "logger.log_interval": spec.logger.log_interval,
         "dist.nproc": spec.dist.nproc,
@@ -70,6 +71,13 @@ def check_sizes(spec: RunSpec) -> None:
             "must be positive",
             "give GiB, or null for all the memory that is free",
         )
+    for key, value in {
+        "report.memory_budget_gib": spec.report.memory_budget_gib,
+        "cost.usd_per_hour": spec.cost.usd_per_hour,
+        "cost.usd_per_kwh": spec.cost.usd_per_kwh,
+    }.items():
+        if value is not None and not value > 0:
+            raise ConfigError(key, f"is {value} but must be positive", "give a number, or null")
     if spec.hardware.peak_tflops is not None and spec.hardware.peak_tflops <= 0:
         raise ConfigError(
             "hardware.peak_tflops", "must be positive", "give TFLOP/s or null for the datasheet"

@@ -266,10 +266,8 @@ def test_notebook_is_committed_without_outputs():
             assert cell.outputs == [] and cell.execution_count is None
 
 
-def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypatch):
-    _, sweep_dir = preset_sweep
-    _, oom_dir = oom_sweep
-    monkeypatch.setenv("NANOGPT_SUMMARY", f"{sweep_dir}:{oom_dir / report.SUMMARY_CSV}")
+def run_notebook():
+    """Execute the notebook as `jupyter execute` does (in notebooks/); its cells and text."""
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(
         notebook,
@@ -284,6 +282,24 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
         if cell.cell_type == "code"
         for output in cell.outputs
     )
+    return notebook, text
+
+
+def test_notebook_reads_a_relative_sweep_dir_from_where_the_user_ran(preset_sweep, monkeypatch):
+    _, sweep_dir = preset_sweep
+    monkeypatch.setenv("PWD", str(sweep_dir.parent))  # the shell's current dir
+    monkeypatch.setenv("NANOGPT_SUMMARY", sweep_dir.name)  # as the README writes it: relative
+    _, text = run_notebook()
+    assert "8 points from 1 sweep(s)" in text
+    assert "1 (baseline)" in text  # the table's speedups, with their verdicts
+    assert "one sweep: nothing to compare" in text
+
+
+def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypatch):
+    _, sweep_dir = preset_sweep
+    _, oom_dir = oom_sweep
+    monkeypatch.setenv("NANOGPT_SUMMARY", f"{sweep_dir}:{oom_dir / report.SUMMARY_CSV}")
+    notebook, text = run_notebook()
     table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
     fastest = table.loc[table["tokens_per_s"].idxmax()]
     fastest_label = plots.point_labels(table)[table["tokens_per_s"].idxmax()]
@@ -294,6 +310,7 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     assert f"{oom_dir.parent.name}/sweep: defaults [oom]: RuntimeError: " in text
     assert f"baseline: {sweep_id}: " in text and "perf.dtype=fp32" in text
     assert fastest["tokens_per_s"] > 0
+    assert "only_in" in text  # the sweep-against-sweep section: these two share no point
     images = [
         o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
     ]

@@ -7,8 +7,8 @@ import torch
 
 from nanogpt.measure.flops import counted_flops_per_token, flops_per_token, model_flops
 from nanogpt.measure.memory import estimate_memory
-from nanogpt.measure.timing import summarize
 from nanogpt.model import GPT, GPTConfig
+from nanogpt.results.stats import summarize
 
 TINY = GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
 

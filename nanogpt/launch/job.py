@@ -20,7 +20,7 @@ from nanogpt.launch import forkserver
 from nanogpt.launch.handoff import Handoff, Job
 from nanogpt.launch.process import run_child
 from nanogpt.launch.worker import finish_record, measure_point
-from nanogpt.results import store
+from nanogpt.results import repeats, store
 from nanogpt.results.record import Record
 
 SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when
@@ -38,17 +38,31 @@ def run_point(spec: RunSpec, job: Job) -> str:
     (job.job_dir / SKIPPED_FILE).unlink(missing_ok=True)  # from an earlier run of the sweep
     handoff = Handoff("point", spec, job)
     started = time.perf_counter()
-    try:
-        if spec.bench.isolate or spec.dist.nproc > 1:
-            record = _measure_in_child(handoff)
-        else:
-            record = measure_point(handoff)
-    except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
-        record = _failure(handoff, "interrupted", "KeyboardInterrupt: before any figures")
+    measured = []
+    for _ in range(spec.bench.repeats):  # each in a fresh process, unless bench.isolate=false
+        measured.append(_measure_once(handoff))
+        if measured[-1].status != "ok":
+            break  # a failed repeat is the point's record
+    record = measured[-1]
+    if len(measured) > 1 and record.status == "ok":
+        perf = spec.perf
+        record = repeats.pool(
+            measured, perf.compile, perf.activation_checkpointing, perf.dtype.value
+        )
     record.wall_s = time.perf_counter() - started
     store.write_record(job.job_dir, record)
     print(summary_line(record))
     return record.status
+
+
+def _measure_once(handoff: Handoff) -> Record:
+    spec = handoff.spec
+    try:
+        if spec.bench.isolate or spec.dist.nproc > 1:
+            return _measure_in_child(handoff)
+        return measure_point(handoff)
+    except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
+        return _failure(handoff, "interrupted", "KeyboardInterrupt: before any figures")
 
 
 def _measure_in_child(handoff: Handoff) -> Record:

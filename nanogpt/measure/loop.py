@@ -31,7 +31,7 @@ from nanogpt.faults import Diverged, classify, describe
 from nanogpt.measure import flops, memory
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
-from nanogpt.measure.timing import StepTimer, summarize
+from nanogpt.measure.timing import StepTimer
 from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.results import derive, stats
 from nanogpt.results.record import Record, Setup
@@ -94,7 +94,7 @@ def _keep_measured_steps(record: Record, log: StepLog) -> None:
     step_ms = log.measured("step_ms")
     record.timing.measured_steps = len(step_ms)
     if step_ms:
-        record.timing.set_stats(summarize(step_ms))
+        record.timing.set_stats(stats.summarize(step_ms))
 
 
 def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) -> None:
@@ -107,19 +107,19 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
     bar = tqdm(total=total, desc="steps", unit="step", disable=not trainer.world.is_main)
 
     def emit(window: Window) -> dict:
-        stats = window.close()
-        stats.update(derive.window_rates(record.setup, stats["step_ms"], ceilings))
-        stats.update(probe.sample())
+        figures = window.close()
+        figures.update(derive.window_rates(record.setup, figures["step_ms"], ceilings))
+        figures.update(probe.sample())
         if window.phase == "measure":
             energy.sample()
         bar.set_postfix(
-            step_ms=f"{stats['step_ms']:.1f}",
-            tok_s=f"{stats['tokens_per_s']:,.0f}",
-            loss=f"{stats['loss']:.3f}",
+            step_ms=f"{figures['step_ms']:.1f}",
+            tok_s=f"{figures['tokens_per_s']:,.0f}",
+            loss=f"{figures['loss']:.3f}",
         )
         for sink in sinks:
-            sink.window(stats)
-        return stats
+            sink.window(figures)
+        return figures
 
     try:
         _first_step(trainer, record, log)
@@ -265,17 +265,17 @@ class Window:
         self.log.rows[-1]["loss"] = loss
         if not math.isfinite(loss):
             raise Diverged(f"loss is {loss} in the window ending at step {self.trainer.steps_done}")
-        stats = {
+        window = {
             "phase": self.phase,
             "step": self.trainer.steps_done,
-            "step_ms": summarize(times)["median"],
+            "step_ms": stats.summarize(times)["median"],
             "loss": loss,
             "lr": self.trainer.optimizer.param_groups[0]["lr"],  # a host float: no sync
         }
         self.loss_sum.zero_()
         self.data_ms.clear()
         self.count = 0
-        return stats
+        return window
 
 
 def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> None:
@@ -284,15 +284,15 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
     # Every rank's step times; the job's step is the slowest rank's (distributed.py).
     per_rank = trainer.world.gather(log.measured("step_ms"))
     timing.step_ms_per_rank = per_rank
-    timing.step_ms_median_per_rank = [summarize(times)["median"] for times in per_rank]
+    timing.step_ms_median_per_rank = [stats.summarize(times)["median"] for times in per_rank]
     steps = slowest_per_step(per_rank)
-    timing.set_stats(summarize(steps))
+    timing.set_stats(stats.summarize(steps))
     timing.step_ms_ci_low, timing.step_ms_ci_high = stats.median_ci([steps])
     timing.ci_method = stats.METHOD
     timing.repeats = 1
     timing.step_ms_measured = [steps]
     timing.step_ms_median_per_repeat = [timing.step_ms_median]
-    timing.data_ms_median = summarize(log.measured("data_ms"))["median"]
+    timing.data_ms_median = stats.summarize(log.measured("data_ms"))["median"]
     timing.clock = StepTimer(trainer.device).clock
     record.rates = derive.rates(
         record.setup,

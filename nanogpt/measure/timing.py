@@ -10,7 +10,6 @@ synchronous and `time.perf_counter` is the right clock. Every result says which 
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -53,28 +52,3 @@ class StepTimer:
         if pending:
             pending[-1][1].synchronize()
         return [start.elapsed_time(end) for start, end in pending]
-
-
-def summarize(ms: list[float]) -> dict[str, float | None]:
-    """Median, mean, p10, p90, std and coefficient of variation (std / mean) of step times."""
-    if not ms:
-        return dict.fromkeys(("median", "mean", "p10", "p90", "std", "cv"))
-    mean = statistics.fmean(ms)
-    std = statistics.pstdev(ms)
-    return {
-        "median": statistics.median(ms),
-        "mean": mean,
-        "p10": _percentile(ms, 10),
-        "p90": _percentile(ms, 90),
-        "std": std,
-        "cv": std / mean if mean else None,
-    }
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default method)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)

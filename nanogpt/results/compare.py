@@ -15,28 +15,35 @@ from nanogpt.results import stats
 COMPILE = "perf.compile="
 
 
+def speedup(table: pd.DataFrame, steps: list, base: int, other: int) -> tuple:
+    """tokens/s of row `other` over row `base`, its 95 % interval and its verdict. `steps[i]`
+    is row i's measured steps, a list per repeat. tokens/s ratio = tokens-a-step ratio x base
+    step time / other step time."""
+    scale = table["tokens_per_step"].iloc[other] / table["tokens_per_step"].iloc[base]
+    figure = stats.point_figure(steps[base]) / stats.point_figure(steps[other])
+    draws = stats.resampled(steps[base], stats.SEED) / stats.resampled(steps[other], stats.SEED + 1)
+    low, high = stats.interval(draws)
+    low, high = scale * low, scale * high
+    return scale * figure, low, high, stats.verdict(low, high)
+
+
+def comparable(table: pd.DataFrame, steps: list, i: int) -> bool:
+    return table["status"].iloc[i] == "ok" and bool(steps[i])
+
+
 def add_speedups(table: pd.DataFrame, steps: list, base: int | None) -> None:
-    """speedup (tokens/s over the baseline row's), its 95 % interval and its verdict, in place.
-    `steps[i]` is row i's measured steps, a list per repeat; `base` the baseline's position."""
+    """speedup (tokens/s over the baseline row's), its 95 % interval and its verdict, in place;
+    `base` is the baseline's position."""
     n = len(table)
-    columns = {"speedup": [None] * n, "speedup_ci_low": [None] * n, "speedup_ci_high": [None] * n}
-    verdicts: list[str | None] = [None] * n
-    if base is not None and steps[base]:
-        base_draws = stats.resampled(steps[base], stats.SEED)
-        base_tokens = table["tokens_per_step"].iloc[base]
+    values = [(None, None, None, None)] * n
+    if base is not None and comparable(table, steps, base):
         for i in range(n):
-            if table["status"].iloc[i] != "ok" or not steps[i]:
-                continue
-            # tokens/s ratio = (tokens a step ratio) x (base step time / this step time)
-            scale = table["tokens_per_step"].iloc[i] / base_tokens
-            figure = stats.point_figure(steps[base]) / stats.point_figure(steps[i])
-            low, high = stats.interval(base_draws / stats.resampled(steps[i], stats.SEED + 1))
-            columns["speedup"][i] = scale * figure
-            columns["speedup_ci_low"][i], columns["speedup_ci_high"][i] = scale * low, scale * high
-            verdicts[i] = "baseline" if i == base else stats.verdict(scale * low, scale * high)
-    for name, values in columns.items():
-        table[name] = pd.Series(values, index=table.index, dtype="float64")
-    table["speedup_verdict"] = verdicts
+            if comparable(table, steps, i):
+                ratio, low, high, verdict = speedup(table, steps, base, i)
+                values[i] = (ratio, low, high, "baseline" if i == base else verdict)
+    for k, name in enumerate(("speedup", "speedup_ci_low", "speedup_ci_high")):
+        table[name] = pd.Series([v[k] for v in values], index=table.index, dtype="float64")
+    table["speedup_verdict"] = [v[3] for v in values]
 
 
 def compile_breakeven(table: pd.DataFrame) -> pd.Series:
@@ -89,13 +96,11 @@ def compare_sweeps(old: pd.DataFrame, new: pd.DataFrame, steps: str) -> pd.DataF
 
 
 def _change(row: dict, old, old_steps, i: int, new, new_steps, j: int) -> None:
-    scale = new["tokens_per_step"].iloc[j] / old["tokens_per_step"].iloc[i]
-    figure = stats.point_figure(old_steps) / stats.point_figure(new_steps)
-    draws = stats.resampled(old_steps, stats.SEED) / stats.resampled(new_steps, stats.SEED + 1)
-    low, high = stats.interval(draws)
-    row["change_pct"] = (scale * figure - 1) * 100
-    row["change_ci_low"], row["change_ci_high"] = (scale * low - 1) * 100, (scale * high - 1) * 100
-    row["verdict"] = stats.verdict(scale * low, scale * high)
+    both = pd.concat([old.iloc[[i]], new.iloc[[j]]], ignore_index=True)
+    ratio, low, high, verdict = speedup(both, [old_steps, new_steps], 0, 1)
+    row["change_pct"] = (ratio - 1) * 100
+    row["change_ci_low"], row["change_ci_high"] = (low - 1) * 100, (high - 1) * 100
+    row["verdict"] = verdict
 
 
 def _key(overrides: str) -> str:
@@ -106,3 +111,70 @@ def significantly_slower(comparison: pd.DataFrame, pct: float) -> pd.DataFrame:
     """The points whose new tokens/s is significantly lower than the old by more than pct %."""
     slower = comparison["verdict"] == "slower"
     return comparison[slower & (comparison["change_pct"] < -pct)]
+
+
+def add_costs(table: pd.DataFrame, usd_per_hour: float | None, usd_per_kwh: float | None) -> None:
+    """usd_per_1m_tokens: the machine's time for a million tokens at the point's tokens/s, plus
+    its energy when both energy and its price are known. Null without a price."""
+    cost = pd.Series([None] * len(table), index=table.index, dtype="float64")
+    if usd_per_hour is not None:
+        cost = usd_per_hour / 3600 / table["tokens_per_s"].astype("float64") * 1e6
+    if usd_per_kwh is not None:
+        energy = table["j_per_token"].astype("float64") * 1e6 / 3.6e6 * usd_per_kwh
+        cost = energy if usd_per_hour is None else cost + energy
+    table["usd_per_1m_tokens"] = cost
+
+
+def recommend(
+    table: pd.DataFrame, steps: list, names: list[str], memory_budget_gib: float | None
+) -> list[str]:
+    """A few lines under the table: the fastest point; the fastest within the memory budget;
+    the most tokens per kWh; the cheapest per 1M tokens. Each says whether its lead over the
+    runner-up is significant."""
+    ok = [i for i in range(len(table)) if comparable(table, steps, i)]
+
+    def best(rows: list[int], title: str, column: str, larger: bool = True) -> str | None:
+        return _best(table, steps, names, rows, title, column, larger)
+
+    lines = [best(ok, "fastest", "tokens_per_s")]
+    if memory_budget_gib is not None:
+        peak, _ = measured_peak(table)
+        within = [i for i in ok if peak.iloc[i] <= memory_budget_gib * 2**30]
+        title = f"fastest within {memory_budget_gib:g} GiB"
+        lines.append(best(within, title, "tokens_per_s"))
+    if table["tokens_per_kwh"].notna().any():
+        lines.append(best(ok, "most tokens per kWh", "tokens_per_kwh"))
+    if table["usd_per_1m_tokens"].notna().any():
+        lines.append(best(ok, "cheapest", "usd_per_1m_tokens", larger=False))
+    return [line for line in lines if line]
+
+
+def measured_peak(table: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Peak bytes per row: the CUDA allocator's when any row has it, else the process's RSS."""
+    cuda = pd.to_numeric(table["mem_peak_allocated_bytes"], errors="coerce")
+    if cuda.notna().any():
+        return cuda, "peak CUDA allocated"
+    # RSS also holds the interpreter, PyTorch's libraries and freed-but-cached heap pages.
+    return pd.to_numeric(table["mem_peak_rss_bytes"], errors="coerce"), "peak RSS"
+
+
+def _best(
+    table, steps, names, rows: list[int], title: str, column: str, larger: bool
+) -> str | None:
+    ranked = sorted(
+        (i for i in rows if pd.notna(table[column].iloc[i])),
+        key=lambda i: table[column].iloc[i],
+        reverse=larger,
+    )
+    if not ranked:
+        return f"{title}: no ok point" if title.startswith("fastest within") else None
+    best = ranked[0]
+    line = f"{title}: {names[best]} ({column} {table[column].iloc[best]:.4g})"
+    if len(ranked) == 1:
+        return line + "; no runner-up"
+    second = ranked[1]
+    if column == "tokens_per_kwh":  # one energy figure a point: no interval to test with
+        return line + f"; ahead of {names[second]}, not tested (one energy figure each)"
+    ratio, low, high, verdict = speedup(table, steps, second, best)
+    lead = "significant" if verdict != stats.NOT_SIGNIFICANT else "not significant (~)"
+    return line + f"; {ratio:.3g}x the tokens/s of {names[second]} [{low:.3g}-{high:.3g}], {lead}"

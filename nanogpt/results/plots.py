@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from nanogpt.files import write_atomic
 from nanogpt.results import store
+from nanogpt.results.compare import measured_peak
 from nanogpt.results.labels import parse_overrides, point_labels
 
 MIB, GIB = 2**20, 2**30
@@ -79,15 +80,6 @@ def mfu(table: pd.DataFrame) -> Figure:
     sources = table.loc[table["mfu"].notna(), "peak_source"].dropna().unique()
     title = f"Model FLOPs utilisation (peak: {', '.join(map(str, sources))})"
     return _bars(table, "mfu", 100.0, "MFU (%)", title)
-
-
-def measured_peak(table: pd.DataFrame) -> tuple[pd.Series, str]:
-    """Peak bytes per row: the CUDA allocator's when any row has it, else the process's RSS."""
-    cuda = pd.to_numeric(table["mem_peak_allocated_bytes"], errors="coerce")
-    if cuda.notna().any():
-        return cuda, "peak CUDA allocated"
-    # RSS also holds the interpreter, PyTorch's libraries and freed-but-cached heap pages.
-    return pd.to_numeric(table["mem_peak_rss_bytes"], errors="coerce"), "peak RSS"
 
 
 def batch_scaling(table: pd.DataFrame) -> Figure:
@@ -204,12 +196,59 @@ def memory_anatomy(table: pd.DataFrame) -> Figure:
     return fig
 
 
+def speedup(table: pd.DataFrame) -> Figure:
+    """Speedup over the baseline with its 95 % interval as error bars; "~" marks a point whose
+    difference is not significant (results/stats.py)."""
+    fig = _bars(table, "speedup", 1.0, "tokens/s over the baseline (95 % interval)", "speedup")
+    ax = fig.axes[0]
+    rows = list(range(len(table)))[::-1]
+    for row, (_, point) in zip(rows, table.iterrows(), strict=True):
+        if pd.notna(point["speedup_ci_low"]):
+            low, high = (
+                point["speedup"] - point["speedup_ci_low"],
+                point["speedup_ci_high"] - point["speedup"],
+            )
+            ax.errorbar(point["speedup"], row, xerr=[[low], [high]], color="black", capsize=3)
+        if point["speedup_verdict"] == "~":
+            ax.annotate(" ~", (point["speedup_ci_high"], row), va="center")
+    ax.axvline(1.0, color="grey", linewidth=1)
+    return fig
+
+
+def pareto(table: pd.DataFrame) -> Figure:
+    """tokens/s against peak memory; the Pareto front (no other point is both faster and
+    smaller) is joined by a line."""
+    peak, source = measured_peak(table)
+    ok = table.assign(peak=peak / GIB)[(table["status"] == "ok") & peak.notna()]
+    if ok.empty:
+        raise NoData("no ok point with a memory peak")
+    fig = _figure(8, width=7.0)
+    ax = fig.add_subplot()
+    ax.scatter(ok["peak"], ok["tokens_per_s"])
+    for label, (_, point) in zip(point_labels(ok), ok.iterrows(), strict=True):
+        ax.annotate(label or "defaults", (point["peak"], point["tokens_per_s"]), fontsize=7)
+    front, best = [], -1.0
+    for _, point in ok.sort_values(["peak", "tokens_per_s"], ascending=[True, False]).iterrows():
+        if point["tokens_per_s"] > best:  # faster than every smaller point
+            front.append(point)
+            best = point["tokens_per_s"]
+    front = pd.DataFrame(front)
+    ax.plot(front["peak"], front["tokens_per_s"], color="tab:orange", label="Pareto front")
+    ax.set_xlabel(f"peak memory, GiB ({source})")
+    ax.set_ylabel("tokens/s")
+    ax.set_title("throughput against memory")
+    ax.legend()
+    return fig
+
+
 PLOTS: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "throughput.png": throughput,
     "mfu.png": mfu,
     "batch_scaling.png": batch_scaling,
     "step_times.png": step_times,
     "memory_anatomy.png": memory_anatomy,
+    "speedup.png": speedup,
+    "pareto.png": pareto,
 }
 
 

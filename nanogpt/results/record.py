@@ -202,7 +202,7 @@ class Timing:
     data_ms_median: float | None = None
 
     def set_stats(self, stats: dict) -> None:
-        """step_ms_<stat> from measure/timing.summarize's dict."""
+        """step_ms_<stat> from results/stats.summarize's dict."""
         for name in STATS:
             setattr(self, f"step_ms_{name}", stats[name])
 

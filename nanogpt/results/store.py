@@ -15,7 +15,7 @@ from nanogpt.results.record import Record
 
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
-STEPS_COLUMNS = ("step", "phase", "step_ms", "data_ms", "loss")
+STEPS_COLUMNS = ("step", "phase", "step_ms", "data_ms", "loss", "repeat")
 
 
 def write_record(job_dir: Path, record: Record) -> None:

@@ -17,6 +17,7 @@ import pandas as pd
 from nanogpt.faults import FAILED_STATUSES
 from nanogpt.files import write_atomic
 from nanogpt.results import compare, stats, store
+from nanogpt.results.labels import point_labels
 from nanogpt.results.record import RESULT_COLUMNS
 
 SUMMARY_CSV = "summary.csv"
@@ -73,7 +74,12 @@ def _natural(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def build_table(sweep_dir: Path, baseline: str | None = None) -> tuple[pd.DataFrame, list[Path]]:
+def build_table(
+    sweep_dir: Path,
+    baseline: str | None = None,
+    usd_per_hour: float | None = None,
+    usd_per_kwh: float | None = None,
+) -> tuple[pd.DataFrame, list[Path]]:
     rows, unreadable = load_records(sweep_dir)
     if not rows:
         raise ReportError(
@@ -91,6 +97,7 @@ def build_table(sweep_dir: Path, baseline: str | None = None) -> tuple[pd.DataFr
     position = None if base is None else table.index.get_loc(base.name)
     compare.add_speedups(table, table.attrs[STEPS], position)
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)
+    compare.add_costs(table, usd_per_hour, usd_per_kwh)
     return table, unreadable
 
 
@@ -171,12 +178,22 @@ def speedup_text(row: pd.Series) -> str:
     return f"{mark}{row['speedup']:.3g}{interval if pd.notna(row['speedup_ci_low']) else ''}"
 
 
-def publish(sweep_dir: Path, baseline: str | None = None, plots: bool = False) -> pd.DataFrame:
-    """Build, write and print the table of a sweep dir."""
-    table, unreadable = build_table(sweep_dir, baseline)
+def publish(
+    sweep_dir: Path,
+    baseline: str | None = None,
+    plots: bool = False,
+    memory_budget_gib: float | None = None,
+    usd_per_hour: float | None = None,
+    usd_per_kwh: float | None = None,
+) -> pd.DataFrame:
+    """Build, write and print the table of a sweep dir, and the recommendation under it."""
+    table, unreadable = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh)
     write_summary(sweep_dir, table)
     print(printable(table))
     print(f"table: {sweep_dir / SUMMARY_CSV} ({len(table)} points)")
+    names = [label or "defaults" for label in point_labels(table)]
+    for line in compare.recommend(table, table.attrs[STEPS], names, memory_budget_gib):
+        print(line)
     for path in unreadable:
         print(f"skipped unreadable record: {path}", file=sys.stderr)
     if plots:

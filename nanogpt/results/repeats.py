@@ -1,0 +1,70 @@
+"""One record from a point measured several times (bench.repeats), each in a fresh process.
+
+A process hides part of the noise: its allocator state, its compiled code, the clocks it ran
+at. Repeats show it. The pooled record keeps each repeat's median (step_ms_median_per_repeat)
+and its measured steps (step_ms_measured, a list per repeat); its step time is the median of
+the repeats' medians, with a hierarchical bootstrap interval (results/stats.py), and every
+derived figure is recomputed from it by results/derive.py. Peaks of memory are the largest of
+any repeat; energy is summed over all measured steps. The rest (the model's figures, the first
+step, the profile) is the first repeat's. steps.csv keeps every repeat's rows, numbered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nanogpt.results import derive, stats
+from nanogpt.results.record import Record
+
+
+def pool(records: list[Record], compiled: bool, checkpointing: bool, dtype: str) -> Record:
+    first = records[0]
+    pooled = dataclasses.replace(first, steps=[])
+    for number, record in enumerate(records, 1):
+        pooled.steps += [{**row, "repeat": number} for row in record.steps]
+    series = [steps for record in records for steps in record.timing.step_ms_measured or []]
+    timing = dataclasses.replace(first.timing, repeats=len(records), step_ms_measured=series)
+    timing.set_stats(stats.summarize([ms for steps in series for ms in steps]))
+    timing.step_ms_median = stats.point_figure(series)  # the median of the repeats' medians
+    timing.step_ms_median_per_repeat = [r.timing.step_ms_median for r in records]
+    timing.step_ms_ci_low, timing.step_ms_ci_high = stats.median_ci(series)
+    timing.measured_steps = sum(r.timing.measured_steps or 0 for r in records)
+    timing.loss_last = records[-1].timing.loss_last
+    pooled.timing = timing
+    pooled.memory = _largest_peaks(records)
+    pooled.energy = _summed_energy(records)
+    rates = first.rates
+    peak = derive.Peak(rates.peak_tflops * 1e12 if rates.peak_tflops else None, rates.peak_source)
+    achievable = rates.achievable_tflops * 1e12 if rates.achievable_tflops else None
+    pooled.rates = derive.rates(
+        first.setup,
+        timing.step_ms_median,
+        timing.first_step_ms,
+        derive.Ceilings(peak, achievable, rates.calibration),
+        compiled=compiled,
+        checkpointing=checkpointing,
+        dtype=dtype,
+        step_ms_ci=(timing.step_ms_ci_low, timing.step_ms_ci_high),
+        energy=pooled.energy,
+        measured_steps=timing.measured_steps,
+    )
+    return pooled
+
+
+def _largest_peaks(records: list[Record]):
+    memory = dataclasses.replace(records[0].memory)
+    for field in ("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_nvml_used_bytes"):
+        values = [getattr(r.memory, field) for r in records if getattr(r.memory, field)]
+        setattr(memory, field, max(values) if values else None)
+    memory.mem_peak_rss_bytes = max(r.memory.mem_peak_rss_bytes or 0 for r in records) or None
+    return memory
+
+
+def _summed_energy(records: list[Record]):
+    energy = dataclasses.replace(records[0].energy)
+    if all(r.energy.energy_j for r in records):
+        energy.energy_j = sum(r.energy.energy_j for r in records)
+        energy.energy_s = sum(r.energy.energy_s for r in records)
+    else:
+        energy.energy_j = None
+    return energy
