@@ -3,6 +3,8 @@ series with known truth, and --fail-if-slower on real sweeps, both ways."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -138,3 +140,39 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
     )
     assert speedup.returncode == 0, speedup.stdout + speedup.stderr
     assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout
+
+
+def test_repeats_are_measured_apart_and_pooled(single):
+    proc, run_dir = single("bench.repeats=3", "bench.measure_steps=8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((run_dir / "result.json").read_text())
+    medians = record["step_ms_median_per_repeat"]
+    assert record["repeats"] == 3 and len(medians) == 3 and record["measured_steps"] == 24
+    assert record["step_ms_median"] == pytest.approx(np.median(medians))
+    assert record["step_ms_ci_low"] <= record["step_ms_median"] <= record["step_ms_ci_high"]
+    assert record["tokens_per_s"] == pytest.approx(
+        record["tokens_per_step"] / record["step_ms_median"] * 1e3
+    )
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert sorted(steps["repeat"].unique()) == [1, 2, 3]
+    per_repeat = steps[steps["phase"] == "measure"].groupby("repeat")["step_ms"].median()
+    assert list(per_repeat) == pytest.approx(medians)  # each repeat's own steps
+
+
+def test_the_recommendation_names_the_best_points_and_their_leads(sweep):
+    proc, sweep_dir = sweep(
+        "perf.batch_size=1,8", "report.memory_budget_gib=64", "cost.usd_per_hour=3.6"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    fastest = table.loc[table["tokens_per_s"].idxmax()]
+    # $3.6 an hour is $0.001 a second: a million tokens cost 1000 / (tokens/s) dollars
+    assert table["usd_per_1m_tokens"].tolist() == pytest.approx(
+        (1000 / table["tokens_per_s"]).tolist()
+    )
+    lines = proc.stdout.splitlines()
+    batch = fastest["overrides"].split("perf.batch_size=")[1].split()[0]
+    assert any(line.startswith(f"fastest: perf.batch_size={batch} ") for line in lines)
+    assert any(line.startswith("fastest within 64 GiB: ") for line in lines)
+    assert any(line.startswith(f"cheapest: perf.batch_size={batch} ") for line in lines)
+    assert any("significant" in line for line in lines)
