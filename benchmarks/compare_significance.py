@@ -20,20 +20,11 @@ from pathlib import Path
 from nanogpt.results.compare import compare_sweeps
 from nanogpt.results.table import STEPS, build_table
 
-POINT = [
-    "model.n_layer=2",
-    "model.n_head=4",
-    "model.n_embd=256",
-    "model.block_size=128",
-    "model.vocab_size=1024",
-    "perf.batch_size=8",
-    "bench.device=cpu",
-    "bench.warmup_steps=3",
-    "bench.measure_steps=30",
-    "bench.min_measure_steps=30",
-    "bench.time_budget_s=600",
-    "logger=none",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.conftest import with_micro  # noqa: E402
+from tests.test_compare import THREADS  # noqa: E402 - the matmul-bound point of the tests
+
+POINT = [*with_micro(THREADS), "bench.warmup_steps=3"]
 
 
 def sweep(folder: Path, threads: str, repeats: int) -> Path:

@@ -64,6 +64,24 @@ def run_cli(
     )
 
 
+def run_without_a_key(
+    module: str, args: list[str], cwd: Path, env: dict | None = None, code: str | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` (or `python -c CODE ARGS`) with no W&B key anywhere: no WANDB_*
+    variable, no netrc, a HOME of its own."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
+    clean["HOME"] = str(cwd / "home")
+    command = ["-m", module] if code is None else ["-c", code]
+    return subprocess.run(
+        [sys.executable, *command, *args],
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.fixture
 def sweep(tmp_path):
     """Run a multirun into tmp_path/sweep; returns (process, sweep_dir)."""

@@ -10,9 +10,6 @@ network: here it is refused offline, and without wandb-workspaces, in real proce
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ import pytest
 from nanogpt.dashboard import main as dashboard_main
 from nanogpt.results import dashboard
 from nanogpt.results.dashboard import VIEW_FILE, swept_keys, view_spec, write_view
+from tests.conftest import run_without_a_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
 SWEPT = ["perf.batch_size=1,2", "logger=wandb", "logger.mode=offline"]
@@ -34,18 +32,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDepre
 
 
 def run_dashboard(args: list[str], cwd: Path, env: dict | None = None, code: str | None = None):
-    """`python -m nanogpt.dashboard ARGS` (or `python -c CODE ARGS`) with no W&B key anywhere."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
-    clean["HOME"] = str(cwd / "home")
-    command = ["-m", "nanogpt.dashboard"] if code is None else ["-c", code]
-    return subprocess.run(
-        [sys.executable, *command, *args],
-        cwd=cwd,
-        env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_without_a_key("nanogpt.dashboard", args, cwd, env, code)
 
 
 def panels(view: dict) -> list[dict]:

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import socket
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +23,7 @@ from nanogpt.results import table as report
 from nanogpt.results.wandb_sink import FAULT_ENV, api_key_configured, resolve_mode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
-from .conftest import with_micro
+from .conftest import run_without_a_key, with_micro
 
 # 3 warmup steps: step 1 alone, then a warmup window of steps 2-3; 4 measured steps in windows
 # of 2: the run's history has W&B steps 3 (warmup/*), 5 and 7 (train/*).
@@ -42,18 +39,7 @@ WITHOUT_WANDB = (
 
 
 def run_nanogpt(args: list[str], cwd: Path, env: dict | None = None, code: str | None = None):
-    """`python -m nanogpt.run ARGS` (or `python -c CODE ARGS`) with no W&B key anywhere."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "NETRC"}
-    clean["HOME"] = str(cwd / "home")
-    command = ["-m", "nanogpt.run"] if code is None else ["-c", code]
-    return subprocess.run(
-        [sys.executable, *command, *args],
-        cwd=cwd,
-        env={**clean, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_without_a_key("nanogpt.run", args, cwd, env, code)
 
 
 def offline_runs(directory: Path) -> list[Path]:
