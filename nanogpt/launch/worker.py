@@ -25,7 +25,7 @@ import torch
 
 from nanogpt.devices import resolve_device
 from nanogpt.distributed import World
-from nanogpt.faults import handle_sigterm
+from nanogpt.faults import IO_EXIT, handle_sigterm
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
 from nanogpt.launch.handoff import Handoff, write_answer
@@ -146,7 +146,17 @@ def forked_main(folder: str, task: str, env: dict) -> None:
     if torch.cuda.is_initialized():
         os._exit(FORK_UNSAFE)  # CUDA does not survive a fork: the launcher starts afresh
     os.environ.update(env)
-    sys.exit(main([folder, task]))
+    sys.exit(main_or_disk_error([folder, task]))
+
+
+def main_or_disk_error(argv: list[str]) -> int:
+    """main, with a file it cannot write (a full disk) as one line instead of a traceback: the
+    job process, which writes the record, reports it to the user."""
+    try:
+        return main(argv)
+    except OSError as err:
+        print(f"error: {err.filename or 'the answer'}: {err.strerror or err}", file=sys.stderr)
+        return IO_EXIT
 
 
 def main(argv: list[str]) -> int:
@@ -174,4 +184,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main_or_disk_error(sys.argv[1:]))
