@@ -56,10 +56,11 @@ OmegaConf.register_new_resolver(
 )
 
 
-def to_spec(cfg: DictConfig) -> RunSpec:
-    """The plain, validated spec of a composed config (raises ConfigError)."""
+def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
+    """The plain, validated spec of a composed config (raises ConfigError). here=False: it runs
+    on another machine, so this one's devices are not asked (validate.check)."""
     spec = OmegaConf.to_object(cfg)
-    check(spec)
+    check(spec, here)
     return spec
 
 
@@ -75,12 +76,20 @@ def sweep_points(config: DictConfig) -> list[list[str]] | None:
     return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
 
 
-def check_points(points: list[list[str]], baseline: str | None) -> None:
+def runs_here(config: DictConfig) -> bool:
+    """Whether the sweep's points run on this machine (Hydra's basic launcher), not on others
+    (the submitit launcher's SLURM nodes)."""
+    launcher = config.hydra.launcher.get("_target_", "")
+    return launcher == "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+def check_points(points: list[list[str]], baseline: str | None, here: bool) -> None:
     """Compose and validate every point before the first is measured: a bad point stops the
-    sweep at once, naming the point and the key (ConfigError). report.baseline must name one."""
+    sweep at once, naming the point and the key (ConfigError). report.baseline must name one.
+    here=False: the points run elsewhere, so this machine's devices are not asked."""
     for number, point in enumerate(points, 1):
         try:
-            to_spec(compose(config_name="config", overrides=point))
+            to_spec(compose(config_name="config", overrides=point), here)
         except ConfigError as err:
             raise ConfigError(_point(number, points), str(err)) from None
         except (CompactHydraException, OmegaConfBaseException) as err:

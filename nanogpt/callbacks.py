@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nanogpt.app import check_points, sweep_points
+from nanogpt.app import check_points, runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
 from nanogpt.launch.job import skipped_since
@@ -35,7 +35,7 @@ class SweepReport(Callback):
         try:
             points = sweep_points(config)
             if points:
-                check_points(points, config.report.baseline)
+                check_points(points, config.report.baseline, runs_here(config))
         except ConfigError as err:
             print(f"error: {err} (nothing was measured)", file=sys.stderr)
             sys.exit(CONFIG_EXIT)

@@ -18,15 +18,18 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 CUDA_GRAPH_WARMUP = 3  # steps: warm-up run, recording run, then replays
 
 
-def check(spec: RunSpec) -> None:
+def check(spec: RunSpec, here: bool = True) -> None:
+    """Every check; with here=False (the point will run on another machine, e.g. a SLURM
+    node) none of those that ask this machine's devices."""
     check_sizes(spec)
     check_optimizer(spec)
     check_model(spec)
     check_choices(spec)
-    device = check_device(spec.bench.device)
-    check_precision(spec, device)
-    check_cuda_graph_warmup(spec, device)
-    check_gpus_per_point(spec.dist.nproc, device)
+    if here:
+        device = check_device(spec.bench.device)
+        check_precision(spec, device)
+        check_cuda_graph_warmup(spec, device)
+        check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
     check_data(spec.data, vocab_size=spec.model.vocab_size, block_size=spec.model.block_size)
 

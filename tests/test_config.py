@@ -9,9 +9,10 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from nanogpt.app import CONF_DIR, to_spec
+from nanogpt.app import CONF_DIR, runs_here, to_spec
 from nanogpt.config import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
 from nanogpt.errors import ConfigError
+from nanogpt.validate import check
 
 from .conftest import with_micro
 
@@ -123,3 +124,14 @@ def test_spec_round_trips_through_json_dict():
 def test_values_the_run_would_reject_later_fail_before_it(override, key):
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: "):
         to_spec(composed(*with_micro([override])))
+
+
+def test_points_for_other_machines_are_not_checked_against_this_ones_devices():
+    # A SLURM sweep is submitted from a login node that may have no GPU: its points are
+    # validated before submission, but not against the login node's devices.
+    spec = OmegaConf.to_object(composed("bench.device=cuda", "perf.dtype=tf32"))
+    check(spec, here=False)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        local = compose(config_name="config", return_hydra_config=True)
+        slurm = compose("config", ["hydra/launcher=local"], return_hydra_config=True)
+    assert runs_here(local) and not runs_here(slurm)
