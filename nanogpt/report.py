@@ -14,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from nanogpt.results import compare
 from nanogpt.results.labels import point_labels
 from nanogpt.results.table import (
@@ -23,6 +25,11 @@ from nanogpt.results.table import (
     publish,
     to_markdown,
 )
+
+# Sweep against sweep, each point's interval must cover the noise between processes: on the 2-core
+# VM, the same point in two single-repeat sweeps differed by up to 21 % (benchmarks/
+# compare_significance.py), which one process's steps cannot show.
+MIN_REPEATS = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +90,13 @@ def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: boo
         else shown.to_string(index=False, float_format="{:.4g}".format)
     )
     print(f"old: {old_dir}  new: {new_dir}  (~: the change is not significant, p >= 0.05)")
+    if (pd.concat([old["repeats"], new["repeats"]]).fillna(1) < MIN_REPEATS).any():
+        print(
+            f"note: points measured once have intervals of one process's noise only; between "
+            f"sweeps, processes differ more: measure both with bench.repeats={MIN_REPEATS} or "
+            "more before trusting a verdict",
+            file=sys.stderr,
+        )
     if fail_pct is None:
         return 0
     slower = compare.significantly_slower(shown, fail_pct)
