@@ -7,6 +7,7 @@ Hydra is known here and in the entry points (run, calibrate, report, callbacks) 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -43,11 +44,16 @@ def _on_cuda(device: str) -> bool:
     return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
+@functools.cache
+def _model_preset(name: str) -> DictConfig:
+    return OmegaConf.load(Path(CONF_DIR) / "model" / f"{name}.yaml")
+
+
 def _device_model(key: str, device: str):
     name, _, why = DEVICE_DEFAULTS[_on_cuda(device)]
     if key == "chosen_by":
         return f"model=auto on {'cuda' if _on_cuda(device) else device}: {name}, {why}"
-    return OmegaConf.load(Path(CONF_DIR) / "model" / f"{name}.yaml")[key]
+    return _model_preset(name)[key]
 
 
 OmegaConf.register_new_resolver("device_model", _device_model, replace=True)

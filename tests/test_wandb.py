@@ -208,3 +208,12 @@ def test_auto_mode_follows_wandb_mode_then_the_key(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert resolve_mode(LoggerMode.auto) == ("disabled", "WANDB_MODE=disabled")
     assert resolve_mode(LoggerMode.offline) == ("offline", None)
+
+
+def test_each_repeat_of_a_point_is_its_own_named_run(single):
+    proc, run_dir = single("bench.repeats=2", "logger=wandb", "logger.mode=offline")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names = sorted(read_run(run_file(d)).name for d in offline_runs(run_dir))
+    assert len(names) == 2 and [n[-12:] for n in names] == ["(repeat 1/2)", "(repeat 2/2)"]
+    record = json.loads((run_dir / "result.json").read_text())
+    assert "(repeat" not in record["overrides_str"] and record["repeats"] == 2  # pooled

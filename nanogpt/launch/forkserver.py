@@ -33,7 +33,7 @@ _context: multiprocessing.context.BaseContext | None = None
 _fork_safe = sys.platform.startswith("linux") and os.environ.get("NANOGPT_FORKSERVER") != "0"
 
 
-def run_point(handoff: Handoff, folder: Path, env: dict | None = None) -> Outcome:
+def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outcome:
     """Run the handoff's task in a child forked from the server (or a fresh interpreter)."""
     global _fork_safe
     if not _fork_safe:

@@ -39,10 +39,13 @@ class Job:
     sweep_dir: Path | None = None  # set in a multirun
     group: str | None = None  # the sweep's id (its dir name)
     config: dict = field(default_factory=dict)  # the resolved config, for W&B
+    repeat: str | None = None  # "2/3" while bench.repeats measures the point again
 
     @property
     def name(self) -> str:
-        return " ".join(self.overrides) or "defaults"
+        """The point's name (its W&B run's): its overrides, and which repeat this is."""
+        name = " ".join(self.overrides) or "defaults"
+        return f"{name} (repeat {self.repeat})" if self.repeat else name
 
 
 @dataclass

@@ -11,6 +11,7 @@ returns that status; the Hydra callback then stops the sweep after building its 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -39,8 +40,10 @@ def run_point(spec: RunSpec, job: Job) -> str:
     handoff = Handoff("point", spec, job)
     started = time.perf_counter()
     measured = []
-    for _ in range(spec.bench.repeats):  # each in a fresh process, unless bench.isolate=false
-        measured.append(_measure_once(handoff))
+    count = spec.bench.repeats
+    for number in range(1, count + 1):  # each in a fresh process, unless bench.isolate=false
+        repeat = dataclasses.replace(job, repeat=f"{number}/{count}") if count > 1 else job
+        measured.append(_measure_once(dataclasses.replace(handoff, job=repeat)))
         if measured[-1].status != "ok":
             break  # a failed repeat is the point's record
     record = measured[-1]
@@ -73,7 +76,7 @@ def _measure_in_child(handoff: Handoff) -> Record:
     if spec.dist.nproc > 1:
         outcome = run_child(handoff, handoff.job.job_dir, nproc=spec.dist.nproc, env=env)
     else:
-        outcome = forkserver.run_point(handoff, handoff.job.job_dir, env=env)
+        outcome = forkserver.run_forked(handoff, handoff.job.job_dir, env=env)
     if outcome.answer is None:
         status = "interrupted" if outcome.interrupted else "error"
         return _failure(handoff, status, outcome.crash())
