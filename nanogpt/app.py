@@ -114,6 +114,12 @@ def _point(number: int, points: list[list[str]]) -> str:
 
 def hydra_error_line(err: Exception) -> str:
     """One sentence for Hydra's own config errors: the override or key, the problem, the fix."""
+    if isinstance(err, MissingConfigException) and "submitit" in str(err):
+        # conf/hydra/launcher/{local,slurm}.yaml build on the plugin's own configs
+        return (
+            "hydra/launcher: the local and slurm launchers need Hydra's submitit plugin; "
+            "install it with `pip install -e '.[cluster]'` (hydra-submitit-launcher)."
+        )
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, option = err.missing_cfg_file.rpartition("/")
         return f"{group}={option}: no such option; use one of {', '.join(err.options)}."

@@ -26,14 +26,19 @@ SIXTEEN_BIT_ATTENTION = (Attention.flash, Attention.cudnn)
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` is the best device here (cuda, then mps, then cpu); any other name as given."""
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """`auto` is the best device here (cuda, then mps, then cpu); any other name as given, but a
+    bare `cuda` becomes `cuda:0`, the first GPU this process sees (what `cuda` means in a fresh
+    process). The calls that pin a process to its GPU, torch.cuda.set_device and the
+    allocator's memory fraction, refuse a CUDA device without an index."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        else:
+            name = "mps" if torch.backends.mps.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", 0)
+    return device
 
 
 def synchronize(device: torch.device) -> None:

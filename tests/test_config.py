@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from nanogpt.app import CONF_DIR, runs_here, to_spec
 from nanogpt.config import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
+from nanogpt.devices import resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.validate import check
 
@@ -127,6 +129,7 @@ def test_values_the_run_would_reject_later_fail_before_it(override, key):
 
 
 def test_points_for_other_machines_are_not_checked_against_this_ones_devices():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")  # hydra/launcher=local
     # A SLURM sweep is submitted from a login node that may have no GPU: its points are
     # validated before submission, but not against the login node's devices.
     spec = OmegaConf.to_object(composed("bench.device=cuda", "perf.dtype=tf32"))
@@ -135,3 +138,12 @@ def test_points_for_other_machines_are_not_checked_against_this_ones_devices():
         local = compose(config_name="config", return_hydra_config=True)
         slurm = compose("config", ["hydra/launcher=local"], return_hydra_config=True)
     assert runs_here(local) and not runs_here(slurm)
+
+
+@pytest.mark.parametrize(("name", "index"), [("cuda", 0), ("cuda:0", 0), ("cuda:3", 3)])
+def test_a_cuda_device_is_resolved_with_its_index(name, index):
+    # torch.cuda.set_device and the allocator's memory fraction look the index up with this
+    # function and refuse a bare `cuda`; the default bench.device (auto) and every CUDA preset
+    # give one. Building a torch.device needs no GPU.
+    device = resolve_device(name)
+    assert torch.cuda._utils._get_device_index(device) == index

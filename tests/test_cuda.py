@@ -2,25 +2,41 @@
 
 These assert what can only be seen on a GPU: CUDA-event step times agree with a synced wall
 clock, cuda:N is the device timed, allocator peaks sit below NVML's figure for the same device
-(matched by UUID), the per-backend attention and CUDA-graph checks, real OOMs are recorded.
+(matched by UUID), the per-backend attention and CUDA-graph checks, every CUDA preset's kind of
+point finishes ok, the matmul calibration reaches the datasheet's neighbourhood, real and
+injected OOMs are recorded, torchrun with NCCL gives one record, energy is counted.
+
+They need torch, pynvml and pytest, and Hydra only for the torchrun test (a real
+`python -m nanogpt.run`); not wandb or Jupyter (../shared/device/README.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 
 import pytest
 import torch
 
 from nanogpt.config import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
-from nanogpt.devices import nvml_handle, precision_unavailable
+from nanogpt.devices import (
+    attention_unavailable,
+    nvml_handle,
+    precision_unavailable,
+    resolve_device,
+)
 from nanogpt.distributed import World
 from nanogpt.errors import ConfigError
-from nanogpt.hardware.calibration import ceilings_for_run
+from nanogpt.hardware import peaks
+from nanogpt.hardware.calibration import calibrate, ceilings_for_run
+from nanogpt.hardware.env import device_name
 from nanogpt.measure.loop import measure
 from nanogpt.measure.timing import StepTimer
+from nanogpt.results.record import Record
 from nanogpt.validate import check
+
+from .conftest import run_cli, with_micro
 
 pytestmark = [
     pytest.mark.cuda,
@@ -34,8 +50,24 @@ SMALL = RunSpec(
 )
 
 
-def spec_with(**perf) -> RunSpec:
-    return dataclasses.replace(SMALL, perf=dataclasses.replace(SMALL.perf, **perf))
+# As a run resolves bench.device=cuda: with its index (torch.cuda.set_device needs one).
+GPU = resolve_device("cuda")
+# Datacenter GPUs, whose matmuls reach near their datasheet peak (consumer cards' clocks and
+# power limits keep them further off).
+DATACENTER = {"A100 SXM", "A100 PCIe", "H100 SXM", "H100 PCIe", "H100 NVL", "H200 SXM"}
+DATACENTER |= {"H200 NVL", "H800 SXM", "H800 PCIe", "GH200", "B200", "GB200"}
+
+
+def spec_with(bench: dict | None = None, **perf) -> RunSpec:
+    return dataclasses.replace(
+        SMALL,
+        perf=dataclasses.replace(SMALL.perf, **perf),
+        bench=dataclasses.replace(SMALL.bench, **(bench or {})),
+    )
+
+
+def measured(spec: RunSpec, out_dir) -> Record:
+    return measure(spec, GPU, World(), ceilings_for_run(GPU, spec.perf.dtype, None), out_dir, [])
 
 
 def timed_matmuls(device: torch.device, steps: int = 20) -> tuple[list[float], float]:
@@ -54,9 +86,8 @@ def timed_matmuls(device: torch.device, steps: int = 20) -> tuple[list[float], f
 
 
 def test_event_timed_steps_agree_with_a_synced_wall_clock():
-    device = torch.device("cuda")
-    timed_matmuls(device, 3)  # warm up kernels and clocks
-    steps, wall_ms = timed_matmuls(device)
+    timed_matmuls(GPU, 3)  # warm up kernels and clocks
+    steps, wall_ms = timed_matmuls(GPU)
     assert sum(steps) == pytest.approx(wall_ms, rel=0.02)
 
 
@@ -71,21 +102,19 @@ def test_cuda_n_times_device_n_not_the_current_device():
 
 
 def test_nvml_reads_the_same_device_by_uuid():
-    handle, which = nvml_handle(torch.device("cuda"))
+    handle, which = nvml_handle(GPU)
     assert handle is not None, which
     import pynvml
 
     name = pynvml.nvmlDeviceGetName(handle)
     name = name.decode() if isinstance(name, bytes) else name
-    assert name == torch.cuda.get_device_name(torch.device("cuda"))
+    assert name == torch.cuda.get_device_name(GPU)
 
 
 def test_a_point_measures_with_peaks_below_nvml_and_reset_per_point(tmp_path):
-    device = torch.device("cuda")
-    ceilings = ceilings_for_run(device, Dtype.bf16, None)
     figures = []
     for _ in range(2):
-        record = measure(spec_with(dtype=Dtype.bf16), device, World(), ceilings, tmp_path, [])
+        record = measured(spec_with(dtype=Dtype.bf16), tmp_path)
         assert record.status == "ok", record.error
         memory = record.memory
         assert memory.mem_peak_allocated_bytes <= memory.mem_peak_reserved_bytes
@@ -103,9 +132,8 @@ def test_flash_and_cudnn_refuse_32_bit_tensors_before_the_run(attention):
 
 
 def test_bf16_on_a_gpu_without_native_bf16_is_refused():
-    device = torch.device("cuda")
-    if torch.cuda.get_device_capability(device) >= (8, 0):
-        assert precision_unavailable(device, Dtype.bf16) is None
+    if torch.cuda.get_device_capability(GPU) >= (8, 0):
+        assert precision_unavailable(GPU, Dtype.bf16) is None
         pytest.skip("this GPU has native bf16")
     with pytest.raises(ConfigError, match="perf.dtype"):
         check(spec_with(dtype=Dtype.bf16))
@@ -118,48 +146,80 @@ def test_cuda_graph_modes_need_enough_warmup():
     check(spec)  # 3 warmup steps: fine
 
 
-@pytest.mark.parametrize(
-    "perf",
-    [
-        {"dtype": Dtype.fp16},  # GradScaler with the fused optimizer: no host sync in a step
-        {"dtype": Dtype.bf16, "attention": Attention.flash, "activation_checkpointing": True},
-        {"dtype": Dtype.bf16, "compile": True},
-    ],
-)
+# The kinds of point the CUDA presets (sweeps/*.yaml) run, on a small model: compile x dtype,
+# each attention backend in bf16, checkpointing with each explicit backend, fp16 with the
+# scaler (fused optimizer: no host sync in a step), the CUDA-graph compile mode.
+POINTS = [
+    *({"compile": compile, "dtype": dtype} for compile in (False, True) for dtype in Dtype),
+    *({"dtype": Dtype.bf16, "attention": attention} for attention in Attention),
+    *(
+        {"dtype": Dtype.bf16, "attention": attention, "activation_checkpointing": True}
+        for attention in (Attention.flash, Attention.efficient, Attention.math, Attention.manual)
+    ),
+    {"dtype": Dtype.bf16, "compile": True, "compile_mode": "reduce-overhead"},
+]
+
+
+@pytest.mark.parametrize("perf", POINTS, ids=lambda perf: "-".join(map(str, perf.values())))
 def test_gpu_points_finish_ok(perf, tmp_path):
-    device = torch.device("cuda")
-    ceilings = ceilings_for_run(device, perf["dtype"], None)
-    record = measure(spec_with(**perf), device, World(), ceilings, tmp_path, [])
+    spec = spec_with(**perf)
+    dtype, attention = spec.perf.dtype, spec.perf.attention
+    why = precision_unavailable(GPU, dtype) or attention_unavailable(GPU, attention, dtype)
+    if why:  # an older GPU: refused before the run, with this reason (tested above)
+        pytest.skip(why)
+    check(spec)
+    record = measured(spec, tmp_path)
     assert record.status == "ok", record.error
     assert record.setup.host_sync_in_step is False
+    assert record.timing.measured_steps >= spec.bench.min_measure_steps
     assert record.rates.mfu is None or 0 < record.rates.mfu < 1
 
 
+def test_bf16_matmul_calibration_reaches_the_datasheet_neighbourhood(tmp_path):
+    name = device_name(GPU)
+    if peaks.gpu_model(name) not in DATACENTER:
+        pytest.skip(f"{name} is not a datacenter GPU of the peak table")
+    entry = calibrate(GPU, (Dtype.bf16,), force=True, cache=tmp_path / "calibration.json")
+    datasheet = peaks.peak_flops(name, Dtype.bf16)
+    assert entry["bf16"]["tflops"] * 1e12 >= 0.6 * datasheet, (entry, datasheet)
+    assert entry["bf16"]["tflops"] * 1e12 <= 1.05 * datasheet  # above the datasheet: a bad clock
+
+
 def test_a_batch_too_large_is_recorded_oom(tmp_path):
-    device = torch.device("cuda")
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = torch.cuda.mem_get_info(GPU)
     # logits alone (batch x block x vocab x 6 bytes) well past the free memory
     batch = int(free / (SMALL.model.block_size * SMALL.model.vocab_size * 6)) * 4
-    spec = spec_with(batch_size=batch)
-    record = measure(
-        spec, device, World(), ceilings_for_run(device, Dtype.fp32, None), tmp_path, []
-    )
+    record = measured(spec_with(batch_size=batch), tmp_path)
     assert record.status == "oom", record.error
 
 
+def test_an_injected_oom_is_recorded_oom_with_the_snapshot_asked_for(tmp_path):
+    spec = spec_with(bench={"inject_fault": "oom@4", "memory_snapshot": True}, dtype=Dtype.bf16)
+    record = measured(spec, tmp_path)
+    assert record.status == "oom", record.error
+    assert record.memory.memory_snapshot == "memory_snapshot.pickle"
+    assert (tmp_path / "memory_snapshot.pickle").stat().st_size > 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one NCCL rank each)")
+def test_torchrun_with_nccl_gives_one_record(tmp_path):
+    overrides = ["dist.nproc=2", "bench.device=cuda", "perf.dtype=bf16", "logger=none"]
+    run = run_cli(*with_micro(overrides), f"hydra.run.dir={tmp_path}", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    records = list(tmp_path.rglob("result.json"))
+    assert len(records) == 1, records
+    record = json.loads(records[0].read_text())
+    assert record["status"] == "ok" and record["world_size"] == 2
+    assert len(record["step_ms_median_per_rank"]) == 2
+
+
 def test_energy_and_clocks_are_counted_over_the_measured_steps(tmp_path):
-    device = torch.device("cuda")
-    spec = dataclasses.replace(
-        spec_with(dtype=Dtype.bf16),
-        bench=dataclasses.replace(SMALL.bench, measure_steps=300, time_budget_s=60),
-    )
-    record = measure(
-        spec, device, World(), ceilings_for_run(device, Dtype.bf16, None), tmp_path, []
-    )
+    spec = spec_with(bench={"measure_steps": 300, "time_budget_s": 60}, dtype=Dtype.bf16)
+    record = measured(spec, tmp_path)
     assert record.status == "ok", record.error
     energy = record.energy
     assert energy.energy_source.startswith("nvml total energy (GPU-")
     assert energy.energy_j > 0 and energy.power_limit_w > 0
     assert 0 < record.rates.power_mean_w <= energy.power_limit_w * 1.1
     assert record.rates.j_per_token > 0 and energy.sm_clock_mean_mhz > 0
-    assert isinstance(energy.clock_event_reasons, list)
+    assert isinstance(energy.clock_event_reasons, list)  # read: an empty list is "none seen"

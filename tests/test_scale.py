@@ -4,10 +4,13 @@ whose points start torchrun, and Hydra's submitit launcher (local executor) in r
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -23,6 +26,11 @@ from .conftest import run_cli, with_micro
 
 # torchrun gives each rank one thread; submitit does not, so its tests ask for the same.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# The `cluster` extra (CI installs it; a bare GPU machine may not have it).
+needs_submitit = pytest.mark.skipif(
+    importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+    reason="needs hydra-submitit-launcher (the cluster extra)",
+)
 TORCHRUN_2 = ["--standalone", "--nproc_per_node=2", "-m", "nanogpt.run"]
 
 
@@ -154,6 +162,7 @@ def test_sweep_over_nproc_launches_torchrun_per_point(sweep):
     assert "dist.nproc=2" in (sweep_dir / "summary.md").read_text()
 
 
+@needs_submitit
 def test_submitit_local_launcher_runs_each_point_as_a_job_then_builds_the_table(sweep):
     proc, sweep_dir = sweep("hydra/launcher=local", "perf.batch_size=1,2", env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -164,6 +173,7 @@ def test_submitit_local_launcher_runs_each_point_as_a_job_then_builds_the_table(
     assert len(table) == 2 and set(table["status"]) == {"ok"}
 
 
+@needs_submitit
 def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
     proc, sweep_dir = sweep(
         "hydra/launcher=local",
@@ -181,3 +191,17 @@ def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
     assert set(logs) == {"0", "1"}
     assert "[ok]" in logs["0"] and "[ok]" not in logs["1"]  # task 1 followed rank 0
     assert len(pd.read_csv(sweep_dir / "summary.csv")) == 1
+
+
+def test_a_cluster_launcher_without_its_plugin_is_one_line(tmp_path):
+    # As on a machine without the cluster extra: the plugin made unimportable.
+    code = (
+        "import runpy, sys; sys.modules['hydra_plugins.hydra_submitit_launcher'] = None; "
+        "sys.argv[0] = 'nanogpt.run'; runpy.run_module('nanogpt.run', run_name='__main__')"
+    )
+    args = ["-c", code, "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("error: hydra/launcher:") and "pip install -e '.[cluster]'" in line
+    assert not (tmp_path / "sweep").exists()

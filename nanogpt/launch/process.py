@@ -26,6 +26,19 @@ INTERRUPT_GRACE_S = 10.0
 PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
 
 
+def _libc_prctl():
+    """libc's prctl, looked up now: die_with_parent runs between fork and exec, where a process
+    with other threads (a DDP rank's NCCL and gloo threads) must not load a library (dlopen
+    takes a lock another thread may have held at the fork). None off Linux/glibc."""
+    try:
+        return ctypes.CDLL("libc.so.6").prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
 @dataclass
 class Outcome:
     answer: dict | None  # None when the child left no answer
@@ -89,9 +102,8 @@ def wait_for(proc) -> bool:
 def die_with_parent() -> None:
     """Runs in a child (before exec, or first thing after a fork; Linux): SIGKILL it when its
     parent dies. A parent that died before this ran has left it to init: it exits now."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux/glibc: an orphan finishes its task and exits
+    if _PRCTL is None:  # not Linux/glibc: an orphan finishes its task and exits
         return
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         os._exit(1)

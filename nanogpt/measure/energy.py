@@ -3,10 +3,11 @@ device ran at full speed while it was measured.
 
 - CUDA: NVML's total-energy counter (millijoules since the driver loaded; Volta and newer), read
   at the start and the end of the measured steps. The counter is updated periodically: a window
-  shorter than its update period reads no change, which is recorded as null, not 0. At each log
-  window (where the device is read anyway) the probe samples power, the SM clock, the
-  temperature and the clock-event ("throttle") reasons, the figures llm.c and Megatron log.
-  The device is NVML's by UUID (devices.nvml_handle).
+  shorter than its update period reads no change, which is recorded as null, not 0. At the end
+  of each measured window, before the device is synced (so while it still works through the
+  queued steps), the probe samples the SM clock, the temperature and the clock-event
+  ("throttle") reasons, the figures llm.c and Megatron log. The device is NVML's by UUID
+  (devices.nvml_handle).
 - CPU: RAPL (Linux powercap, /sys/class/powercap/intel-rapl:N, also on AMD), the package
   domains summed: the whole CPU packages, all processes on them. Null, with the reason in
   `energy_source`, where it is not readable (VMs, containers, no root).
@@ -43,7 +44,8 @@ CLOCK_EVENT_REASONS = {
 
 
 class EnergyProbe:
-    """start() before the measured steps, sample() at each window, stop() after the last."""
+    """start() before the measured steps, sample() at the end of each window (before its sync),
+    stop() after the last."""
 
     def __init__(self, device: torch.device, powercap: Path = POWERCAP):
         self.energy = Energy()
@@ -51,7 +53,7 @@ class EnergyProbe:
         self._start: list[int] | None = None  # counter readings at start()
         self._clocks: list[float] = []
         self._temps: list[float] = []
-        self._reasons = 0
+        self._reasons: int | None = None  # the bits seen; None: never readable
         self._handle = None
         self._rapl: list[Path] = []
         if device.type == "cuda":
@@ -78,13 +80,15 @@ class EnergyProbe:
         clock = self._nvml(lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
         temp = self._nvml(lambda nv, h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
         reasons = self._nvml(lambda nv, h: nv.nvmlDeviceGetCurrentClocksEventReasons(h))
+        if reasons is None:  # drivers before R535 know it by its former name, same bits
+            reasons = self._nvml(lambda nv, h: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         self._clocks += [clock] if clock is not None else []
         self._temps += [temp] if temp is not None else []
-        self._reasons |= reasons or 0
+        if reasons is not None:
+            self._reasons = (self._reasons or 0) | reasons
 
     def stop(self) -> Energy:
         """The figures of the measured steps (call after the device was synced)."""
-        self.sample()
         end = self._read()
         energy = self.energy
         energy.energy_s = time.perf_counter() - self._started_s
@@ -98,7 +102,7 @@ class EnergyProbe:
             energy.sm_clock_mean_mhz = sum(self._clocks) / len(self._clocks)
         if self._temps:
             energy.temperature_max_c = max(self._temps)
-        if self._handle is not None:
+        if self._reasons is not None:
             energy.clock_event_reasons = [
                 name for bit, name in CLOCK_EVENT_REASONS.items() if self._reasons & bit
             ]

@@ -71,7 +71,8 @@ def measure(
     record_history = spec.bench.memory_snapshot and device.type == "cuda"
     try:
         if record_history:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            # Python stacks only: C++ ones ("all") cost far more per allocation.
+            torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
         trainer = build_trainer(spec, device, world)
         _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir)
         record.status = "ok"
@@ -107,11 +108,11 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
     bar = tqdm(total=total, desc="steps", unit="step", disable=not trainer.world.is_main)
 
     def emit(window: Window) -> dict:
+        if window.phase == "measure":
+            energy.sample()  # before close() syncs: the clocks of a device still at work
         figures = window.close()
         figures.update(derive.window_rates(record.setup, figures["step_ms"], ceilings))
         figures.update(probe.sample())
-        if window.phase == "measure":
-            energy.sample()
         bar.set_postfix(
             step_ms=f"{figures['step_ms']:.1f}",
             tok_s=f"{figures['tokens_per_s']:,.0f}",
@@ -178,11 +179,16 @@ def _setup(spec: RunSpec, trainer: Trainer) -> Setup:
 
 def _inductor_cache_state() -> str:
     """'warm' when Inductor's on-disk cache already holds entries, else 'cold'. The dir is the
-    one Inductor itself uses: TORCHINDUCTOR_CACHE_DIR, else its per-user default."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir())
-    return "warm" if cache.is_dir() and any(cache.iterdir()) else "cold"
+    one Inductor itself uses: TORCHINDUCTOR_CACHE_DIR, else its per-user default ('unknown'
+    where this torch does not say which that is)."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        except ImportError:  # torch releases before this module: not asked, so not guessed
+            return "unknown"
+        cache = default_cache_dir()
+    return "warm" if Path(cache).is_dir() and any(Path(cache).iterdir()) else "cold"
 
 
 def _first_step(trainer: Trainer, record: Record, log: StepLog) -> None:

@@ -90,6 +90,11 @@ class Prober:
             if not is_out_of_memory(exc):
                 raise
             error = describe(exc)
+            # An OOM after GradScaler.unscale_ (fp16: in clipping or the optimizer step) leaves
+            # the scaler mid-step; the next probe's unscale_ would refuse to run again.
+            trainer.scaler = torch.amp.GradScaler(
+                trainer.device.type, enabled=trainer.scaler.is_enabled()
+            )
         # Leaving the except block dropped the failed step's frames; free what they held.
         trainer.optimizer.zero_grad(set_to_none=True)
         release(trainer.device)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU figures the README's "On a GPU" table holds, measured on a GPU machine with no network
+# and no Hydra (../shared/device/README.md), in parts that each fit one 10-minute command:
+#
+#   bash benchmarks/gpu_table.sh tests dtype              # the CUDA suite; compile x dtype
+#   bash benchmarks/gpu_table.sh attention batch nanogpt  # backends; batch to OOM; vs nanoGPT
+#
+# Before, on the machine with the checkout (the folder .gpu/ is git-ignored and travels):
+#   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu/nanoGPT
+#   cp ../shared/device/wheels/*.whl .gpu/
+#   cp NANOGPT_CHECKOUT/{bench.py,model.py,configurator.py} .gpu/nanoGPT/   # for `nanogpt`
+#
+# Each part writes OUT/PART.md: for a sweep its table (summary.md), else what it printed; all
+# sweep dirs and logs go into OUT/sweeps.tar.gz. OUT is $OUT (the device tool's) or ./gpu_out.
+# A part that fails is said in its PART.md, the other parts still run, and the exit is non-zero.
+# EXTRA appends overrides to every sweep: `EXTRA="bench.device=cpu model=nano"` with the
+# `dtype` part on a CPU checks this script's plumbing, not a GPU.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+WORK=${WORK:-/tmp/gpu_table}
+mkdir -p "$OUT" "$WORK"
+if [ -d .gpu ] && ! python3 -c "import hydra" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target "$WORK/site" .gpu/*.whl
+  export PYTHONPATH="$WORK/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" WANDB_MODE=${WANDB_MODE:-disabled}
+read -r -a extra <<<"${EXTRA:-}"
+
+sweep() {  # NAME OVERRIDES...: one multirun; its table is NAME.md
+  local name=$1
+  shift
+  python3 -m nanogpt.run -m logger=none "hydra.sweep.dir=$WORK/$name" "$@" "${extra[@]}" \
+    >"$WORK/$name.log" 2>&1
+  local rc=$?
+  { [ -f "$WORK/$name/summary.md" ] && cat "$WORK/$name/summary.md"; tail -n 5 "$WORK/$name.log"; } \
+    >"$OUT/$name.md"
+  return $rc
+}
+
+part() {
+  case $1 in
+    tests)
+      python3 -m pytest -m cuda -q -p no:cacheprovider >"$WORK/tests.log" 2>&1
+      local rc=$?
+      tail -n 40 "$WORK/tests.log" >"$OUT/tests.md"
+      return $rc ;;
+    dtype) sweep dtype +sweep=compile_dtype ;;
+    attention) sweep attention +sweep=attention ;;
+    batch) sweep batch +sweep=batch_scaling perf.dtype=bf16 ;;
+    nanogpt)
+      { python3 benchmarks/vs_nanogpt.py --nanogpt .gpu/nanoGPT --rounds 3 bench &&
+        python3 benchmarks/vs_nanogpt.py --nanogpt .gpu/nanoGPT --rounds 3 model; } \
+        >"$WORK/nanogpt.log" 2>&1
+      local rc=$?
+      grep -E "^round|^tokens/s|Error|error" "$WORK/nanogpt.log" >"$OUT/nanogpt.md"
+      return $rc ;;
+    *) echo "unknown part $1: tests, dtype, attention, batch or nanogpt" >&2; return 2 ;;
+  esac
+}
+
+failed=0
+for name in "$@"; do
+  start=$SECONDS
+  if part "$name"; then status=ok; else status=FAILED; failed=1; fi
+  echo "$name: $status in $((SECONDS - start)) s" | tee -a "$OUT/$name.md"
+done
+tar -czf "$OUT/sweeps.tar.gz" -C "$WORK" --exclude=site .
+exit $failed
