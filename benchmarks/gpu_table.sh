@@ -10,8 +10,8 @@
 #   cp ../shared/device/wheels/*.whl .gpu/
 #   cp NANOGPT_CHECKOUT/{bench.py,model.py,configurator.py} .gpu/nanoGPT/   # for `nanogpt`
 #
-# Each part writes OUT/PART.md: for a sweep its table (summary.md), else what it printed; all
-# sweep dirs and logs go into OUT/sweeps.tar.gz. OUT is $OUT (the device tool's) or ./gpu_out.
+# Each part writes OUT/PART.md: for a sweep the README's columns of its table (the whole table is
+# its summary.csv), else what it printed; all sweep dirs and logs go into OUT/sweeps.tar.gz. OUT is $OUT (the device tool's) or ./gpu_out.
 # A part that fails is said in its PART.md, the other parts still run, and the exit is non-zero.
 # EXTRA appends overrides to every sweep: `EXTRA="bench.device=cpu model=nano"` with the
 # `dtype` part on a CPU checks this script's plumbing, not a GPU.
@@ -26,14 +26,28 @@ fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" WANDB_MODE=${WANDB_MODE:-disabled}
 read -r -a extra <<<"${EXTRA:-}"
 
+# The README's columns of a sweep's summary.csv, as markdown.
+COLUMNS='
+import sys
+import pandas as pd
+from nanogpt.results.labels import point_labels
+from nanogpt.results.table import to_markdown
+t = pd.read_csv(sys.argv[1])
+t["point"] = point_labels(t)
+t["peak_alloc_GiB"] = t["mem_peak_allocated_bytes"] / 2**30
+cols = ["point", "model", "batch_size", "status", "step_ms_median", "tokens_per_s", "mfu", "peak_alloc_GiB",
+        "j_per_token", "speedup", "error"]
+print(to_markdown(t[[c for c in cols if c in t]]))
+'
+
 sweep() {  # NAME OVERRIDES...: one multirun; its table is NAME.md
   local name=$1
   shift
   python3 -m nanogpt.run -m logger=none "hydra.sweep.dir=$WORK/$name" "$@" "${extra[@]}" \
     >"$WORK/$name.log" 2>&1
   local rc=$?
-  { [ -f "$WORK/$name/summary.md" ] && cat "$WORK/$name/summary.md"; tail -n 5 "$WORK/$name.log"; } \
-    >"$OUT/$name.md"
+  { [ -f "$WORK/$name/summary.csv" ] && python3 -c "$COLUMNS" "$WORK/$name/summary.csv"
+    tail -n 5 "$WORK/$name.log"; } >"$OUT/$name.md"
   return $rc
 }
 

@@ -188,6 +188,36 @@ def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux")
+def test_a_fork_server_that_dies_in_its_preload_costs_no_point(tmp_path):
+    """The server's preload raising (as its no-CUDA assertion would): every point still runs,
+    in a fresh interpreter, after one warning line."""
+    (tmp_path / "broken_preload.py").write_text("raise RuntimeError('preload failed')\n")
+    sweep_dir = tmp_path / "sweep"
+    code = (
+        "import runpy, sys; from nanogpt.launch import forkserver; "
+        "forkserver.PRELOAD = ['broken_preload']; "
+        "sys.argv[0] = 'nanogpt.run'; runpy.run_module('nanogpt.run', run_name='__main__')"
+    )
+    args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("warning: no fork server") == 1
+    statuses = [json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json")]
+    assert statuses == ["ok", "ok"]
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_a_measuring_process_dies_with_its_job_process():
     """kill -9 of a job process takes its measuring process along (it would run 60 s)."""

@@ -8,10 +8,11 @@ crash or kill -9 costs one point. What it saves is the interpreter start and tor
 seconds a point (benchmarks/point_isolation.py).
 
 A process that has initialised CUDA must not fork. The server never touches CUDA, and the child
-checks it first thing: if CUDA was initialised before the fork, the child exits with
-FORK_UNSAFE and this and every later point of the process run in a fresh interpreter instead
-(launch/process.py), as they do where there is no fork server (not Linux) and with
-NANOGPT_FORKSERVER=0 in the environment (an escape hatch, and the benchmark's comparison).
+checks it first thing: if CUDA was touched before the fork, the child exits with FORK_UNSAFE
+and this and every later point of the process run in a fresh interpreter instead
+(launch/process.py), as they do where the server cannot start or dies, where there is no fork
+server (not Linux) and with NANOGPT_FORKSERVER=0 in the environment (an escape hatch, and the
+benchmark's comparison).
 """
 
 from __future__ import annotations
@@ -40,7 +41,15 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
         return run_child(handoff, folder, env=env)
     handoff.write(folder)
     process = _server().Process(target=forked_main, args=(str(folder), handoff.task, env or {}))
-    process.start()
+    try:
+        process.start()
+    except (OSError, EOFError) as exc:  # the server did not start, or died in its preload
+        print(
+            f"warning: no fork server ({type(exc).__name__}: {exc}); points now start fresh "
+            "interpreters"
+        )
+        _fork_safe = False
+        return run_child(handoff, folder, env=env)
     child = _Forked(process)
     interrupted = wait_for(child)
     if child.returncode == FORK_UNSAFE:

@@ -137,14 +137,17 @@ def _child_calibration(handoff: Handoff, device, folder: Path) -> None:
         )
 
 
-FORK_UNSAFE = 86  # a forked child found CUDA initialised before the fork
+FORK_UNSAFE = 86  # a forked child found CUDA touched before the fork
 
 
 def forked_main(folder: str, task: str, env: dict) -> None:
     """The entry of a child of the fork server (launch/forkserver.py): as `main`, in a fork."""
     die_with_parent()  # the server: it ends with the sweep's process
-    if torch.cuda.is_initialized():
-        os._exit(FORK_UNSAFE)  # CUDA does not survive a fork: the launcher starts afresh
+    # CUDA does not survive a fork: the launcher starts afresh. torch marks the child of a
+    # process that initialised CUDA, or only counted devices (is_available), as in a bad fork;
+    # is_initialized() reads False there, and the first CUDA call would raise.
+    if torch.cuda._is_in_bad_fork():
+        os._exit(FORK_UNSAFE)
     os.environ.update(env)
     sys.exit(main_or_disk_error([folder, task]))
 
@@ -168,13 +171,15 @@ def main(argv: list[str]) -> int:
         return follow()
     handoff = Handoff.read(folder, task)
     spec = handoff.spec
-    if task == "max-batch":  # the handoff names the exact device (for_task)
-        write_answer(folder, task, maxbatch.run_search(spec, torch.device(spec.bench.device)))
-        return 0
-    if task == "calibrate":
-        device = torch.device(spec.bench.device)
-        calibration.calibrate(device, (spec.perf.dtype,), force=spec.hardware.recalibrate)
-        write_answer(folder, task, {})
+    if task in ("max-batch", "calibrate"):
+        device = torch.device(spec.bench.device)  # the exact device (Handoff.for_task)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # cuda:N: no context on GPU 0, another rank's
+        if task == "max-batch":
+            write_answer(folder, task, maxbatch.run_search(spec, device))
+        else:
+            calibration.calibrate(device, (spec.perf.dtype,), force=spec.hardware.recalibrate)
+            write_answer(folder, task, {})
         return 0
     record = measure_point(handoff)
     write_answer(folder, task, record.to_dict(steps=True))
