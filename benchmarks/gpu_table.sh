@@ -2,8 +2,9 @@
 # The GPU figures the README's "On a GPU" table holds, measured on a GPU machine with no network
 # and no Hydra (../shared/device/README.md), in parts that each fit one 10-minute command:
 #
-#   bash benchmarks/gpu_table.sh tests dtype              # the CUDA suite; compile x dtype
-#   bash benchmarks/gpu_table.sh attention batch nanogpt  # backends; batch to OOM; vs nanoGPT
+#   bash benchmarks/gpu_table.sh tests dtype      # the CUDA suite; compile x dtype
+#   bash benchmarks/gpu_table.sh attention batch  # the attention backends; batch size to OOM
+#   bash benchmarks/gpu_table.sh nanogpt          # the runner and our GPT against nanoGPT's
 #
 # Before, on the machine with the checkout (the folder .gpu/ is git-ignored and travels):
 #   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu/nanoGPT
@@ -62,8 +63,8 @@ part() {
     attention) sweep attention +sweep=attention ;;
     batch) sweep batch +sweep=batch_scaling perf.dtype=bf16 ;;
     nanogpt)
-      { python3 benchmarks/vs_nanogpt.py --nanogpt .gpu/nanoGPT --rounds 3 bench &&
-        python3 benchmarks/vs_nanogpt.py --nanogpt .gpu/nanoGPT --rounds 3 model; } \
+      { python3 benchmarks/vs_nanogpt.py --nanogpt .gpu/nanoGPT --rounds "${ROUNDS:-3}" bench &&
+        python3 benchmarks/vs_nanogpt.py --nanogpt .gpu/nanoGPT --rounds "${ROUNDS:-3}" model; } \
         >"$WORK/nanogpt.log" 2>&1
       local rc=$?
       grep -E "^round|^tokens/s|Error|error" "$WORK/nanogpt.log" >"$OUT/nanogpt.md"
