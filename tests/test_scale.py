@@ -26,9 +26,18 @@ from .conftest import run_cli, with_micro
 
 # torchrun gives each rank one thread; submitit does not, so its tests ask for the same.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # nor is its parent package
+        return False
+
+
 # The `cluster` extra (CI installs it; a bare GPU machine may not have it).
 needs_submitit = pytest.mark.skipif(
-    importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+    not installed("hydra_plugins.hydra_submitit_launcher"),
     reason="needs hydra-submitit-launcher (the cluster extra)",
 )
 TORCHRUN_2 = ["--standalone", "--nproc_per_node=2", "-m", "nanogpt.run"]
