@@ -165,7 +165,7 @@ def check_device(name: str) -> torch.device:
         raise ConfigError("bench.device", "mps is not available here", "use bench.device=cpu")
     elif device.type not in ("cpu", "cuda", "mps"):
         raise ConfigError("bench.device", f"'{name}' is not supported", "use cpu, cuda or mps")
-    return device
+    return resolve_device(name)  # the device the run will resolve, index included
 
 
 def check_gpus_per_point(nproc: int, device: torch.device) -> None:

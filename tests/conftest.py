@@ -64,6 +64,23 @@ def run_cli(
     )
 
 
+def run_patched(setup: str, *args: str, cwd: Path, env: dict | None = None):
+    """`python -m nanogpt.run ARGS` in an interpreter where the Python `setup` ran first (a
+    module made unimportable, a constant changed), as a real process."""
+    code = (
+        f"import runpy, sys; {setup}; "
+        "sys.argv[0] = 'nanogpt.run'; runpy.run_module('nanogpt.run', run_name='__main__')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
 def run_without_a_key(
     module: str, args: list[str], cwd: Path, env: dict | None = None, code: str | None = None
 ) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ import torch
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault, classify, describe
 
-from .conftest import run_cli, with_micro
+from .conftest import run_cli, run_patched, with_micro
 
 FAULTS = {"null": "ok", "oom@2": "oom", "nan@2": "diverged", "raise@2": "error", "kill@2": "error"}
 
@@ -194,23 +194,10 @@ def test_a_fork_server_that_dies_in_its_preload_costs_no_point(tmp_path):
     in a fresh interpreter, after one warning line."""
     (tmp_path / "broken_preload.py").write_text("raise RuntimeError('preload failed')\n")
     sweep_dir = tmp_path / "sweep"
-    code = (
-        "import runpy, sys; from nanogpt.launch import forkserver; "
-        "forkserver.PRELOAD = ['broken_preload']; "
-        "sys.argv[0] = 'nanogpt.run'; runpy.run_module('nanogpt.run', run_name='__main__')"
-    )
+    setup = "from nanogpt.launch import forkserver; forkserver.PRELOAD = ['broken_preload']"
     args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={
-            **os.environ,
-            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        },
-    )
+    path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    proc = run_patched(setup, *args, cwd=tmp_path, env={"PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("warning: no fork server") == 1
     statuses = [json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json")]

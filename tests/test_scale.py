@@ -9,8 +9,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -22,7 +20,7 @@ from nanogpt.config import ModelConfig, PerfConfig, RunSpec
 from nanogpt.distributed import World
 from nanogpt.measure.trainer import Trainer
 
-from .conftest import run_cli, with_micro
+from .conftest import run_cli, run_patched, with_micro
 
 # torchrun gives each rank one thread; submitit does not, so its tests ask for the same.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -204,12 +202,9 @@ def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
 
 def test_a_cluster_launcher_without_its_plugin_is_one_line(tmp_path):
     # As on a machine without the cluster extra: the plugin made unimportable.
-    code = (
-        "import runpy, sys; sys.modules['hydra_plugins.hydra_submitit_launcher'] = None; "
-        "sys.argv[0] = 'nanogpt.run'; runpy.run_module('nanogpt.run', run_name='__main__')"
-    )
-    args = ["-c", code, "-m", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    proc = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True)
+    setup = "sys.modules['hydra_plugins.hydra_submitit_launcher'] = None"
+    args = ["-m", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = run_patched(setup, *args, cwd=tmp_path)
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
     assert line.startswith("error: hydra/launcher:") and "pip install -e '.[cluster]'" in line
