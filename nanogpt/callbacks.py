@@ -18,7 +18,8 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nanogpt.app import check_points, runs_here, sweep_points
+from nanogpt.app import check_points
+from nanogpt.configs import runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
 from nanogpt.launch.job import skipped_since

@@ -26,8 +26,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nanogpt.app import CONF_DIR, hydra_error_line, to_spec
+from nanogpt.app import hydra_error_line, to_spec
 from nanogpt.config import RunSpec
+from nanogpt.configs import CONF_DIR, SWEEP_GROUP
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
@@ -74,6 +75,19 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
     return dataclasses.replace(spec, bench=dataclasses.replace(spec.bench, isolate=False))
 
 
+def refuse_a_preset_without_multirun() -> None:
+    """A preset (+sweep=NAME) is a list of points: run once, it would measure one default point
+    and say nothing of the others (Hydra sweeps only under -m)."""
+    hc = HydraConfig.get()
+    preset = hc.runtime.choices.get(SWEEP_GROUP)
+    if preset and hc.mode != RunMode.MULTIRUN:
+        raise ConfigError(
+            f"+{SWEEP_GROUP}={preset}",
+            "a sweep preset runs its points only as a multirun, and this is a single run",
+            f"add -m: `python -m nanogpt.run -m +{SWEEP_GROUP}={preset} ...`",
+        )
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> str | int:
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
@@ -82,6 +96,7 @@ def main(cfg: DictConfig) -> str | int:
     if not world.is_main:  # a submitit task of rank > 0 (under torchrun: see __main__ below)
         return follow()
     try:
+        refuse_a_preset_without_multirun()
         spec = to_spec(cfg)
         if world.size > 1:
             spec = as_rank(spec, world, by_torchrun=not by_submitit)
@@ -136,7 +151,8 @@ def main_with_one_line_errors() -> None:
         sys.exit(IO_EXIT)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`python -m nanogpt.run` and the `nanogpt-run` command."""
     # Under torchrun by hand only rank 0 runs Hydra, so there is one run dir (named by rank 0's
     # clock: each rank's own would differ across a second boundary), one .hydra/ and one log.
     # The other ranks never compose a config: they measure the point rank 0 sends them
@@ -152,3 +168,7 @@ if __name__ == "__main__":
         if stop.code:
             raise
     release_followers(world)
+
+
+if __name__ == "__main__":
+    cli()
