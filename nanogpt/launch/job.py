@@ -22,6 +22,7 @@ from nanogpt.launch.handoff import Handoff, Job
 from nanogpt.launch.process import run_child
 from nanogpt.launch.worker import finish_record, measure_point
 from nanogpt.results import repeats, store
+from nanogpt.results.identity import point_id_of
 from nanogpt.results.record import Record
 
 SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when
@@ -29,8 +30,11 @@ SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from,
 
 def run_point(spec: RunSpec, job: Job) -> str:
     """Measure a point (or skip it when an ok record exists), write its record; its status."""
+    pid = point_id_of(spec)
+    if job.sweep_dir:
+        store.move_other_point(job.sweep_dir, job.job_dir, pid, job.overrides)
     if job.sweep_dir and not spec.bench.rerun:
-        done = store.find_ok(job.sweep_dir, job.overrides)
+        done = store.find_ok(job.sweep_dir, pid, job.overrides)
         if done is not None:
             print(f"[skip] {job.name}: ok record in {done} (bench.rerun=true measures it again)")
             _keep_record(done, job.job_dir)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nanogpt.config import RunSpec
+from nanogpt.results.identity import measured_config, point_id
 
 # The table's columns, in order: the scalar fields (and one list) of a record. Nested values
 # (env, mem_estimate, calibration, profile_top_ops, max_batch_search, step_ms_per_rank) stay in
@@ -130,10 +131,13 @@ class Asked:
     grad_accum: int | None = None
     warmup_steps: int | None = None
     job_dir: str | None = None
+    point_id: str | None = None  # the point's identity: a digest of measured_config
+    measured_config: dict | None = None  # the resolved keys it measures (results/identity.py)
 
     @classmethod
     def of(cls, spec: RunSpec, overrides: list[str], job_dir: str) -> Asked:
         perf = spec.perf
+        measured = measured_config(spec)
         return cls(
             overrides=list(overrides),
             overrides_str=" ".join(overrides) or "defaults",
@@ -151,6 +155,8 @@ class Asked:
             grad_accum=perf.grad_accum,
             warmup_steps=spec.bench.warmup_steps,
             job_dir=job_dir,
+            point_id=point_id(measured),
+            measured_config=measured,
         )
 
 
