@@ -17,8 +17,8 @@ from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.app import hydra_error_line, to_spec
-from nanogpt.configs import CONF_DIR
 from nanogpt.config import Dtype
+from nanogpt.configs import CONF_DIR
 from nanogpt.devices import precision_unavailable, resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import calibration
