@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from nanogpt import logs
 from nanogpt.results import compare
 from nanogpt.results.labels import point_labels
 from nanogpt.results.table import (
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--markdown", action="store_true", help="with --compare: a markdown table")
     args = parser.parse_args(argv)
+    logs.console()
     for name, path in (("sweep_dir", args.sweep_dir), ("--compare", args.compare)):
         if path is not None and not path.is_dir():
             print(

@@ -48,6 +48,7 @@ def job_from_hydra(cfg: DictConfig) -> Job:
         sweep_dir=sweep_dir,
         group=sweep_id(sweep_dir) if sweep_dir else None,
         config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        logging=OmegaConf.to_container(hc.job_logging, resolve=True) if hc.job_logging else None,
     )
 
 
@@ -91,6 +92,7 @@ def refuse_a_preset_without_multirun() -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> str | int:
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
+    logging.captureWarnings(True)  # warnings into the job's log too (conf/hydra/job_logging)
     by_submitit = adopt_submitit_tasks()
     world = World.from_env()
     if not world.is_main:  # a submitit task of rank > 0 (under torchrun: see __main__ below)

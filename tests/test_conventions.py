@@ -8,7 +8,10 @@ and real `python -m nanogpt.run -m` processes.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -227,3 +230,64 @@ def test_a_bad_key_points_at_the_resolved_config(tmp_path):
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: perf.nosuch: ") and "--cfg job --resolve" in line
+
+
+# ------------------------------------------------------------------------------------------
+# Logs
+# ------------------------------------------------------------------------------------------
+
+LOGGED = ["logger.log_interval=2", "bench.measure_steps=4"]
+
+
+def progress_lines(text: str) -> list[str]:
+    return re.findall(r"measure step \d+/\d+: [\d.]+ ms/step", text)
+
+
+@pytest.mark.slow
+def test_every_job_dir_holds_its_points_log_and_a_file_gets_plain_lines(sweep):
+    # a forked measuring child (point 0) and one measured in the job process (point 1)
+    proc, sweep_dir = sweep("bench.isolate=true,false", *LOGGED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for job in ("0", "1"):
+        log = (sweep_dir / job / "run.log").read_text()
+        assert len(progress_lines(log)) == 2  # 4 measured steps, a window of 2
+        record = json.loads((sweep_dir / job / "result.json").read_text())
+        assert f"[ok] {record['overrides_str']}: step " in log
+    # stdout is a pipe here: no bar, no carriage-return redraws, one line a window
+    assert "\r" not in proc.stdout + proc.stderr and len(progress_lines(proc.stdout)) == 4
+
+
+@pytest.mark.slow
+def test_on_a_terminal_the_bar_shows_progress_and_the_log_keeps_the_lines(tmp_path):
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()  # stderr is a terminal: the measuring child draws the bar
+    size = struct.pack("HHHH", 24, 100, 0, 0)  # rows, columns: tqdm draws nothing 0 wide
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, size)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nanogpt.run", *with_micro(LOGGED), f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        text=True,
+        timeout=300,
+    )
+    os.close(follower)
+    terminal = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        terminal += chunk
+    os.close(leader)
+    assert proc.returncode == 0
+    assert b"steps: 100%" in terminal and b"\r" in terminal  # tqdm's bar, redrawn in place
+    assert progress_lines(proc.stdout) == []  # the bar shows them on the terminal
+    assert len(progress_lines((run_dir / "run.log").read_text())) == 2

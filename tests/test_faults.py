@@ -199,7 +199,7 @@ def test_a_fork_server_that_dies_in_its_preload_costs_no_point(tmp_path):
     path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     proc = run_patched(setup, *args, cwd=tmp_path, env={"PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("warning: no fork server") == 1
+    assert proc.stderr.count("warning: no fork server") == 1
     statuses = [json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json")]
     assert statuses == ["ok", "ok"]
 

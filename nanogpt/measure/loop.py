@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from nanogpt.config import RunSpec
 from nanogpt.devices import synchronize
@@ -31,6 +30,7 @@ from nanogpt.faults import Diverged, classify, describe
 from nanogpt.measure import flops, memory
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
+from nanogpt.measure.progress import Progress
 from nanogpt.measure.timing import StepTimer
 from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.results import derive, stats
@@ -105,7 +105,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
     probe.start()
     energy = EnergyProbe(device)
     total = bench.warmup_steps + bench.measure_steps
-    bar = tqdm(total=total, desc="steps", unit="step", disable=not trainer.world.is_main)
+    bar = Progress(total, shown=trainer.world.is_main)
 
     def emit(window: Window) -> dict:
         if window.phase == "measure":
@@ -113,11 +113,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
         figures = window.close()
         figures.update(derive.window_rates(record.setup, figures["step_ms"], ceilings))
         figures.update(probe.sample())
-        bar.set_postfix(
-            step_ms=f"{figures['step_ms']:.1f}",
-            tok_s=f"{figures['tokens_per_s']:,.0f}",
-            loss=f"{figures['loss']:.3f}",
-        )
+        bar.window(figures)
         for sink in sinks:
             sink.window(figures)
         return figures

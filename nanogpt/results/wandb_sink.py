@@ -26,20 +26,20 @@ variable NANOGPT_WANDB_FAULT=init|log (TESTING ONLY) makes real wandb fail at th
 
 from __future__ import annotations
 
+import logging
 import netrc
 import os
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from tqdm import tqdm
-
 from nanogpt.config import LoggerConfig, LoggerMode
 from nanogpt.faults import RESULT_STATUSES, describe
 from nanogpt.results.store import sweep_id
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -145,7 +145,7 @@ def start_run(
     except Exception as exc:  # any wandb failure costs W&B only, never the result
         _warn(f"wandb.init failed ({describe(exc)}); this run goes on without W&B")
         return None
-    print(_where(run, mode, reason))
+    log.info(_where(run, mode, reason))
     return GuardedRun(run)
 
 
@@ -190,8 +190,7 @@ def _injected(point: str) -> bool:
 
 
 def _warn(message: str) -> None:
-    # tqdm.write: a line of its own even while the step bar is drawn on stderr.
-    tqdm.write(f"warning: W&B: {message}", file=sys.stderr)
+    log.warning("W&B: %s", message)  # "warning: W&B: ..." on stderr, and in the job's run.log
 
 
 class GuardedRun:
