@@ -151,6 +151,19 @@ def main_with_one_line_errors() -> None:
     except OSError as err:
         print(f"error: {disk_error_line(err)}", file=sys.stderr)
         sys.exit(IO_EXIT)
+    except ValueError as err:  # Hydra's command-line checks (e.g. -m with --cfg)
+        if not raised_by_hydra(err):
+            raise
+        print(f"error: {err}; see `python -m nanogpt.run --hydra-help`.", file=sys.stderr)
+        sys.exit(CONFIG_EXIT)
+
+
+def raised_by_hydra(err: BaseException) -> bool:
+    """Whether the exception was raised inside Hydra's own code (its last frame)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}hydra{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def cli() -> None:
