@@ -161,8 +161,12 @@ def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
     )
     stderr = tmp_path / "stderr.txt"
     try:
-        # tqdm shows a loss once the first measured window is in: the loop is running.
-        wait_for(lambda: b"loss=" in stderr.read_bytes(), what="the first measured window")
+        # The job's log has a progress line once the first measured window is in: the loop runs.
+        log = sweep_dir / "0" / "run.log"
+        wait_for(
+            lambda: log.is_file() and b"measure step" in log.read_bytes(),
+            what="the first measured window",
+        )
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
