@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 
 class Progress:
-    def __init__(self, total: int, shown: bool):
+    def __init__(self, total: int | None, shown: bool):
+        """total: the steps to run, None when time decides (bench.warmup_s, bench.measure_s)."""
         self.total, self.shown, self.done = total, shown, 0
         self.bar = tqdm(total=total, desc="steps", unit="step", disable=not (shown and bar_drawn()))
 
@@ -33,10 +34,9 @@ class Progress:
             return
         mfu = figures.get("mfu")
         log.info(
-            "%s step %d/%d: %.1f ms/step, %s tok/s, loss %.3f%s",
+            "%s step %s: %.1f ms/step, %s tok/s, loss %.3f%s",
             figures["phase"],
-            self.done,
-            self.total,
+            self.done if self.total is None else f"{self.done}/{self.total}",
             figures["step_ms"],
             f"{figures['tokens_per_s']:,.0f}",
             figures["loss"],
