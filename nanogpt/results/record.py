@@ -14,7 +14,7 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
 
 Every field name is unique across the parts, so result.json, summary.csv, the W&B summary and the
 notebook all read one flat namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a
-flat dict back. Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); README.md
+flat dict back. Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); docs/record.md
 documents each. Provenance travels with the figures: `clock` (which clock timed the steps),
 `flops_formula`, `peak_source` and `calibration` (where a peak came from).
 """
