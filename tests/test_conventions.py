@@ -22,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR, expand
+from nanogpt.configs import CONF_DIR, expand, runs_here
 from nanogpt.results.identity import measured_config, point_id_of
 
 from .conftest import REPO, run_cli, with_micro
@@ -291,3 +291,20 @@ def test_on_a_terminal_the_bar_shows_progress_and_the_log_keeps_the_lines(tmp_pa
     assert b"steps: 100%" in terminal and b"\r" in terminal  # tqdm's bar, redrawn in place
     assert progress_lines(proc.stdout) == []  # the bar shows them on the terminal
     assert len(progress_lines((run_dir / "run.log").read_text())) == 2
+
+
+@pytest.mark.parametrize(
+    ("target", "here"),
+    [
+        ("hydra._internal.core_plugins.basic_launcher.BasicLauncher", True),
+        ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", True),
+        ("hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", True),
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", True),
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", False),
+        ("hydra_plugins.hydra_ray_launcher.ray_aws_launcher.RayAWSLauncher", False),
+        ("hydra_plugins.hydra_rq_launcher.rq_launcher.RQLauncher", False),
+    ],
+)
+def test_only_cluster_launchers_run_points_elsewhere(target, here):
+    config = OmegaConf.create({"hydra": {"launcher": {"_target_": target}}})
+    assert runs_here(config) is here
