@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     """Hydra-composed like nanogpt/run.py (same conf/ and schema), with no output dir of its own."""
     overrides = sys.argv[1:] if argv is None else argv
     logs.console()
+    if {"-h", "--help"} & set(overrides):
+        print(__doc__.strip())
+        return 0
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             spec = to_spec(compose(config_name="config", overrides=overrides))
