@@ -107,7 +107,8 @@ def _point(number: int, points: list[list[str]]) -> str:
 
 def hydra_error_line(err: Exception) -> str:
     """One sentence for Hydra's own config errors: the override or key, the problem, the fix."""
-    if isinstance(err, MissingConfigException) and "submitit" in str(err):
+    missing = getattr(err, "missing_cfg_file", None) or ""
+    if isinstance(err, MissingConfigException) and "submitit" in missing:
         # conf/hydra/launcher/{local,slurm}.yaml build on the plugin's own configs
         return (
             "hydra/launcher: the local and slurm launchers need Hydra's submitit plugin; "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -145,7 +145,7 @@ def main_with_one_line_errors() -> None:
     logging.raiseExceptions = False  # a full disk: no traceback from Hydra's job log file
     try:
         main()
-    except (CompactHydraException, OmegaConfBaseException) as err:
+    except (HydraException, OmegaConfBaseException) as err:
         print(f"error: {hydra_error_line(err)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
     except OSError as err:
