@@ -41,8 +41,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def preset_points(name: str, extra: list[str] = ()) -> list[list[str]]:
     """The overrides of every point `-m +sweep=NAME EXTRA...` runs, expanded as Hydra's
-    basic sweeper expands them (compose alone cannot expand a sweep; test_config checks
-    `expand` against Hydra's own sweeper)."""
+    basic sweeper expands them (compose alone cannot expand a sweep; test_conventions
+    checks `expand` against Hydra's own sweeper)."""
     cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
     params = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
     return expand([*params, *extra])
@@ -344,8 +344,10 @@ def test_profiled_run_writes_a_trace_and_keeps_profiled_steps_out_of_the_stats(s
     assert top and {"name", "self_ms", "calls"} <= set(top[0])
     assert [op["self_ms"] for op in top] == sorted((op["self_ms"] for op in top), reverse=True)
     steps = pd.read_csv(run_dir / "steps.csv")
-    # the profiler runs after the measured steps (docs/measurement.md, Profiling)
+    # The profiler runs after the measured steps: nothing measured follows it (Kineto can leave
+    # CUPTI attached), and the record says nothing ran beside the measured steps.
     assert steps["phase"].to_list() == ["warmup"] + ["measure"] * 5 + ["profile"] * 2
+    assert record["diagnostics_active"] == []
     measured = steps.loc[steps["phase"] == "measure", "step_ms"]
     assert record["measured_steps"] == 5
     assert record["step_ms_mean"] == pytest.approx(measured.mean())
