@@ -29,6 +29,7 @@ from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import Diverged, classify, describe
 from nanogpt.measure import flops, memory
+from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.timing import StepTimer
@@ -141,6 +142,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
         for key, value in probe.result().items():
             setattr(record.memory, key, value)
     _derive(spec, trainer, ceilings, record, log)
+    # After the measured steps and their memory peaks: the profiled steps enter no statistic.
+    run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
 
 
 def _setup(spec: RunSpec, trainer: Trainer) -> Setup:
