@@ -38,7 +38,7 @@ from collections.abc import Iterable
 import psutil
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.autograd.profiler import profile, record_function
 
 from nanogpt.devices import synchronize
 from nanogpt.faults import describe
@@ -134,17 +134,14 @@ def profile_diagnosis(trainer, n_steps: int) -> tuple[dict, list[float], list[fl
     """Run n_steps of `trainer` under the profiler; returns the figures (the Diagnosis fields),
     each step's wall time (ms) and data time (ms), which the caller logs apart."""
     device = trainer.device
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    cuda = device.type == "cuda"
     step_ms, data_ms = [], []
-    # One step with the profiler started but not recording: the first profiled step pays for
-    # setting the profiler up (CUPTI's, on CUDA), which is no part of a step.
-    plan = schedule(wait=0, warmup=1, active=n_steps, repeat=1)
     source, trainer.source = trainer.source, _MarkedSource(trainer.source)
     try:
         synchronize(device)
-        with profile(activities=activities, schedule=plan) as prof:
+        # Kineto, as torch.profiler.profile drives it, without the wrapper's start-up import of
+        # torch._inductor (seconds, in every point's process).
+        with profile(use_device="cuda" if cuda else None, use_kineto=True) as prof:
             for _ in range(n_steps + 1):
                 started = time.perf_counter()
                 with record_function(STEP_MARK):
@@ -152,18 +149,20 @@ def profile_diagnosis(trainer, n_steps: int) -> tuple[dict, list[float], list[fl
                     synchronize(device)
                 step_ms.append((time.perf_counter() - started) * 1e3)
                 data_ms.append(trainer.last_data_ms)
-                prof.step()
     finally:
         trainer.source = source
-    figures = split_step(prof.events(), cuda=device.type == "cuda")
+    figures = split_step(prof.function_events, cuda=cuda, skip=1)
     figures["diag_steps"] = n_steps
     return figures, step_ms, data_ms
 
 
-def split_step(events: Iterable, cuda: bool) -> dict:
-    """The four shares of the step, the device time by kind, and the ops a step (see above)."""
+def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
+    """The four shares of the step, the device time by kind, and the ops a step (see above),
+    over the marked steps but the first `skip`: the first step under a profiler pays for
+    setting it up (CUPTI's activity buffers, on CUDA), which is no part of a step."""
     events = list(events)
     steps = [e for e in events if e.name == STEP_MARK and e.device_type == DeviceType.CPU]
+    steps = sorted(steps, key=lambda e: e.time_range.start)[skip:]
     if not steps:
         raise RuntimeError("the profiler recorded no diagnosed step")
     wall = sum(e.time_range.elapsed_us() for e in steps)
