@@ -317,6 +317,8 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     assert f"baseline: {sweep_id}: " in text and "perf.dtype=fp32" in text
     assert fastest["tokens_per_s"] > 0
     assert "only_in" in text  # the sweep-against-sweep section: these two share no point
+    verdicts = table["bottleneck"].dropna()  # the diagnosis section: each verdict and its hint
+    assert len(verdicts) == 8 and all(f": {v}: " in text for v in verdicts)
     images = [
         o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
     ]
