@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -47,6 +48,39 @@ def test_union_and_difference_of_intervals_match_a_count_of_covered_units():
         assert diagnose._length(merged_a) == len(covered_a)
         assert all(x[1] < y[0] for x, y in zip(merged_a, merged_a[1:], strict=False))
         assert diagnose._length(diagnose._minus(merged_a, merged_b)) == len(covered_a - covered_b)
+
+
+def op(name: str, *callers: str) -> SimpleNamespace:
+    """A profiled operator and its callers, innermost first, as the profiler's tree links them
+    (names as CUDA runs record them: this machine has no GPU to record them)."""
+    parent = op(*callers) if callers else None
+    return SimpleNamespace(name=name, cpu_parent=parent)
+
+
+@pytest.mark.parametrize(
+    "name,launcher,kind",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", op("aten::mm"), "matmul"),
+        ("nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTN", op("aten::addmm"), "matmul"),
+        ("triton_tem_fused_mm_0", None, "matmul"),  # Inductor's matmul template
+        ("aten::bmm", op("aten::_scaled_dot_product_attention_math"), "attention"),
+        ("flash_fwd_kernel", op("aten::_flash_attention_forward"), "attention"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4>",
+            op("aten::mul_", "Optimizer.step#AdamW.step"),
+            "optimizer",
+        ),
+        ("multi_tensor_apply_kernel", op("aten::_foreach_add_"), "optimizer"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", op("nccl:all_reduce"), "communication"),
+        ("void at::native::vectorized_elementwise_kernel<4>", op("aten::add"), "elementwise"),
+        ("triton_per_fused_native_layer_norm_0", None, "elementwise"),
+        ("## Call CompiledFxGraph fa3x ##", op("CompiledFunction"), "elementwise"),
+        ("Memcpy HtoD (Pageable -> Device)", None, "other"),
+        ("aten::addmm", op("autograd::engine::evaluate_function: AddmmBackward0"), "matmul"),
+    ],
+)
+def test_kinds_come_from_the_launching_operator_its_callers_or_the_name(name, launcher, kind):
+    assert diagnose._kind(name, launcher) == kind
 
 
 # ------------------------------------------------------------------------------------------

@@ -47,6 +47,14 @@ from nanogpt.results.diagnosis import KINDS, Diagnosis, Setting, judge
 STEP_MARK = "nanogpt::step"
 DATA_MARK = "nanogpt::data"
 
+# Inductor runs a compiled graph inside this marker (torch/_inductor/output_code.py). On CPU its
+# fused C++ kernels are not profiled one by one (unless Inductor's cpp.enable_kernel_profile
+# changes the generated code), so the marker's self time, the time in the graph outside the
+# aten operators it calls, is counted as compute, of the elementwise kind (fused pointwise,
+# reduction and norm kernels; the graph's matmuls are aten operators of their own).
+COMPILED_GRAPH = "## Call CompiledFxGraph"
+CPU_WORK = ("aten::", COMPILED_GRAPH)
+
 # Names, lower-cased, by kind; the first kind whose words match wins, the operator's callers
 # before the operator itself (see `_kind`).
 _CALLER_KINDS = (
@@ -79,6 +87,7 @@ _OWN_KINDS = (
         ),
     ),
     ("other", ("memcpy", "memset")),
+    ("elementwise", (COMPILED_GRAPH.lower(),)),
 )
 
 
@@ -172,7 +181,9 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
     by_kind = dict.fromkeys(KINDS, 0.0)
     figures: dict = {"diag_op_floor_us": None}
     if cuda:
-        ops = {e.id: e for e in inside}
+        # Operators (correlation id = their own id) that launched kernels; the runtime's launch
+        # calls carry the operator's id as their link instead, and are left out.
+        ops = {e.id: e for e in inside if e.linked_correlation_id == 0}
         spans = [(s.time_range.start, s.time_range.end) for s in steps]
         kernels = [k for k in events if k.device_type == DeviceType.CUDA and _within(k, spans)]
         compute, comm = [], []
@@ -187,13 +198,14 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
         data_us = _length(_minus(data_spans, _merge(compute + comm)))
         count = len(kernels)
     else:
-        ops = [op for op in inside if op.name.startswith("aten::") or _is_comm(op.name)]
+        ops = [op for op in inside if op.name.startswith(CPU_WORK) or _is_comm(op.name)]
         ops = [op for op in ops if not any(p.name == DATA_MARK for p in _callers(op))]
         floor = op_floor_us(ops)
         for op in ops:
             # An operator's fixed cost (dispatch, bookkeeping) is host work; collectives are
-            # waited for whole.
-            cost = op.self_cpu_time_total - (0.0 if _is_comm(op.name) else floor)
+            # waited for whole, and a compiled graph's call is one call.
+            whole = _is_comm(op.name) or op.name.startswith(COMPILED_GRAPH)
+            cost = op.self_cpu_time_total - (0.0 if whole else floor)
             by_kind[_kind(op.name, op.cpu_parent)] += max(0.0, cost)
         comm_us = by_kind["communication"]
         device_us = sum(by_kind.values()) - comm_us
@@ -315,6 +327,11 @@ def run_diagnosis(spec, trainer, record, log, matmul_emulated: str | None) -> No
     device = trainer.device
     if not spec.bench.diagnose:
         record.diagnosis = Diagnosis(diag_error="off (bench.diagnose=false)")
+        return
+    if device.type not in ("cpu", "cuda"):
+        # MPS runs its kernels asynchronously and Kineto does not time them: the host's view
+        # alone would call every MPS point host-bound.
+        record.diagnosis = Diagnosis(diag_error=f"skipped: the profiler has no {device} kernels")
         return
     if device.type == "cuda" and not spec.bench.isolate:
         # The profiler can stay attached after it stops (PyTorch issue 144455): in a process that
