@@ -62,30 +62,14 @@ _CALLER_KINDS = (
     ("optimizer", ("optimizer.", "_foreach_", "_fused_adam", "_fused_sgd", "multi_tensor_apply")),
     ("attention", ("scaled_dot_product", "flash", "fmha", "attention", "_efficient_attention")),
 )
+# aten's matmuls; cuBLAS/CUTLASS kernel names (gemm, xmma, nvjet on Hopper); Inductor's
+# matmul templates (triton_tem_).
+MATMUL_WORDS = """aten::mm aten::addmm aten::bmm aten::baddbmm aten::matmul aten::linear
+    aten::_addmm_activation aten::addbmm aten::_scaled_mm gemm xmma nvjet cublas cutlass
+    triton_tem_"""
 _OWN_KINDS = (
     *_CALLER_KINDS,
-    # aten's matmuls; cuBLAS/CUTLASS kernel names (gemm, xmma, nvjet on Hopper); Inductor's
-    # matmul templates (triton_tem_).
-    (
-        "matmul",
-        (
-            "aten::mm",
-            "aten::addmm",
-            "aten::bmm",
-            "aten::baddbmm",
-            "aten::matmul",
-            "aten::linear",
-            "aten::_addmm_activation",
-            "aten::addbmm",
-            "aten::_scaled_mm",
-            "gemm",
-            "xmma",
-            "nvjet",
-            "cublas",
-            "cutlass",
-            "triton_tem_",
-        ),
-    ),
+    ("matmul", tuple(MATMUL_WORDS.split())),
     ("other", ("memcpy", "memset")),
     ("elementwise", (COMPILED_GRAPH.lower(),)),
 )
@@ -96,29 +80,10 @@ _OWN_KINDS = (
 # the profiler's own record), so their median is the floor taken off each operator's self time
 # on CPU: what is left is arithmetic. Measured in each diagnosis, not a constant.
 NO_ARITHMETIC = frozenset(
-    "aten::" + name
-    for name in (
-        "view",
-        "_unsafe_view",
-        "_reshape_alias",
-        "reshape",
-        "as_strided",
-        "t",
-        "transpose",
-        "permute",
-        "expand",
-        "squeeze",
-        "unsqueeze",
-        "slice",
-        "select",
-        "split",
-        "unflatten",
-        "alias",
-        "detach",
-        "empty",
-        "empty_strided",
-        "empty_like",
-    )
+    f"aten::{name}"
+    for name in """view _unsafe_view _reshape_alias reshape as_strided t transpose permute expand
+    squeeze unsqueeze slice select split unflatten alias detach empty empty_strided
+    empty_like""".split()
 )
 
 
