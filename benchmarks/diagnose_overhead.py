@@ -28,9 +28,9 @@ from pathlib import Path
 POINT = [
     "model.n_layer=2",
     "model.n_head=4",
-    "model.n_embd=128",
+    "model.n_embd=64",
     "model.block_size=64",
-    "model.vocab_size=4096",
+    "model.vocab_size=1024",
     "perf.batch_size=4",
     "bench.device=cpu",
     "bench.warmup_steps=2",

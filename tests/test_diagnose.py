@@ -8,6 +8,7 @@ hint rules are pure functions, checked on figures chosen to sit on either side o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
@@ -27,7 +28,7 @@ from nanogpt.results import table as report
 from nanogpt.results.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
 from nanogpt.results.diagnosis import Diagnosis, Setting, judge
 
-from .conftest import run_cli, with_micro
+from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
 
 SHARES = ("diag_device_frac", "diag_comm_frac", "diag_data_frac", "diag_host_frac")
 KIND_SHARES = tuple(f"diag_{kind}_frac" for kind in diagnosis.KINDS)
@@ -105,15 +106,23 @@ def point_spec(name: str) -> RunSpec:
     return spec
 
 
-@pytest.fixture(scope="module")
-def diagnosed():
-    """Each point warmed up, then diagnosed for real: {name: (spec, figures, step_ms)}. With one
-    intra-op thread: on a shared 2-core machine, OpenMP's barrier waits for a sibling thread
-    another process descheduled, which would stretch operators' time by the load, not the
-    work."""
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine, OpenMP's barrier waits for a sibling
+    thread another process descheduled, which stretches operators' time by the load, not by
+    their work (a tiny operator then takes hundreds of microseconds)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def diagnosed():
+    """Each point warmed up, then diagnosed for real: {name: (spec, figures, step_ms)}."""
+    with one_thread():
         out = {}
         for name in POINTS:
             spec = point_spec(name)
@@ -125,8 +134,6 @@ def diagnosed():
             figures, step_ms, _ = diagnose.profile_diagnosis(trainer, 5)
             out[name] = (spec, figures, step_ms)
         return out
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_shares_of_the_step_and_of_device_time_each_sum_to_one(diagnosed):
@@ -159,6 +166,42 @@ def test_the_hint_names_the_knob_and_the_figure_it_rests_on(diagnosed):
     spec, figures, _ = diagnosed["wide"]
     judged = judge(Diagnosis(**figures), Setting.of(spec, "cpu", None))
     assert f"the device computes {figures['diag_device_frac']:.0%}" in judged.bottleneck_hint
+
+
+class TokenizingSource:
+    """A loader that tokenizes its text on the fly, every batch (tiktoken's GPT-2 encoding over
+    100,000 characters): the slow input pipeline a data-bound point has."""
+
+    def __init__(self, spec: RunSpec):
+        import tiktoken
+
+        self.encoding = tiktoken.get_encoding("gpt2")
+        self.text = SHAKESPEARE.read_text(encoding="utf-8")
+        self.shape, self.vocab, self.offset = (spec.perf.batch_size, spec.model.block_size), 0, 0
+        self.vocab = spec.model.vocab_size
+
+    def next_batch(self):
+        chunk = self.text[self.offset : self.offset + 100_000]
+        self.offset = (self.offset + 100_000) % (len(self.text) - 100_000)
+        ids = torch.tensor(self.encoding.encode_ordinary(chunk)) % self.vocab
+        n = self.shape[0] * self.shape[1]
+        return ids[:n].view(self.shape), ids[1 : n + 1].view(self.shape)
+
+
+@needs_shared
+def test_a_loader_that_tokenizes_every_batch_is_data_bound():
+    spec = point_spec("tiny")
+    trainer = build_trainer(spec, torch.device("cpu"), World.from_env())
+    trainer.source = TokenizingSource(spec)
+    with one_thread():
+        trainer.step()
+        found, _, data_ms = diagnose.profile_diagnosis(trainer, 2)
+    judged = judge(Diagnosis(**found), Setting.of(spec, "cpu", None))
+    assert judged.bottleneck == "data-bound", found
+    assert f"getting batches takes {found['diag_data_frac']:.0%}" in judged.bottleneck_hint
+    # The loader's own operators (the tensor it builds) are data, not compute.
+    assert found["diag_data_frac"] > found["diag_device_frac"]
+    assert min(data_ms) > 0
 
 
 def test_data_marker_is_gone_after_the_diagnosis():
