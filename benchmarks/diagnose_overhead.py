@@ -11,13 +11,19 @@ that drift hits both alike. Printed per round and as medians:
 - off / off: the two seeds' points without it, the A/A ratio: the noise to compare against;
 - the wall time the diagnosis adds to a point (result.json's wall_s, on minus off).
 
-Usage: python benchmarks/diagnose_overhead.py [--rounds 5] [--measure-steps 20]
+Each point computes with one intra-op thread (OMP_NUM_THREADS=1; --threads to change it): on a
+shared machine OpenMP's barriers wait for a thread another process descheduled, which turns the
+neighbours' load into swings of several times between identical points, far above anything the
+diagnosis could do.
+
+Usage: python benchmarks/diagnose_overhead.py [--rounds 5] [--measure-steps 20] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,7 +46,7 @@ POINT = [
 SEEDS = (1337, 1338)
 
 
-def one_round(tmp: Path, index: int, measure_steps: int) -> dict[tuple[bool, int], dict]:
+def one_round(tmp: Path, index: int, measure_steps: int, threads: int) -> dict:
     """One sweep of the four points; (diagnose, seed) -> its result.json."""
     order = "true,false" if index % 2 == 0 else "false,true"
     sweep = tmp / f"round{index}"
@@ -52,9 +58,9 @@ def one_round(tmp: Path, index: int, measure_steps: int) -> dict[tuple[bool, int
         f"bench.seed={','.join(map(str, SEEDS))}",
         f"hydra.sweep.dir={sweep}",
     ]
-    subprocess.run(
-        [sys.executable, "-m", "nanogpt.run", *args], cwd=tmp, check=True, capture_output=True
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    command = [sys.executable, "-m", "nanogpt.run", *args]
+    subprocess.run(command, cwd=tmp, check=True, capture_output=True, env=env)
     records = {}
     for path in sweep.glob("*/result.json"):
         record = json.loads(path.read_text())
@@ -68,11 +74,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--measure-steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     on_off, a_a, extra_s, verdicts = [], [], [], []
     with tempfile.TemporaryDirectory() as name:
         for i in range(args.rounds):
-            records = one_round(Path(name), i, args.measure_steps)
+            records = one_round(Path(name), i, args.measure_steps, args.threads)
             ms = {key: r["step_ms_median"] for key, r in records.items()}
             ratios = [ms[(True, seed)] / ms[(False, seed)] for seed in SEEDS]
             on_off += ratios
