@@ -342,8 +342,12 @@ def test_profiled_run_writes_a_trace_and_keeps_profiled_steps_out_of_the_stats(s
     assert top and {"name", "self_ms", "calls"} <= set(top[0])
     assert [op["self_ms"] for op in top] == sorted((op["self_ms"] for op in top), reverse=True)
     steps = pd.read_csv(run_dir / "steps.csv")
-    phases = ["warmup"] + ["profile"] * 2 + ["measure"] * 5 + ["diagnose"] * 2
+    # The profiler runs after the measured steps: nothing measured follows it (Kineto can leave
+    # CUPTI attached), and the record says nothing ran beside the measured steps. The diagnosis
+    # comes last (one step the profiler warms up on, one recorded).
+    phases = ["warmup"] + ["measure"] * 5 + ["profile"] * 2 + ["diagnose"] * 2
     assert steps["phase"].to_list() == phases
+    assert record["diagnostics_active"] == []
     measured = steps.loc[steps["phase"] == "measure", "step_ms"]
     assert record["measured_steps"] == 5
     assert record["step_ms_mean"] == pytest.approx(measured.mean())

@@ -326,7 +326,8 @@ def run_diagnosis(spec, trainer, record, log, matmul_emulated: str | None) -> No
         diag_mem_headroom_frac=headroom / total if total else None,
         diag_method=METHODS[device.type == "cuda"],
     )
-    record.diagnosis = judge(diagnosis, Setting.of(spec, device.type, matmul_emulated))
+    used = record.setup.optimizer_impl_used
+    record.diagnosis = judge(diagnosis, Setting.of(spec, device.type, matmul_emulated, used))
 
 
 METHODS = {

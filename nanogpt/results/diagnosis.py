@@ -78,7 +78,15 @@ class Setting:
     matmul_emulated: str | None = None
 
     @classmethod
-    def of(cls, spec: RunSpec, device_type: str, matmul_emulated: str | None) -> Setting:
+    def of(
+        cls,
+        spec: RunSpec,
+        device_type: str,
+        matmul_emulated: str | None,
+        optimizer_impl_used: str | None = None,
+    ) -> Setting:
+        """`optimizer_impl_used`: what actually stepped (fused, foreach, for_loop), when known;
+        else the configured optimizer.impl."""
         perf = spec.perf
         return cls(
             device_type=device_type,
@@ -86,7 +94,7 @@ class Setting:
             compile=perf.compile,
             compile_mode=perf.compile_mode,
             attention=perf.attention.value,
-            optimizer_impl=spec.optimizer.impl.value,
+            optimizer_impl=optimizer_impl_used or spec.optimizer.impl.value,
             data=spec.data.kind.value,
             matmul_emulated=matmul_emulated,
         )
