@@ -139,8 +139,9 @@ def recommend(
         return _best(table, steps, names, rows, title, column, larger)
 
     lines = [best(ok, "fastest", "tokens_per_s")]
-    if ok:  # why the fastest point is as fast as it is, and what to try next
-        top = max(ok, key=lambda i: table["tokens_per_s"].iloc[i])
+    timed = [i for i in ok if pd.notna(table["tokens_per_s"].iloc[i])]
+    if timed:  # why the fastest point is as fast as it is, and what to try next
+        top = max(timed, key=lambda i: table["tokens_per_s"].iloc[i])
         row = table.iloc[top]
         lines.append(fastest_line(row.get("bottleneck"), row.get("bottleneck_hint"), names[top]))
     if memory_budget_gib is not None:
