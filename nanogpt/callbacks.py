@@ -73,7 +73,7 @@ class SweepReport(Callback):
         """Build, write and print the sweep's table; say how many points a resume kept."""
         sweep_dir = Path(config.hydra.sweep.dir)
         report, cost = config.report, config.cost
-        table = sweep_table.publish(
+        sweep = sweep_table.publish(
             sweep_dir,
             baseline=report.baseline,
             plots=report.plots,
@@ -87,4 +87,4 @@ class SweepReport(Callback):
                 f"resume: skipped {skipped} point(s) with an ok record from an earlier run "
                 "(bench.rerun=true measures them again)"
             )
-        return sweep_dir, table
+        return sweep_dir, sweep.table

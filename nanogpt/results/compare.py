@@ -70,11 +70,12 @@ def _without_compile(overrides: str) -> str:
     return " ".join(sorted(o for o in overrides.split() if not o.startswith(COMPILE)))
 
 
-def compare_sweeps(old: pd.DataFrame, new: pd.DataFrame, steps: str) -> pd.DataFrame:
+def compare_sweeps(
+    old: pd.DataFrame, old_steps: list, new: pd.DataFrame, new_steps: list
+) -> pd.DataFrame:
     """Per point (matched by its overrides, in any order) old vs new tokens/s, the change, its
-    95 % interval and verdict; points in one sweep only are listed with `only_in`. Each table
-    carries its rows' measured steps in .attrs[steps]."""
-    old_steps, new_steps = old.attrs[steps], new.attrs[steps]
+    95 % interval and verdict; points in one sweep only are listed with `only_in`. `*_steps[i]`
+    is row i's measured steps, a list per repeat (table.Sweep.series)."""
     old_at = {_key(o): i for i, o in enumerate(old["overrides"])}
     new_at = {_key(o): i for i, o in enumerate(new["overrides"])}
     rows = []
