@@ -5,10 +5,12 @@
 steps.parquet and summary.md in DIR, printed, and the plots with --plots (results/table.py).
 Its settings (report.baseline, report.plots, report.memory_budget_gib, cost.*) default to the
 ones the sweep ran with, which Hydra saved in DIR/multirun.yaml (else a job's .hydra/config.yaml);
-a flag given here wins (`--baseline ''`: the baseline rule, whatever the sweep was given). With --compare, sets the sweep against
-an earlier one, point by point (results/compare.py): tokens/s old and new, the change with its
-95 % interval and a verdict ("~": not significant). --fail-if-slower PCT exits 1 when any point
-is significantly slower by more than PCT %: a performance gate for a training repository's CI.
+a flag given here wins (`--baseline ''`: the baseline rule, whatever the sweep was given).
+
+With --compare, sets the sweep against an earlier one, point by point (results/compare.py):
+tokens/s old and new, the change with its 95 % interval and a verdict ("~": not significant).
+--fail-if-slower PCT exits 1 when any point is significantly slower by more than PCT %: a
+performance gate for a training repository's CI.
 """
 
 from __future__ import annotations

@@ -46,11 +46,7 @@ def _point_rows(record: dict) -> list[dict]:
         row["repeat"] = row.get("repeat") or 1
     measured = record.get("step_ms_measured") or []
     for number, series in enumerate(measured, 1):
-        at = [
-            row
-            for row in rows
-            if row.get("phase") == MEASURE and int(row["repeat"]) == number
-        ]
+        at = [row for row in rows if row.get("phase") == MEASURE and int(row["repeat"]) == number]
         if len(at) == len(series):
             for row, ms in zip(at, series, strict=True):
                 row["step_ms_job"] = ms

@@ -22,7 +22,7 @@ import pandas as pd
 
 from nanogpt.faults import FAILED_STATUSES
 from nanogpt.results import baseline as baseline_rule
-from nanogpt.results import compare, stats, store, swept, sweep_steps, tidy
+from nanogpt.results import compare, stats, store, sweep_steps, swept, tidy
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import RESULT_COLUMNS
 from nanogpt.results.tidy import SUMMARY_CSV, read_summary  # noqa: F401 (documented here)
