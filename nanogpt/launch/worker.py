@@ -98,7 +98,14 @@ def _measure_here(handoff: Handoff, world: World) -> Record:
     sinks = []
     if world.is_main:
         sinks = wandb_sink.open_sinks(
-            spec.logger, name=job.name, group=job.group, config=job.config, run_dir=job.job_dir
+            spec.logger,
+            name=job.name,
+            group=job.group,
+            config=job.config,
+            run_dir=job.job_dir,
+            overrides=job.overrides,
+            repeat=job.repeat,
+            supersedes=job.supersedes,
         )
     record = measure(spec, device, world, ceilings, folder, sinks)
     record.setup.device_name = device_name(device)
