@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -106,7 +107,7 @@ def saved_settings(sweep_dir: Path) -> dict:
         for (section, key), name in SETTINGS.items():
             value = OmegaConf.select(saved, f"{section}.{key}", default=None)
             settings[name] = settings[name] if value is None else value
-    except (OSError, OmegaConfBaseException) as err:
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as err:
         raise ReportError(
             f"{path}: cannot be read ({str(err).splitlines()[0]}); give the settings as flags "
             "or remove the file"

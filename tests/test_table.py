@@ -246,3 +246,31 @@ def test_a_presets_baseline_and_plots_are_kept_by_the_report(attention_sweep):
     rule = run_report(sweep_dir, "--baseline", "", "--no-plots", cwd=sweep_dir.parent)
     assert rule.returncode == 0 and "perf.attention=manual (the unfused" in rule.stdout
     assert not list(sweep_dir.glob("*.png"))
+
+
+def test_saved_settings_come_from_the_sweeps_config_and_a_bad_one_is_one_line(tmp_path):
+    from nanogpt.report import saved_settings
+
+    assert saved_settings(tmp_path) == {
+        "baseline": None,
+        "plots": False,
+        "memory_budget_gib": None,
+        "usd_per_hour": None,
+        "usd_per_kwh": None,
+    }
+    job = tmp_path / "0" / ".hydra"
+    job.mkdir(parents=True)
+    (job / "config.yaml").write_text("report: {baseline: perf.grad_accum=2, plots: true}\n")
+    settings = saved_settings(tmp_path)
+    assert settings["baseline"] == "perf.grad_accum=2" and settings["plots"] is True
+    # multirun.yaml, the sweep's own, comes first.
+    (tmp_path / "multirun.yaml").write_text("cost: {usd_per_hour: 2.5}\nreport: {plots: false}\n")
+    settings = saved_settings(tmp_path)
+    assert settings["usd_per_hour"] == 2.5 and settings["plots"] is False
+    assert settings["baseline"] is None
+    (tmp_path / "multirun.yaml").write_text("report: [unclosed\n")
+    with pytest.raises(report.ReportError, match="multirun.yaml: cannot be read"):
+        saved_settings(tmp_path)
+    (tmp_path / "multirun.yaml").write_text("report: [1, 2]\n")  # YAML, but not a config
+    with pytest.raises(report.ReportError, match="multirun.yaml: cannot be read"):
+        saved_settings(tmp_path)

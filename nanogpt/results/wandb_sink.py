@@ -157,6 +157,7 @@ def start_run(
     except ImportError as exc:
         _warn(f"wandb cannot be imported ({describe(exc)}); install it or use logger=none")
         return None
+
     def init(mode: str, run_id: str):
         run = wandb.init(
             project=logger.project,
