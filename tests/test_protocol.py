@@ -69,11 +69,16 @@ def test_warmup_is_chosen_by_mode_and_an_explicit_number_too_low_is_refused():
 
 @pytest.mark.slow
 def test_the_window_lasts_its_time_floor_and_says_how_it_went(single):
-    proc, run_dir = single("bench.warmup_s=0.3", "bench.measure_s=0.8", "logger.log_interval=2")
+    proc, run_dir = single(
+        "bench.warmup_s=0.3",
+        "bench.measure_s=0.8",
+        "bench.measure_steps=6",
+        "logger.log_interval=2",
+    )
     assert proc.returncode == 0, proc.stderr
     record = json.loads((run_dir / "result.json").read_text())
     assert record["warmup_s_run"] >= 0.3 and record["warmup_steps_run"] >= 2
-    assert record["measured_s"] >= 0.8 and record["measured_steps"] >= 4
+    assert record["measured_s"] >= 0.8 and record["measured_steps"] >= 6
     assert record["stopped_by_budget"] is False
     assert record["steady"] in (True, False) and record["drift_pct"] is not None
     # Beside the median of event/perf_counter step times, the wall-clock throughput.
@@ -83,18 +88,6 @@ def test_the_window_lasts_its_time_floor_and_says_how_it_went(single):
         phases = [row["phase"] for row in csv.DictReader(f)]
     assert phases.count("measure") == record["measured_steps"]
     assert phases.count("warmup") == record["warmup_steps_run"]
-
-
-@pytest.mark.slow
-def test_the_profiler_runs_after_the_measured_steps(single):
-    proc, run_dir = single("bench.profile=true", "bench.profile_steps=2")
-    assert proc.returncode == 0, proc.stderr
-    with open(run_dir / "steps.csv") as f:
-        phases = [row["phase"] for row in csv.DictReader(f)]
-    last_measured = max(i for i, p in enumerate(phases) if p == "measure")
-    assert phases[last_measured + 1 :] == ["profile", "profile"]
-    record = json.loads((run_dir / "result.json").read_text())
-    assert "profile" not in " ".join(record["diagnostics_active"])
 
 
 def test_a_window_that_drifts_or_is_cut_short_is_not_steady():
@@ -242,9 +235,9 @@ def test_fp16_warmup_ends_on_a_settled_scale_and_counts_measured_skips(single):
 
 
 def test_calibration_stops_climbing_at_a_plateau():
-    shapes = ((256, 256, 256), (16, 16, 16), (512, 512, 512))  # a tiny matmul is far slower
+    shapes = ((256, 256, 256), (4, 4, 4), (512, 512, 512))  # a tiny matmul is far slower
     entry = matmul.measure(CPU, Dtype.fp32, shapes, budget_s=2.0)
-    assert list(entry["by_shape_tflops"]) == ["256x256x256", "16x16x16"]
+    assert list(entry["by_shape_tflops"]) == ["256x256x256", "4x4x4"]
     assert entry["stopped_at"].startswith("a plateau") and entry["shape"] == "256x256x256"
 
 
