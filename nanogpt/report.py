@@ -2,7 +2,8 @@
 `python -m nanogpt.report NEW --compare OLD [--fail-if-slower PCT] [--markdown]`.
 
 (Re)builds the table of any sweep dir, finished or not: summary.csv, summary.parquet,
-steps.parquet and summary.md in DIR, printed, and the plots with --plots (results/table.py).
+steps.parquet and summary.md in DIR (results/table.py), printed, and the plots with --plots
+(reporters/plots.py).
 Its settings (report.baseline, report.plots, report.memory_budget_gib, cost.*) default to the
 ones the sweep ran with, which Hydra saved in DIR/multirun.yaml (else a job's .hydra/config.yaml);
 a flag given here wins (`--baseline ''`: the baseline rule, whatever the sweep was given).
@@ -85,7 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             settings = saved_settings(args.sweep_dir)
             given = {flag: getattr(args, flag) for flag in SETTINGS.values()}
             settings.update({k: v for k, v in given.items() if v is not None})
-            publish(args.sweep_dir, **{**settings, "baseline": settings["baseline"] or None})
+            plots = settings.pop("plots")
+            sweep = publish(
+                args.sweep_dir, **{**settings, "baseline": settings["baseline"] or None}
+            )
+            if plots:
+                from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for
+
+                for path in write_plots(args.sweep_dir, sweep.table):
+                    print(f"plot: {path}")
             return 0
         return _compare(args.compare, args.sweep_dir, args.fail_if_slower, args.markdown)
     except ReportError as err:

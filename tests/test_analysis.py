@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from nanogpt.app import CONF_DIR, to_spec
 from nanogpt.errors import ConfigError
 from nanogpt.measure import maxbatch
-from nanogpt.results import plots
+from nanogpt.reporters import plots
 from nanogpt.results import table as report
 
 from .conftest import REPO, run_cli, with_micro

@@ -1,4 +1,4 @@
-"""The sweep's W&B view (nanogpt/results/dashboard.py), without network.
+"""The sweep's W&B view (nanogpt/reporters/dashboard.py), without network.
 
 The view spec names every key a panel reads; a real offline multirun is read back from its run
 files (tests/wandb_reader.py) and every one of those keys must be among the keys the runs
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from nanogpt.dashboard import main as dashboard_main
-from nanogpt.results import dashboard
-from nanogpt.results.dashboard import VIEW_FILE, swept_keys, view_spec, write_view
+from nanogpt.reporters import dashboard
+from nanogpt.reporters.dashboard import VIEW_FILE, swept_keys, view_spec, write_view
 from tests.conftest import run_without_a_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 

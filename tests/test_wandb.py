@@ -20,9 +20,10 @@ import pandas as pd
 import pytest
 
 from nanogpt.config import LoggerMode
+from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
+from nanogpt.reporters.wandb_sink import FAULT_ENV
 from nanogpt.results import store as records
 from nanogpt.results import table as report
-from nanogpt.results.wandb_sink import FAULT_ENV, api_key_configured, resolve_mode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
 from .conftest import run_without_a_key, with_micro

@@ -21,7 +21,8 @@ from nanogpt.launch import forkserver
 from nanogpt.launch.handoff import Handoff, Job
 from nanogpt.launch.process import run_child
 from nanogpt.launch.worker import finish_record, measure_point
-from nanogpt.results import repeats, store, wandb_point
+from nanogpt.reporters import wandb_point
+from nanogpt.results import repeats, store
 from nanogpt.results.record import Record
 
 SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when

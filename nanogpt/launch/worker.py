@@ -32,7 +32,7 @@ from nanogpt.launch.handoff import Handoff, write_answer
 from nanogpt.launch.process import die_with_parent, run_child
 from nanogpt.measure import maxbatch
 from nanogpt.measure.loop import measure
-from nanogpt.results import wandb_sink
+from nanogpt.reporters import wandb_sink
 from nanogpt.results.record import Asked, MaxBatch, Record
 
 

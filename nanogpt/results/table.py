@@ -2,7 +2,8 @@
 
 `build_table` makes it (a `Sweep`: the table, the long steps table, the swept keys and which
 point is the baseline); `publish` also writes DIR/summary.csv, summary.parquet, steps.parquet
-and summary.md (results/tidy.py), prints it and draws the plots. The multirun callback calls
+and summary.md (results/tidy.py) and prints it; the entry points draw the plots
+(nanogpt/reporters/plots.py). The multirun callback calls
 it at the end of a sweep, `python -m nanogpt.report DIR` for any sweep dir, finished or not,
 and the notebook builds the same table. Columns: the record's (results/record.py), one per
 swept key after `overrides` (results/swept.py; a key that is already a record column, such as
@@ -218,12 +219,12 @@ def speedup_text(row: pd.Series) -> str:
 def publish(
     sweep_dir: Path,
     baseline: str | None = None,
-    plots: bool = False,
     memory_budget_gib: float | None = None,
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
 ) -> Sweep:
-    """Build, write and print the table of a sweep dir, and the recommendation under it."""
+    """Build, write and print the table of a sweep dir, and the recommendation under it (the
+    plots are the entry points' to draw: nanogpt/reporters/plots.py)."""
     sweep = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh)
     table = sweep.table
     write_summary(sweep_dir, sweep)
@@ -235,9 +236,4 @@ def publish(
         print(line)
     for path in sweep.unreadable:
         print(f"skipped unreadable record: {path}", file=sys.stderr)
-    if plots:
-        from nanogpt.results.plots import write_plots  # matplotlib only when asked for
-
-        for path in write_plots(sweep_dir, table):
-            print(f"plot: {path}")
     return sweep

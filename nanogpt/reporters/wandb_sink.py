@@ -38,7 +38,6 @@ variable NANOGPT_WANDB_FAULT=init|log (TESTING ONLY) makes real wandb fail at th
 
 from __future__ import annotations
 
-import netrc
 import os
 import re
 import secrets
@@ -48,14 +47,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 from tqdm import tqdm
 
-from nanogpt.config import LoggerConfig, LoggerMode
+from nanogpt.config import LoggerConfig
 from nanogpt.faults import RESULT_STATUSES, describe
+from nanogpt.reporters.wandb_mode import resolve_mode
+from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
 from nanogpt.results.store import sweep_id
-from nanogpt.results.wandb_point import earlier_runs, point_config, tag_superseded
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -69,7 +68,6 @@ FAULT_ENV = "NANOGPT_WANDB_FAULT"
 REFUSED_RUN_ID = "injected/fault"
 REFUSED_KEY = 0
 
-DEFAULT_HOST = "https://api.wandb.ai"
 # Bound on run.finish's upload wait; data not uploaded by then stays on disk for `wandb sync`.
 FINISH_TIMEOUT_S = 60.0
 # Not in the run summary: the per-step rows (steps.csv; the history has the windows), and wall_s,
@@ -213,33 +211,6 @@ def new_run_id() -> str:
     """A run id as wandb makes them (8 lowercase letters and digits), chosen here so that an
     offline fallback keeps the id the online attempt had."""
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-
-
-def resolve_mode(mode: LoggerMode) -> tuple[str, str | None]:
-    """The wandb mode to run in, and why, when `auto` chose offline or disabled.
-
-    auto: wandb's own switch WANDB_MODE when it is set, else online when an API key is
-    configured, else offline. The other modes are taken as asked.
-    """
-    if mode is not LoggerMode.auto:
-        return mode.value, None
-    if env_mode := os.environ.get("WANDB_MODE"):
-        return env_mode, f"WANDB_MODE={env_mode}"
-    if api_key_configured():
-        return "online", None
-    return "offline", "no API key (WANDB_API_KEY or ~/.netrc)"
-
-
-def api_key_configured() -> bool:
-    """Where wandb finds a key: the environment, else the netrc entry for the W&B host."""
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
-        return True
-    host = urlsplit(os.environ.get("WANDB_BASE_URL", DEFAULT_HOST)).netloc
-    path = Path(os.environ.get("NETRC", "~/.netrc")).expanduser()
-    try:
-        return netrc.netrc(path).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
 
 
 def _where(run, mode: str, reason: str | None) -> str:

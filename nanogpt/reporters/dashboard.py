@@ -31,9 +31,9 @@ from pathlib import Path
 from nanogpt.config import LoggerConfig, LoggerMode
 from nanogpt.faults import describe
 from nanogpt.files import read_json, write_atomic, write_json
+from nanogpt.reporters.wandb_mode import resolve_mode
 from nanogpt.results import swept
 from nanogpt.results.store import iter_records, sweep_id
-from nanogpt.results.wandb_sink import resolve_mode
 
 VIEW_FILE = "wandb_view.json"
 URL_FILE = "wandb_view_url.txt"
@@ -59,7 +59,7 @@ def swept_keys(points: list[list[str]]) -> list[str]:
     A key of the config is its own path (a group choice such as model=gpt2: the field that
     names it, model.name); any other key (a nested preset group such as +sweep/accum_split, a
     preset, Hydra's own keys) is the point's typed override, point.overrides.<key with dots as
-    '/'> (results/wandb_point.py).
+    '/'> (reporters/wandb_point.py).
     """
 
     def path(key: str) -> str:
