@@ -15,13 +15,16 @@ from nanogpt.results import stats
 COMPILE = "perf.compile="
 
 
-def speedup(table: pd.DataFrame, steps: list, base: int, other: int) -> tuple:
+def speedup(table: pd.DataFrame, steps: list, base: int, other: int, base_draws=None) -> tuple:
     """tokens/s of row `other` over row `base`, its 95 % interval and its verdict. `steps[i]`
     is row i's measured steps, a list per repeat. tokens/s ratio = tokens-a-step ratio x base
-    step time / other step time."""
+    step time / other step time. `base_draws`: the base's resamples, when already drawn (the
+    same draws: they are seeded)."""
     scale = table["tokens_per_step"].iloc[other] / table["tokens_per_step"].iloc[base]
     figure = stats.point_figure(steps[base]) / stats.point_figure(steps[other])
-    draws = stats.resampled(steps[base], stats.SEED) / stats.resampled(steps[other], stats.SEED + 1)
+    if base_draws is None:
+        base_draws = stats.resampled(steps[base], stats.SEED)
+    draws = base_draws / stats.resampled(steps[other], stats.SEED + 1)
     low, high = stats.interval(draws)
     low, high = scale * low, scale * high
     return scale * figure, low, high, stats.verdict(low, high)
@@ -37,9 +40,10 @@ def add_speedups(table: pd.DataFrame, steps: list, base: int | None) -> None:
     n = len(table)
     values = [(None, None, None, None)] * n
     if base is not None and comparable(table, steps, base):
+        base_draws = stats.resampled(steps[base], stats.SEED)  # once, not once a row
         for i in range(n):
             if comparable(table, steps, i):
-                ratio, low, high, verdict = speedup(table, steps, base, i)
+                ratio, low, high, verdict = speedup(table, steps, base, i, base_draws)
                 values[i] = (ratio, low, high, "baseline" if i == base else verdict)
     for k, name in enumerate(("speedup", "speedup_ci_low", "speedup_ci_high")):
         table[name] = pd.Series([v[k] for v in values], index=table.index, dtype="float64")
