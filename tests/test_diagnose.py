@@ -398,7 +398,7 @@ def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
 
 def test_bottleneck_plot_stacks_each_points_figures(diagnosed_sweep):
     _, sweep_dir = diagnosed_sweep
-    table, _ = report.build_table(sweep_dir)
+    table = report.build_table(sweep_dir).table
     step_ax, kind_ax = bottleneck(table).axes
     for ax, parts in ((step_ax, STEP_PARTS), (kind_ax, KIND_PARTS)):
         # One segment a part per row, in the table's order (first point on top).

@@ -198,6 +198,10 @@ def test_the_baseline_rule_is_stated_in_the_table(tidy_sweep):
     first_line = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()[0]
     assert first_line.startswith("baseline: ") and "perf.grad_accum=2" in first_line
     assert first_line in proc.stdout
+    sweep = report.build_table(sweep_dir)
+    assert sweep.baseline == first_line
+    rows, unreadable = sweep  # still unpacks as the (table, unreadable) it used to be
+    assert rows is sweep.table and unreadable == []
 
 
 def run_report(*args: str, cwd):

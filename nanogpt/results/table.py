@@ -89,6 +89,10 @@ class Sweep:
     baseline: str  # which point is the speedup baseline, and why
     unreadable: list[Path] = field(default_factory=list)
 
+    def __iter__(self):
+        """`table, unreadable = build_table(...)` still reads as it did when it was a tuple."""
+        return iter((self.table, self.unreadable))
+
     def series(self) -> list:
         """Each row's measured steps (a list per repeat), found by its job_dir."""
         return sweep_steps.series(self.steps, self.table["job_dir"])
