@@ -42,6 +42,8 @@ def gpt_config(spec: RunSpec) -> GPTConfig:
         bias=m.bias,
         attention=spec.perf.attention.value,
         activation_checkpointing=spec.perf.activation_checkpointing,
+        loss=spec.perf.loss.value,
+        loss_chunk=spec.perf.loss_chunk,
     )
 
 
