@@ -3,7 +3,10 @@ mfu_achievable, for a whole point (`rates`) and for one log window (`window_rate
 
     tokens/s        = tokens_per_step / step time                  (all ranks)
     achieved FLOP/s = flops_per_token x tokens per device per step / step time   (per device)
-    MFU             = achieved FLOP/s / peak FLOP/s  (Chowdhery et al. 2022, "PaLM", appendix B)
+    MFU             = achieved FLOP/s / peak FLOP/s  (Chowdhery et al. 2022, "PaLM", appendix B);
+                      the peak of perf.dtype (peak_dtype): with perf.fp8 that is bf16, the
+                      dtype of the work left unconverted, as torchtitan divides float8 runs
+                      by the bf16 peak
     HFU             = the same with the recompute of activation checkpointing counted
     mfu_achievable  = achieved FLOP/s / the best matmul this machine measured (calibration)
     J per token     = energy over the measured steps / tokens this device trained in them
@@ -85,6 +88,7 @@ def rates(
         achieved_tflops=achieved / 1e12,
         peak_tflops=peak.flops / 1e12 if peak.flops else None,
         peak_source=peak.source,
+        peak_dtype=dtype,
         mfu=achieved / peak.flops if peak.flops else None,
     )
     if peak.flops and checkpointing:
