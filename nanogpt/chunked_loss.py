@@ -29,8 +29,8 @@ IGNORE_INDEX = -1
 
 def compute_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype the head's matmuls run in: autocast's when it is on (the full head's logits are
-    in it too), else the input's."""
-    if torch.is_autocast_enabled(device_type):
+    in it too), else the input's. (Some devices, e.g. meta for FLOP counting, have no autocast.)"""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return dtype
 

@@ -7,12 +7,16 @@ outputs), and asserting none has the full [B*T, vocab] shape.
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanogpt.chunked_loss import chunked_cross_entropy
+from nanogpt.measure.flops import counted_flops_per_token
 from nanogpt.measure.memory import estimate_memory
 from nanogpt.model import GPT, GPTConfig
 
@@ -129,3 +133,43 @@ def test_the_memory_estimate_logits_term_follows_the_loss():
     # One chunk's logits (compute dtype + fp32) plus the whole-size dx and fp32 dW buffers.
     assert chunked["logits"] == 2048 * 50304 * (2 + 4) + 12 * 1024 * 768 * 4 + 50304 * 768 * 4
     assert chunked["total"] < full["total"]
+
+
+def test_the_counted_flops_are_the_full_heads():
+    # The gradient is taken in forward, chunk by chunk: the same matmuls, no recompute.
+    full = counted_flops_per_token(GPTConfig(**TINY))
+    assert counted_flops_per_token(GPTConfig(**TINY, loss="chunked", loss_chunk=5)) == full
+
+
+@pytest.mark.slow
+def test_torch_compile_traces_the_chunked_loss_and_agrees_with_eager():
+    full, chunked = _pair()
+    compiled = torch.compile(chunked)
+    x, y = _batch()
+    _, eager_loss = full(x, y)
+    _, compiled_loss = compiled(x, y)
+    eager_loss.backward()
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for a, b in zip(full.parameters(), chunked.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_a_sweep_over_the_loss_records_it_and_its_estimate(sweep):
+    proc, sweep_dir = sweep("perf.loss=full,chunked", "perf.loss_chunk=8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    full, chunked = (json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json")))
+    assert (full["loss"], chunked["loss"]) == ("full", "chunked")
+    assert full["loss_chunk"] is None and chunked["loss_chunk"] == 8
+    assert chunked["mem_estimate"]["logits"] < full["mem_estimate"]["logits"]
+    assert chunked["flops_per_token_counted"] == full["flops_per_token_counted"]
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert list(table["loss"]) == ["full", "chunked"] and set(table["status"]) == {"ok"}
+
+
+def test_a_chunk_of_no_tokens_is_one_line_before_any_point(sweep):
+    proc, sweep_dir = sweep("perf.loss=chunked", "perf.loss_chunk=0")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "perf.loss_chunk: is 0 but must be at least 1" in line
+    assert not list(sweep_dir.rglob("result.json"))
