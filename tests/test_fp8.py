@@ -75,3 +75,24 @@ def test_fp8_where_it_cannot_run_is_one_line_before_any_point(sweep, overrides, 
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: point 1 of 2") and " perf.fp8: " in line and message in line
     assert not list(sweep_dir.rglob("result.json"))
+
+
+def test_an_fp8_point_is_divided_by_the_bf16_peak_and_beating_bf16_matmuls_flags_nothing():
+    import warnings
+
+    from nanogpt.results import derive
+    from nanogpt.results.derive import Ceilings, Peak
+    from nanogpt.results.record import Setup
+
+    setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1_000_000)
+    # 1e9 FLOP in 1 ms is 1 PFLOP/s: above the 0.8 PFLOP/s the bf16 calibration measured.
+    ceilings = Ceilings(Peak(0.989e15, "datasheet"), achievable_flops=0.8e15)
+    args = (setup, 1.0, 1.0, ceilings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "the FLOP count or the timing is wrong" warning
+        fp8 = derive.rates(*args, compiled=True, checkpointing=False, dtype="bf16", fp8=True)
+    assert fp8.peak_dtype == "bf16" and fp8.mfu == pytest.approx(1e15 / 0.989e15)
+    assert fp8.mfu_achievable == pytest.approx(1.25) and fp8.mfu_flag is None
+    with pytest.warns(UserWarning, match="mfu_flag is set"):
+        bf16 = derive.rates(*args, compiled=True, checkpointing=False, dtype="bf16")
+    assert bf16.mfu_flag is True  # the same figures without float8 are impossible
