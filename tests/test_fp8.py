@@ -84,8 +84,8 @@ def test_an_fp8_point_is_divided_by_the_bf16_peak_and_beating_bf16_matmuls_flags
     from nanogpt.results.derive import Ceilings, Peak
     from nanogpt.results.record import Setup
 
-    setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1_000_000)
-    # 1e9 FLOP in 1 ms is 1 PFLOP/s: above the 0.8 PFLOP/s the bf16 calibration measured.
+    setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1_000_000_000)
+    # 1e12 FLOP in 1 ms is 1 PFLOP/s: above the 0.8 PFLOP/s the bf16 calibration measured.
     ceilings = Ceilings(Peak(0.989e15, "datasheet"), achievable_flops=0.8e15)
     args = (setup, 1.0, 1.0, ceilings)
     with warnings.catch_warnings():
