@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_table.sh tests dtype      # the CUDA suite; compile x dtype
 #   bash benchmarks/gpu_table.sh attention batch  # the attention backends; batch size to OOM
 #   bash benchmarks/gpu_table.sh nanogpt          # the runner and our GPT against nanoGPT's
+#   bash benchmarks/gpu_table.sh protocol         # the default-point gap; diagnostics' cost
 #
 # Before, on the machine with the checkout (the folder .gpu/ is git-ignored and travels):
 #   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu/nanoGPT
@@ -69,7 +70,14 @@ part() {
       local rc=$?
       grep -E "^round|^tokens/s|Error|error" "$WORK/nanogpt.log" >"$OUT/nanogpt.md"
       return $rc ;;
-    *) echo "unknown part $1: tests, dtype, attention, batch or nanogpt" >&2; return 2 ;;
+    protocol)
+      { python3 benchmarks/default_gap.py --rounds "${ROUNDS:-2}" perf.dtype=bf16 perf.compile=true &&
+        python3 benchmarks/instrumentation_cost.py --rounds "${ROUNDS:-2}" perf.dtype=bf16; } \
+        >"$WORK/protocol.log" 2>&1
+      local rc=$?
+      grep -vE "^\s*$" "$WORK/protocol.log" | tail -n 30 >"$OUT/protocol.md"
+      return $rc ;;
+    *) echo "unknown part $1: tests, dtype, attention, batch, nanogpt or protocol" >&2; return 2 ;;
   esac
 }
 

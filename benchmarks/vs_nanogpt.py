@@ -160,8 +160,11 @@ def runner_bench(dtype: str, compile: bool, run_dir: Path) -> float:
             "optimizer.grad_clip=0",
             "data=synthetic",
             "bench.device=cuda",
+            # bench.py's window: 10 burn-in steps, then 20 timed (no time floors)
             "bench.warmup_steps=10",
+            "bench.warmup_s=0",
             "bench.measure_steps=20",
+            "bench.measure_s=0",
             "bench.min_measure_steps=20",
             "logger=none",
             f"hydra.run.dir={run_dir}",

@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.config import RunSpec
 from nanogpt.errors import ConfigError
+from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
 from nanogpt.results.table import names_baseline
 from nanogpt.validate import check
 
@@ -34,7 +35,11 @@ ConfigStore.instance().store(name="base_config", node=RunSpec)
 # Defaults by device (conf/model/auto.yaml, conf/perf/default.yaml): on CUDA what GPU users
 # measure, nanoGPT bench.py's GPT-2 124M at block 1024 and batch 12; elsewhere the nano model.
 DEVICE_DEFAULTS = {
-    True: ("gpt2", 12, "nanoGPT bench.py's configuration: GPT-2 124M, block 1024, batch 12"),
+    True: (
+        "gpt2",
+        12,
+        "nanoGPT bench.py's configuration: GPT-2 124M without biases, block 1024, batch 12",
+    ),
     False: ("nano", 8, "a small model: GPT-2 takes seconds a step on a CPU"),
 }
 
@@ -59,6 +64,12 @@ def _device_model(key: str, device: str):
 OmegaConf.register_new_resolver("device_model", _device_model, replace=True)
 OmegaConf.register_new_resolver(
     "device_batch_size", lambda device: DEVICE_DEFAULTS[_on_cuda(device)][1], replace=True
+)
+# The measurement protocol's time-based keys (nanogpt/protocol.py says why these numbers).
+OmegaConf.register_new_resolver(
+    "device_bench",
+    lambda key, device: (CUDA_BENCH if _on_cuda(device) else CPU_BENCH)[key],
+    replace=True,
 )
 
 

@@ -120,8 +120,14 @@ class DataConfig:
 class BenchConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     seed: int = 1337
-    warmup_steps: int = 2
+    # The protocol (nanogpt/protocol.py): warmup until warmup_steps *and* warmup_s are done
+    # (and fp16's loss scale has settled); then measure until measure_steps *and* measure_s are
+    # done, or time_budget_s is spent once min_measure_steps are in. conf/bench/default.yaml
+    # sets the time floors by device: seconds on CUDA (clocks settle), none on CPU.
+    warmup_steps: int | None = None  # None: what the compile mode needs (protocol.py)
+    warmup_s: float = 0.0
     measure_steps: int = 20
+    measure_s: float = 0.0
     time_budget_s: float = 20.0  # stop measuring after this long ...
     min_measure_steps: int = 5  # ... once this many steps are in
     repeats: int = 1  # measure the point this many times, each in a fresh process

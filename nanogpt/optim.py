@@ -28,10 +28,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(
     model: torch.nn.Module, cfg: OptimizerConfig, prefer_fused: bool = False
 ) -> torch.optim.Optimizer:
-    """`prefer_fused`: with impl=auto, take the fused implementation. The trainer asks for it
-    where a GradScaler steps the optimizer on CUDA: with a non-fused optimizer GradScaler.step
-    reads found_inf to the host every step, a sync inside the measured loop; a fused one checks
-    it on the device."""
+    """`prefer_fused`: with impl=auto, take the fused implementation. The trainer asks for it on
+    CUDA, for every dtype: it is what GPU trainers run (nanoGPT's train.py), and with fp16 a
+    non-fused optimizer makes GradScaler.step read found_inf to the host every step, a sync
+    inside the measured loop; a fused one checks it on the device."""
     groups = param_groups(model, cfg.weight_decay)
     flags = IMPL_FLAGS[cfg.impl]
     if prefer_fused and cfg.impl is OptimizerImpl.auto:
@@ -39,3 +39,16 @@ def build_optimizer(
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **flags)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **flags)
+
+
+def implementation(optimizer: torch.optim.Optimizer) -> str:
+    """Which implementation steps: fused, foreach or for_loop. torch decides foreach=None at
+    the first step (foreach for CUDA tensors, else for_loop), as its own default does."""
+    defaults = optimizer.defaults
+    if defaults.get("fused"):
+        return "fused"
+    if defaults.get("foreach") is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        on_cuda = bool(params) and all(p.is_cuda for p in params)
+        return "foreach (torch's default)" if on_cuda else "for_loop (torch's default)"
+    return "foreach" if defaults["foreach"] else "for_loop"

@@ -16,9 +16,7 @@ from nanogpt.devices import attention_unavailable, precision_unavailable, resolv
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
 from nanogpt.float8 import torchao_missing
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-CUDA_GRAPH_WARMUP = 3  # steps: warm-up run, recording run, then replays
+from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 
 
 def check(spec: RunSpec, here: bool = True) -> None:
@@ -56,7 +54,7 @@ def check_sizes(spec: RunSpec) -> None:
         "perf.batch_size": p.batch_size,
         "perf.grad_accum": p.grad_accum,
         "perf.loss_chunk": p.loss_chunk,
-        "bench.warmup_steps": b.warmup_steps,  # the first step (compile, lazy init) is warmup
+        "bench.warmup_steps": 1 if b.warmup_steps is None else b.warmup_steps,  # None: auto
         "bench.measure_steps": b.measure_steps,
         "bench.min_measure_steps": b.min_measure_steps,
         "bench.repeats": b.repeats,
@@ -73,6 +71,15 @@ def check_sizes(spec: RunSpec) -> None:
         )
     if not b.time_budget_s > 0:
         raise ConfigError("bench.time_budget_s", "must be positive", "set it to seconds, e.g. 20")
+    for key, value in {"bench.warmup_s": b.warmup_s, "bench.measure_s": b.measure_s}.items():
+        if not value >= 0:
+            raise ConfigError(key, f"is {value} but must be 0 or more", f"set {key}=0 for none")
+    if b.measure_s > b.time_budget_s:
+        raise ConfigError(
+            "bench.measure_s",
+            f"is {b.measure_s} s, longer than bench.time_budget_s={b.time_budget_s} s",
+            f"raise bench.time_budget_s to at least {b.measure_s}",
+        )
     if not spec.logger.init_timeout_s > 0:
         raise ConfigError("logger.init_timeout_s", "must be positive", "set it to seconds, e.g. 30")
     if b.max_batch_memory_gib is not None and b.max_batch_memory_gib <= 0:
@@ -206,6 +213,8 @@ def check_cuda_graph_warmup(spec: RunSpec, device: torch.device) -> None:
     warmup steps the recording would fall into the measured steps."""
     perf, warmup = spec.perf, spec.bench.warmup_steps
     graphs = perf.compile and perf.compile_mode in CUDA_GRAPH_MODES
+    if warmup is None:  # auto: the protocol gives the mode what it needs
+        return
     if graphs and device.type == "cuda" and warmup < CUDA_GRAPH_WARMUP:
         raise ConfigError(
             "bench.warmup_steps",

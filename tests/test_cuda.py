@@ -214,12 +214,43 @@ def test_torchrun_with_nccl_gives_one_record(tmp_path):
 
 
 def test_energy_and_clocks_are_counted_over_the_measured_steps(tmp_path):
-    spec = spec_with(bench={"measure_steps": 300, "time_budget_s": 60}, dtype=Dtype.bf16)
+    # The CUDA default window (protocol.CUDA_BENCH): seconds of steps, so that NVML's energy
+    # counter advances often enough for a mean power.
+    bench = {"warmup_s": 3.0, "measure_s": 5.0, "measure_steps": 30, "time_budget_s": 30}
+    record = measured(spec_with(bench=bench, dtype=Dtype.bf16), tmp_path)
+    assert record.status == "ok", record.error
+    energy, timing = record.energy, record.timing
+    assert energy.energy_source.startswith("nvml total energy (GPU-")
+    assert energy.energy_j > 0 and energy.power_limit_w > 0, energy.energy_source
+    assert energy.energy_updates >= 10 and energy.energy_error_pct < 5
+    assert 0 < record.rates.power_mean_w <= energy.power_limit_w * 1.05
+    assert record.rates.power_over_limit is False
+    assert record.rates.j_per_token > 0 and energy.sm_clock_mean_mhz > 0
+    assert energy.sm_clock_first_mhz > 0 and energy.sm_clock_last_mhz > 0
+    assert isinstance(energy.clock_event_reasons, list)  # read: an empty list is "none seen"
+    assert timing.measured_s >= 5.0 and timing.warmup_s_run >= 3.0
+    assert timing.steady in (True, False) and timing.drift_pct is not None
+    assert timing.diagnostics_active == ["energy-sampler"]
+    # Events time each step; the wall clock of a window also holds the host's pauses.
+    assert timing.step_ms_wall >= timing.step_ms_median * 0.95
+
+
+@pytest.mark.parametrize("dtype", [Dtype.fp32, Dtype.bf16, Dtype.fp16])
+def test_every_dtype_steps_the_fused_optimizer_on_cuda(dtype, tmp_path):
+    # The points of a compile x dtype sweep differ only in what it sweeps: optimizer.impl=auto
+    # is fused AdamW for every dtype on CUDA.
+    record = measured(spec_with(dtype=dtype), tmp_path)
+    assert record.status == "ok", record.error
+    assert record.setup.optimizer_impl_used == "fused"
+    if dtype is Dtype.fp16:
+        assert record.timing.scaler_settled is True
+        assert record.timing.scaler_skipped_steps is not None
+
+
+def test_diagnostics_run_outside_the_measured_steps(tmp_path):
+    spec = spec_with(bench={"profile": True, "memory_snapshot": True}, dtype=Dtype.bf16)
     record = measured(spec, tmp_path)
     assert record.status == "ok", record.error
-    energy = record.energy
-    assert energy.energy_source.startswith("nvml total energy (GPU-")
-    assert energy.energy_j > 0 and energy.power_limit_w > 0
-    assert 0 < record.rates.power_mean_w <= energy.power_limit_w * 1.1
-    assert record.rates.j_per_token > 0 and energy.sm_clock_mean_mhz > 0
-    assert isinstance(energy.clock_event_reasons, list)  # read: an empty list is "none seen"
+    phases = [row["phase"] for row in record.steps]
+    assert phases[-spec.bench.profile_steps :] == ["profile"] * spec.bench.profile_steps
+    assert record.timing.diagnostics_active == ["energy-sampler"]

@@ -34,16 +34,21 @@ CLOCK = "perf_counter+synchronize, fastest trial"
 
 Shape = tuple[int, int, int]  # (M, N, K): an (M, K) input times an (N, K) weight
 
-# The searches: large enough for the kernels to reach full rate, small enough that one dtype
-# fits in BUDGET_S. On 2 CPU cores a 2048^3 fp32 matmul takes ~50 ms; on a GPU, 8192^3 at bf16
-# takes a few ms, and rates keep rising up to about that size.
+# The searches: ladders of growing shapes, climbed while the rate still rises (by more than
+# PLATEAU) and the operands fit in memory, within BUDGET_S. On 2 CPU cores a 2048^3 fp32
+# matmul takes ~50 ms. On an H100 bf16 reached 772.7 TFLOP/s at 6144^3 and about 798 at 8192^3
+# (2026-11-23): the plateau lies at 8192 or beyond, so the ladder goes on to 16384^3 while
+# the rate rises.
 CPU_SHAPES: tuple[Shape, ...] = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096))
 CUDA_SHAPES: tuple[Shape, ...] = (
     (4096, 4096, 4096),
     (6144, 6144, 6144),
     (8192, 8192, 8192),
-    (16384, 8192, 4096),
+    (12288, 12288, 12288),
+    (16384, 16384, 16384),
 )
+PLATEAU = 0.01  # a shape less than 1 % faster than the best so far ends the climb
+MEMORY_SHARE = 0.5  # a shape's operands (and their fp32 sources) may take this much free memory
 BUDGET_S = 8.0  # per dtype, warm-ups included
 MAX_TRIALS = 10
 TRIAL_S = 0.05  # a trial repeats the call until it lasts about this long
@@ -86,15 +91,27 @@ def measure(
 ) -> dict:
     """The cache entry of one dtype: the best rate over `shapes`, and every shape's rate."""
     started = time.perf_counter()
-    by_shape = {}
+    by_shape: dict[str, float] = {}
+    stopped = "the last shape"
     for i, shape in enumerate(shapes):
-        share = (started + budget_s - time.perf_counter()) / (len(shapes) - i)  # time left, split
-        by_shape[shape_name(shape)] = linear_flops(device, dtype, shape, share)
+        if by_shape and not fits(device, shape):
+            stopped = f"{shape_name(shape)} does not fit in memory"
+            break
+        left = started + budget_s - time.perf_counter()
+        if by_shape and left <= 0:
+            stopped = "the time budget"
+            break
+        best_so_far = max(by_shape.values(), default=0.0)
+        by_shape[shape_name(shape)] = linear_flops(device, dtype, shape, left / (len(shapes) - i))
         if bar is not None:
             bar.set_postfix(dtype=dtype.value, best_tflops=f"{max(by_shape.values()) / 1e12:.3f}")
             bar.update(1)
+        if len(by_shape) >= 2 and by_shape[shape_name(shape)] < best_so_far * (1 + PLATEAU):
+            stopped = f"a plateau: {shape_name(shape)} was not {PLATEAU:.0%} faster"
+            break
     best = max(by_shape, key=by_shape.get)
     return {
+        "stopped_at": stopped,
         "tflops": by_shape[best] / 1e12,
         "shape": best,
         "by_shape_tflops": {name: flops / 1e12 for name, flops in by_shape.items()},
@@ -103,6 +120,18 @@ def measure(
         "op": OP,
         "clock": CLOCK,
     }
+
+
+def fits(device: torch.device, shape: Shape) -> bool:
+    """Whether a shape's operands fit in MEMORY_SHARE of the device's free memory (CUDA; on
+    CPU the ladder is short enough for any machine that runs the model)."""
+    if device.type != "cuda":
+        return True
+    m, n, k = shape
+    free, _ = torch.cuda.mem_get_info(device)
+    # x and W made in fp32, then cast; the output in the compute dtype (at most fp32)
+    need = (m * k + n * k) * 4 * 2 + m * n * 4
+    return need <= free * MEMORY_SHARE
 
 
 def shape_name(shape: Shape) -> str:

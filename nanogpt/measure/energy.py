@@ -1,30 +1,32 @@
 """Energy and clocks over the measured steps: what a point costs in joules, and whether the
 device ran at full speed while it was measured.
 
-- CUDA: NVML's total-energy counter (millijoules since the driver loaded; Volta and newer), read
-  at the start and the end of the measured steps. The counter is updated periodically: a window
-  shorter than its update period reads no change, which is recorded as null, not 0. At the end
-  of each measured window, before the device is synced (so while it still works through the
+- CUDA: NVML's total-energy counter (millijoules since the driver loaded; Volta and newer),
+  polled while the steps run (measure/counters.py: a mean power from the counter's own update
+  edges, null with the reason when it advanced fewer than MIN_UPDATES times). At the end of
+  each measured window, before the device is synced (so while it still works through the
   queued steps), the probe samples the SM clock, the temperature and the clock-event
   ("throttle") reasons, the figures llm.c and Megatron log. The device is NVML's by UUID
-  (devices.nvml_handle).
+  (devices.nvml_handle). One GPU: `energy_ranks` is 1.
 - CPU: RAPL (Linux powercap, /sys/class/powercap/intel-rapl:N, also on AMD), the package
-  domains summed: the whole CPU packages, all processes on them. Null, with the reason in
-  `energy_source`, where it is not readable (VMs, containers, no root).
+  domains summed: the whole CPU packages, all processes on them, so under torchrun every rank
+  on this host (`energy_ranks` = LOCAL_WORLD_SIZE: J/token divides by all of their tokens).
+  Null, with the reason in `energy_source`, where it is not readable (VMs, containers, no root).
 
-Derived figures (J per step and per token, tokens per kWh, mean power) come from
-results/derive.py.
+Derived figures (J per step and per token, tokens per kWh, mean power, the over-limit flag)
+come from results/derive.py.
 """
 
 from __future__ import annotations
 
+import os
 import re
-import time
 from pathlib import Path
 
 import torch
 
 from nanogpt.devices import nvml_handle
+from nanogpt.measure.counters import CounterSampler, NvmlCounter, RaplCounter
 from nanogpt.results.record import Energy
 
 POWERCAP = Path("/sys/class/powercap")
@@ -45,17 +47,15 @@ CLOCK_EVENT_REASONS = {
 
 class EnergyProbe:
     """start() before the measured steps, sample() at the end of each window (before its sync),
-    stop() after the last."""
+    stop() after the last. `counter` replaces the device's own (tests: a counter that advances
+    in steps, as NVML's does, on a machine without one)."""
 
-    def __init__(self, device: torch.device, powercap: Path = POWERCAP):
-        self.energy = Energy()
-        self._started_s = 0.0
-        self._start: list[int] | None = None  # counter readings at start()
+    def __init__(self, device: torch.device, powercap: Path = POWERCAP, counter=None):
+        self.energy = Energy(energy_ranks=1)
         self._clocks: list[float] = []
         self._temps: list[float] = []
         self._reasons: int | None = None  # the bits seen; None: never readable
         self._handle = None
-        self._rapl: list[Path] = []
         if device.type == "cuda":
             self._handle, which = nvml_handle(device)
             self.energy.energy_source = (
@@ -64,15 +64,27 @@ class EnergyProbe:
             self.energy.power_limit_w = self._nvml(
                 lambda nv, h: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3
             )
+            if self._handle is not None and counter is None:
+                counter = NvmlCounter(self._handle)
         elif device.type == "cpu":
-            self._rapl, why = rapl_domains(powercap)
+            domains, why = rapl_domains(powercap)
             self.energy.energy_source = why
+            # RAPL counts the whole packages: every rank that torchrun started on this host.
+            self.energy.energy_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            if domains and counter is None:
+                counter = RaplCounter(domains)
         else:
             self.energy.energy_source = f"none: no energy counter for {device.type}"
+        self._sampler = CounterSampler(counter) if counter is not None else None
+
+    @property
+    def sampling(self) -> bool:
+        """Whether a thread polls a counter during the measured steps (the record lists it)."""
+        return self._sampler is not None
 
     def start(self) -> None:
-        self._start = self._read()
-        self._started_s = time.perf_counter()
+        if self._sampler is not None:
+            self._sampler.start()
 
     def sample(self) -> None:
         if self._handle is None:
@@ -89,17 +101,19 @@ class EnergyProbe:
 
     def stop(self) -> Energy:
         """The figures of the measured steps (call after the device was synced)."""
-        end = self._read()
         energy = self.energy
-        energy.energy_s = time.perf_counter() - self._started_s
-        if self._start is not None and end is not None:
-            joules = self._joules_between(self._start, end)
-            if joules > 0:
-                energy.energy_j = joules
-            else:  # shorter than the counter's update period: unknown, not zero
-                energy.energy_source += "; the counter did not advance during the measured steps"
+        if self._sampler is not None:
+            reading = self._sampler.stop()
+            energy.energy_s = reading.window_s
+            energy.energy_j = reading.energy_j
+            energy.energy_updates = reading.updates
+            energy.energy_update_ms = reading.update_ms
+            energy.energy_error_pct = reading.error_pct
+            if reading.note:  # too few updates: unknown, not zero
+                energy.energy_source += f"; {reading.note}"
         if self._clocks:
             energy.sm_clock_mean_mhz = sum(self._clocks) / len(self._clocks)
+            energy.sm_clock_first_mhz, energy.sm_clock_last_mhz = self._clocks[0], self._clocks[-1]
         if self._temps:
             energy.temperature_max_c = max(self._temps)
         if self._reasons is not None:
@@ -107,22 +121,6 @@ class EnergyProbe:
                 name for bit, name in CLOCK_EVENT_REASONS.items() if self._reasons & bit
             ]
         return energy
-
-    def _read(self) -> list[int] | None:
-        """The raw counters: NVML's one (mJ) or each RAPL package domain's (uJ)."""
-        if self._handle is not None:
-            mj = self._nvml(lambda nv, h: nv.nvmlDeviceGetTotalEnergyConsumption(h))
-            return None if mj is None else [mj]
-        if self._rapl:
-            return read_rapl_uj(self._rapl)
-        return None
-
-    def _joules_between(self, start: list[int], end: list[int]) -> float:
-        if self._handle is not None:
-            return (end[0] - start[0]) / 1e3  # a 64-bit mJ counter: it does not wrap
-        # Each RAPL counter wraps to 0 past max_energy_range_uj (minutes at full power).
-        ranges = [int((d / "max_energy_range_uj").read_text()) for d in self._rapl]
-        return sum((e - s) % r for s, e, r in zip(start, end, ranges, strict=True)) / 1e6
 
     def _nvml(self, query):
         try:

@@ -3,9 +3,15 @@
 The loop is written so that measuring does not change what is measured:
 - no host sync inside the measured steps: CUDA events are read once per log window, and the loss
   is summed on the device and read once per window (a `.item()` per step would stall the GPU);
-- warmup steps (the first one carries compilation and allocator growth) never enter a statistic;
-- profiled steps, when asked for, run apart and stay out of the timing statistics;
-- a time budget stops measuring once enough steps are in, so a slow point cannot stall a sweep.
+- warmup (the first step carries compilation and allocator growth) lasts until the protocol's
+  step and time floors are met and fp16's loss scale has settled (nanogpt/protocol.py), and
+  never enters a statistic;
+- the measured window lasts at least bench.measure_steps and bench.measure_s (a GPU's clocks
+  settle in seconds), and a time budget stops it once enough steps are in;
+- diagnostics stay out of the measured steps: the profiler runs after them (Kineto can leave
+  CUPTI attached to the steps that follow it), the allocator history for an OOM snapshot is
+  recorded during warmup only, and whatever did run beside them is listed in the record
+  (`diagnostics_active`).
 
 `measure(...)` takes plain values (the spec, the device, the ceilings MFU divides by, the sinks)
 and returns a Record with what it measured: Setup, Timing, Memory, Rates, Profile and the steps.
@@ -16,8 +22,6 @@ Whatever goes wrong, the record keeps what was measured up to then, with a statu
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from pathlib import Path
 
@@ -27,29 +31,17 @@ from tqdm import tqdm
 from nanogpt.config import RunSpec
 from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
-from nanogpt.faults import Diverged, classify, describe
-from nanogpt.measure import flops, memory
+from nanogpt.faults import classify, describe
+from nanogpt.measure import memory
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
+from nanogpt.measure.setup import describe_setup
 from nanogpt.measure.timing import StepTimer
 from nanogpt.measure.trainer import Trainer, build_trainer
+from nanogpt.measure.window import StepLog, Window
+from nanogpt.protocol import SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
 from nanogpt.results.record import Record, Setup
-
-
-class StepLog:
-    """Per-step rows for steps.csv: loss is known only at window ends (read once a window)."""
-
-    def __init__(self):
-        self.rows: list[dict] = []
-
-    def add(self, step: int, phase: str, step_ms: float, data_ms: float) -> None:
-        self.rows.append(
-            {"step": step, "phase": phase, "step_ms": step_ms, "data_ms": data_ms, "loss": None}
-        )
-
-    def measured(self, key: str) -> list[float]:
-        return [r[key] for r in self.rows if r["phase"] == "measure"]
 
 
 def measure(
@@ -71,10 +63,11 @@ def measure(
     record_history = spec.bench.memory_snapshot and device.type == "cuda"
     try:
         if record_history:
-            # Python stacks only: C++ ones ("all") cost far more per allocation.
+            # Python stacks only: C++ ones ("all") cost far more per allocation. Off again
+            # before the measured steps (_run_phases): it slows every allocation.
             torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
         trainer = build_trainer(spec, device, world)
-        _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir)
+        _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
         record.status = "ok"
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
         record.status, record.error = classify(exc), describe(exc)
@@ -98,14 +91,15 @@ def _keep_measured_steps(record: Record, log: StepLog) -> None:
         record.timing.set_stats(stats.summarize(step_ms))
 
 
-def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) -> None:
+def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, history) -> None:
     bench, device = spec.bench, trainer.device
-    record.setup = _setup(spec, trainer)
+    record.setup = describe_setup(spec, trainer)
     probe = memory.MemoryProbe(device)
     probe.start()
     energy = EnergyProbe(device)
-    total = bench.warmup_steps + bench.measure_steps
-    bar = tqdm(total=total, desc="steps", unit="step", disable=not trainer.world.is_main)
+    warmup = warmup_steps(bench.warmup_steps, _graph_mode(spec), device.type == "cuda")
+    timed = bench.warmup_s > 0 or bench.measure_s > 0  # then the step count is not known
+    bar = _progress(None if timed else warmup + bench.measure_steps, trainer.world.is_main)
 
     def emit(window: Window) -> dict:
         if window.phase == "measure":
@@ -123,19 +117,15 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
         return figures
 
     try:
-        _first_step(trainer, record, log)
-        bar.update(1)
-        window = Window(trainer, log, "warmup")
-        for _ in range(bench.warmup_steps - 1):
-            window.step()
-            bar.update(1)
-        if window.count:
-            emit(window)
-        if bench.profile:
-            _profile(spec, trainer, record, log, out_dir)
+        _warmup(spec, trainer, record, log, bar, emit, warmup)
+        if history:  # the snapshot keeps what warmup recorded; measured steps run without it
+            torch.cuda.memory._record_memory_history(enabled=None)
+        record.timing.diagnostics_active = _diagnostics(energy, sinks)
         energy.start()
         _measured_steps(spec, trainer, record, log, bar, emit)
         record.energy = energy.stop()  # the last window's close synced the device
+        if bench.profile:  # after the measured steps: the profiler cannot touch them
+            _profile(spec, trainer, record, log, out_dir)
     finally:
         bar.close()
         for key, value in probe.result().items():
@@ -143,61 +133,51 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir) ->
     _derive(spec, trainer, ceilings, record, log)
 
 
-def _setup(spec: RunSpec, trainer: Trainer) -> Setup:
-    model, perf = trainer.raw_model, spec.perf
-    formula = flops.model_flops(model)
-    estimate = memory.estimate_memory(
-        n_params=model.get_num_params(non_embedding=False),
-        n_layer=spec.model.n_layer,
-        n_head=spec.model.n_head,
-        n_embd=spec.model.n_embd,
-        block_size=spec.model.block_size,
-        vocab_size=spec.model.vocab_size,
-        batch_size=perf.batch_size,
-        optimizer=spec.optimizer.name,
-        dtype=perf.dtype.value,
-        attention=perf.attention.value,
-        activation_checkpointing=perf.activation_checkpointing,
-        loss=perf.loss.value,
-        loss_chunk=perf.loss_chunk,
-        world_size=trainer.world.size,
-        strategy="fsdp2" if trainer.fsdp else "ddp",
-        reshard_after_forward=spec.dist.reshard_after_forward,
-        n_block_params=sum(p.numel() for p in model.blocks.parameters()),
-    )
-    fp8 = trainer.fp8_layers
-    return Setup(
-        device=str(trainer.device),
-        world_size=trainer.world.size,
-        n_params=model.get_num_params(non_embedding=False),
-        n_params_flops=formula["n_params_flops"],
-        flops_per_token=formula["flops_per_token"],
-        flops_per_token_counted=flops.counted_flops_per_token(model.config),
-        flops_per_token_hw=formula["flops_per_token_hw"],
-        flops_formula=flops.FORMULA,
-        tokens_per_step=trainer.tokens_per_step,
-        model_wrapping=trainer.model_wrapping,
-        fp8_converted=len(fp8["converted"]) if fp8 is not None else None,
-        fp8_layers=fp8,
-        host_sync_in_step=trainer.host_sync_in_step,
-        inductor_cache=_inductor_cache_state() if perf.compile else None,
-        mem_estimate_bytes=estimate["total"],
-        mem_estimate=estimate,
-    )
+def _graph_mode(spec: RunSpec) -> str | None:
+    return spec.perf.compile_mode if spec.perf.compile else None
 
 
-def _inductor_cache_state() -> str:
-    """'warm' when Inductor's on-disk cache already holds entries, else 'cold'. The dir is the
-    one Inductor itself uses: TORCHINDUCTOR_CACHE_DIR, else its per-user default ('unknown'
-    where this torch does not say which that is)."""
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not cache:
-        try:
-            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-        except ImportError:  # torch releases before this module: not asked, so not guessed
-            return "unknown"
-        cache = default_cache_dir()
-    return "warm" if Path(cache).is_dir() and any(Path(cache).iterdir()) else "cold"
+def _progress(total: int | None, main: bool) -> tqdm:
+    return tqdm(total=total, desc="steps", unit="step", disable=not main)
+
+
+def _diagnostics(energy: EnergyProbe, sinks: list) -> list[str]:
+    """What runs beside the measured steps. None of it inside a step: the sampler is a thread
+    that polls a counter every few ms, a sink is called between windows."""
+    active = ["energy-sampler"] if energy.sampling else []
+    return active + [type(sink).__name__ for sink in sinks]
+
+
+def _warmup(spec, trainer: Trainer, record: Record, log, bar, emit, steps: int) -> None:
+    """The first step, then windows of steps until `steps` are done, bench.warmup_s has passed
+    since the first, and (fp16) a whole window ran without a skipped step, for at most
+    SCALE_SETTLE_STEPS more. Windows end at fixed step counts, so the ranks of a data-parallel
+    world decide together (a collective) after the same step, as the measured steps do."""
+    bench, world = spec.bench, trainer.world
+    _first_step(trainer, record, log)
+    bar.update(1)
+    started = time.perf_counter()
+    skipped = int(trainer.skipped_steps.item())  # a host read: warmup is not measured
+    settled, done = skipped == 0, 1
+
+    def finished() -> bool:
+        waited = time.perf_counter() - started >= bench.warmup_s
+        capped = done >= steps + SCALE_SETTLE_STEPS
+        return not world.any_rank(not (waited and (settled or capped)))
+
+    window = Window(trainer, log, "warmup")
+    while not (done >= steps and window.count == 0 and finished()):
+        window.step()
+        done += 1
+        bar.update(1)
+        if window.count == spec.logger.log_interval or done == steps:
+            emit(window)
+            now = int(trainer.skipped_steps.item())
+            settled, skipped = now == skipped, now
+    timing = record.timing
+    timing.warmup_steps_run, timing.warmup_s_run = done, time.perf_counter() - started
+    if trainer.scaler.is_enabled():
+        timing.scaler_settled = settled
 
 
 def _first_step(trainer: Trainer, record: Record, log: StepLog) -> None:
@@ -229,68 +209,39 @@ def _profile(spec, trainer: Trainer, record: Record, log: StepLog, out_dir: Path
 
 
 def _measured_steps(spec, trainer: Trainer, record: Record, log, bar, emit) -> None:
-    bench, world = spec.bench, trainer.world
+    """Windows of steps until bench.measure_steps and bench.measure_s are both done, or the
+    time budget is spent once bench.min_measure_steps are in."""
+    bench, world, timing = spec.bench, trainer.world, record.timing
     interval = spec.logger.log_interval
     window = Window(trainer, log, "measure")
+    skipped_before = int(trainer.skipped_steps.item())  # synced already: warmup's last window
     started = time.perf_counter()
     done = 0
-    while done < bench.measure_steps:
+    while True:
         window.step()
         done += 1
         bar.update(1)
-        over_budget = time.perf_counter() - started > bench.time_budget_s
+        elapsed = time.perf_counter() - started
+        over_budget = elapsed > bench.time_budget_s
         # The ranks of a data-parallel job must stop after the same step: one that stopped alone
         # would leave the others waiting in DDP's all-reduce. They decide together at window
-        # ends, where the device is read anyway, stopping when any rank's clock is over budget
-        # (so a budget can overrun by up to one window). A world of one ends a window as soon as
-        # its own clock runs out.
+        # ends, where the device is read anyway: all ranks past both floors, or any rank's clock
+        # over budget (so a budget can overrun by up to one window). A world of one ends a
+        # window as soon as its own clock runs out.
         window_full = window.count == interval or done == bench.measure_steps
         if window_full or (over_budget and world.size == 1):
-            record.timing.loss_last = emit(window)["loss"]
+            timing.loss_last = emit(window)["loss"]
+            floors = done >= bench.measure_steps and elapsed >= bench.measure_s
+            if not world.any_rank(not floors):
+                break
             if world.any_rank(over_budget) and done >= bench.min_measure_steps:
                 break
-    record.timing.measured_steps = done
-    record.timing.stopped_by_budget = done < bench.measure_steps
-
-
-class Window:
-    """Steps between two reads of the device: timing and loss are synced once per window."""
-
-    def __init__(self, trainer: Trainer, log: StepLog, phase: str):
-        self.trainer, self.log, self.phase = trainer, log, phase
-        self.timer = StepTimer(trainer.device)
-        self.loss_sum = torch.zeros((), device=trainer.device)
-        self.data_ms: list[float] = []
-        self.count = 0
-
-    def step(self) -> None:
-        self.timer.start()
-        self.loss_sum += self.trainer.step()
-        self.timer.stop()
-        self.data_ms.append(self.trainer.last_data_ms)
-        self.count += 1
-
-    def close(self) -> dict:
-        """The window's median step and mean loss (one device read); its rows go to the log."""
-        times = self.timer.flush()
-        first = self.trainer.steps_done - len(times) + 1
-        for i, (ms, data_ms) in enumerate(zip(times, self.data_ms, strict=True)):
-            self.log.add(first + i, self.phase, ms, data_ms)
-        loss = self.loss_sum.item() / self.count
-        self.log.rows[-1]["loss"] = loss
-        if not math.isfinite(loss):
-            raise Diverged(f"loss is {loss} in the window ending at step {self.trainer.steps_done}")
-        window = {
-            "phase": self.phase,
-            "step": self.trainer.steps_done,
-            "step_ms": stats.summarize(times)["median"],
-            "loss": loss,
-            "lr": self.trainer.optimizer.param_groups[0]["lr"],  # a host float: no sync
-        }
-        self.loss_sum.zero_()
-        self.data_ms.clear()
-        self.count = 0
-        return window
+    timing.measured_s = time.perf_counter() - started
+    timing.measured_steps = done
+    timing.stopped_by_budget = done < bench.measure_steps or elapsed < bench.measure_s
+    timing.step_ms_wall = window.wall_ms_total / window.steps_total
+    if trainer.scaler.is_enabled():
+        timing.scaler_skipped_steps = int(trainer.skipped_steps.item()) - skipped_before
 
 
 def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> None:
@@ -309,6 +260,11 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
     timing.step_ms_median_per_repeat = [timing.step_ms_median]
     timing.data_ms_median = stats.summarize(log.measured("data_ms"))["median"]
     timing.clock = StepTimer(trainer.device).clock
+    timing.steady, timing.steady_note, drift = derive.steadiness(
+        steps, timing.measured_s, spec.bench.measure_s, trainer.device.type != "cpu"
+    )
+    if drift is not None:
+        timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high = drift
     record.rates = derive.rates(
         record.setup,
         timing.step_ms_median,
@@ -321,4 +277,5 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
         energy=record.energy,
         measured_steps=timing.measured_steps,
         fp8=trainer.fp8_layers is not None,
+        step_ms_wall=timing.step_ms_wall,
     )

@@ -26,6 +26,8 @@ class StepTimer:
             self.clock = "perf_counter+mps-sync"
         self._pending: list = []
         self._start = None
+        self._first = self._last = None  # perf_counter at the window's first start, last stop
+        self.wall_ms = 0.0  # the last flushed window's first start to last end
 
     def start(self) -> None:
         if self.cuda:
@@ -33,6 +35,8 @@ class StepTimer:
             self._start.record(torch.cuda.current_stream(self.device))
         else:
             self._start = time.perf_counter()
+            if self._first is None:
+                self._first = self._start
 
     def stop(self) -> None:
         if self.cuda:
@@ -42,13 +46,22 @@ class StepTimer:
         else:
             if self.device.type == "mps":
                 torch.mps.synchronize()
-            self._pending.append((time.perf_counter() - self._start) * 1e3)
+            self._last = time.perf_counter()
+            self._pending.append((self._last - self._start) * 1e3)
 
     def flush(self) -> list[float]:
-        """Step times in ms. On CUDA this waits for the last recorded event (one sync a window)."""
+        """Step times in ms. On CUDA this waits for the last recorded event (one sync a window).
+
+        Also sets `wall_ms`: from the first step's start to the last one's end, on the same
+        clock, so the host's pauses *between* steps count (the step times leave them out)."""
         pending, self._pending = self._pending, []
         if not self.cuda:
+            self.wall_ms = (self._last - self._first) * 1e3 if pending else 0.0
+            self._first = None
             return pending
         if pending:
             pending[-1][1].synchronize()
+            self.wall_ms = pending[0][0].elapsed_time(pending[-1][1])
+        else:
+            self.wall_ms = 0.0
         return [start.elapsed_time(end) for start, end in pending]

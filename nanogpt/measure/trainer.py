@@ -22,7 +22,7 @@ from nanogpt.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.distributed import World
 from nanogpt.faults import Fault
 from nanogpt.model import GPT, GPTConfig
-from nanogpt.optim import build_optimizer
+from nanogpt.optim import build_optimizer, implementation
 from nanogpt.sharding import apply_fsdp2, set_gradient_sync
 
 SDPA_BACKENDS = {
@@ -106,15 +106,19 @@ class Trainer:
             self.model_wrapping = self.model_wrapping.replace("model", "float8(model)", 1)
         # fp16's narrow range needs loss scaling (Micikevicius et al., 2018); bf16 does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=perf.dtype is Dtype.fp16)
+        # On CUDA, impl=auto is the fused optimizer for every dtype, as nanoGPT's train.py
+        # runs: the points of a sweep then differ only in what the sweep varies.
         self.optimizer = build_optimizer(
-            self.raw_model,
-            spec.optimizer,
-            prefer_fused=self.scaler.is_enabled() and device.type == "cuda",
+            self.raw_model, spec.optimizer, prefer_fused=device.type == "cuda"
         )
+        self.optimizer_impl_used = implementation(self.optimizer)
         # GradScaler.step reads found_inf to the host every step unless the optimizer checks it
         # on the device itself (the fused ones do): then one host sync stays in each step.
         fused = getattr(self.optimizer, "_step_supports_amp_scaling", False)
         self.host_sync_in_step = self.scaler.is_enabled() and not fused
+        # Steps the GradScaler skipped (inf/NaN gradients: it halves the scale and does not
+        # step), counted on the device so that no step waits for the host.
+        self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
         self.autocast_dtype = AUTOCAST_DTYPES.get(perf.dtype)
         self.backend = SDPA_BACKENDS.get(perf.attention)
         self.grad_accum = perf.grad_accum
@@ -185,7 +189,12 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.grad_clip)
         self.scaler.step(self.optimizer)
-        self.scaler.update()
+        if self.scaler.is_enabled():
+            before = self.scaler._scale.clone()  # update() lowers it after a skipped step
+            self.scaler.update()
+            self.skipped_steps += (self.scaler._scale < before).squeeze()
+        else:
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.last_data_ms = data_s * 1e3
         return total

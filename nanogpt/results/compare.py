@@ -143,7 +143,11 @@ def recommend(
         title = f"fastest within {memory_budget_gib:g} GiB"
         lines.append(best(within, title, "tokens_per_s"))
     if table["tokens_per_kwh"].notna().any():
-        lines.append(best(ok, "most tokens per kWh", "tokens_per_kwh"))
+        # A mean power over the board's limit is a counter or window problem: not a figure
+        # to recommend on (derive.POWER_LIMIT_SLACK).
+        flagged = table["power_over_limit"].map(lambda v: bool(v) if pd.notna(v) else False)
+        trusted = [i for i in ok if not flagged.iloc[i]]
+        lines.append(best(trusted, "most tokens per kWh", "tokens_per_kwh"))
     if table["usd_per_1m_tokens"].notna().any():
         lines.append(best(ok, "cheapest", "usd_per_1m_tokens", larger=False))
     return [line for line in lines if line]
@@ -173,8 +177,20 @@ def _best(
     if len(ranked) == 1:
         return line + "; no runner-up"
     second = ranked[1]
-    if column == "tokens_per_kwh":  # one energy figure a point: no interval to test with
-        return line + f"; ahead of {names[second]}, not tested (one energy figure each)"
+    if column == "tokens_per_kwh":
+        return line + _energy_lead(table, best, second, names[second])
     ratio, low, high, verdict = speedup(table, steps, second, best)
     lead = "significant" if verdict != stats.NOT_SIGNIFICANT else "not significant (~)"
     return line + f"; {ratio:.3g}x the tokens/s of {names[second]} [{low:.3g}-{high:.3g}], {lead}"
+
+
+def _energy_lead(table: pd.DataFrame, best: int, second: int, name: str) -> str:
+    """The energy lead, judged by the two points' tokens/kWh intervals (derive.py: from the
+    counter's timing error): significant only when they do not overlap."""
+    low = table["tokens_per_kwh_ci_low"].iloc[best]
+    high = table["tokens_per_kwh_ci_high"].iloc[second]
+    ratio = table["tokens_per_kwh"].iloc[best] / table["tokens_per_kwh"].iloc[second]
+    if pd.isna(low) or pd.isna(high):
+        return f"; {ratio:.3g}x {name}, not tested (no interval on the energy)"
+    lead = "significant" if low > high else "not significant (~: the intervals overlap)"
+    return f"; {ratio:.3g}x the tokens/kWh of {name}, {lead}"

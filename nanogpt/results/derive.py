@@ -9,8 +9,12 @@ mfu_achievable, for a whole point (`rates`) and for one log window (`window_rate
                       by the bf16 peak
     HFU             = the same with the recompute of activation checkpointing counted
     mfu_achievable  = achieved FLOP/s / the best matmul this machine measured (calibration)
-    J per token     = energy over the measured steps / tokens this device trained in them
-    tokens per kWh  = 3.6e6 J / J per token
+    tokens/s (wall) = tokens_per_step / (windows' first start to last end / their steps)
+    J per token     = energy over the measured steps / tokens the counted ranks trained in them
+                      (NVML: this GPU's rank; RAPL: every rank on this host)
+    tokens per kWh  = 3.6e6 J / J per token, with an interval from the counter's timing error
+    power over limit: mean power above the enforced limit by more than POWER_LIMIT_SLACK
+    steady          = the window was long enough and its step time did not drift (`steadiness`)
 
 The ceilings a point is divided by are resolved once, before it is measured
 (hardware/calibration.py `ceilings_for_run`), and handed in as plain values: `Ceilings`.
@@ -21,9 +25,14 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from nanogpt.protocol import STEADY_MIN_S
+from nanogpt.results import stats
 from nanogpt.results.record import Energy, Rates, Setup
 
 PEAK_SOURCES = ("datasheet", "cpu-estimate", "override", "calibrated", "unknown")
+# A board cannot hold more than its enforced limit for long; a mean above it by more than this
+# is a counter or window problem, so the figure is flagged and kept out of recommendations.
+POWER_LIMIT_SLACK = 0.05
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,7 @@ def rates(
     energy: Energy | None = None,
     measured_steps: int | None = None,
     fp8: bool = False,
+    step_ms_wall: float | None = None,
 ) -> Rates:
     """A point's derived figures from its median step time (and energy, when counted)."""
     achieved = achieved_flops(setup, step_ms_median)
@@ -100,12 +110,10 @@ def rates(
     if step_ms_ci is not None:  # a slower step bounds tokens/s from below
         out.tokens_per_s_ci_low = tokens_per_s(setup.tokens_per_step, step_ms_ci[1])
         out.tokens_per_s_ci_high = tokens_per_s(setup.tokens_per_step, step_ms_ci[0])
+    if step_ms_wall:
+        out.tokens_per_s_wall = tokens_per_s(setup.tokens_per_step, step_ms_wall)
     if energy is not None and energy.energy_j and measured_steps:
-        tokens_per_device = setup.tokens_per_step / setup.world_size * measured_steps
-        out.j_per_step = energy.energy_j / measured_steps
-        out.j_per_token = energy.energy_j / tokens_per_device
-        out.tokens_per_kwh = 3.6e6 / out.j_per_token
-        out.power_mean_w = energy.energy_j / energy.energy_s
+        _energy_rates(out, setup, energy, measured_steps)
     if ceilings.achievable_flops:
         out.achievable_tflops = ceilings.achievable_flops / 1e12
         out.mfu_achievable = achieved / ceilings.achievable_flops
@@ -121,3 +129,44 @@ def rates(
                 stacklevel=2,
             )
     return out
+
+
+def _energy_rates(out: Rates, setup: Setup, energy: Energy, measured_steps: int) -> None:
+    ranks = min(energy.energy_ranks or 1, setup.world_size)
+    tokens_counted = setup.tokens_per_step / setup.world_size * ranks * measured_steps
+    out.j_per_step = energy.energy_j / measured_steps
+    out.j_per_token = energy.energy_j / tokens_counted
+    out.tokens_per_kwh = 3.6e6 / out.j_per_token
+    if energy.energy_error_pct is not None:
+        error = energy.energy_error_pct / 100
+        out.tokens_per_kwh_ci_low = out.tokens_per_kwh / (1 + error)
+        out.tokens_per_kwh_ci_high = out.tokens_per_kwh / max(1 - error, 1e-9)
+    out.power_mean_w = energy.energy_j / energy.energy_s
+    if energy.power_limit_w:
+        out.power_over_limit = out.power_mean_w > energy.power_limit_w * (1 + POWER_LIMIT_SLACK)
+
+
+def steadiness(
+    steps: list[float], measured_s: float, floor_s: float, on_accelerator: bool
+) -> tuple[bool, str | None, tuple[float, float, float] | None]:
+    """Whether a measured window reads the steady state: (steady, why not, drift).
+
+    drift: the last third's median step over the first third's, as (pct, ci_low, ci_high) with
+    the 95 % interval of stats.speedup. Unsteady when the window was shorter than asked
+    (`floor_s`) or, on an accelerator, than STEADY_MIN_S; or when the drift is significant
+    (its whole interval beyond stats.NOISE): clocks or caches still changing."""
+    notes = []
+    if measured_s < floor_s:
+        notes.append(f"measured {measured_s:.2f} s, less than bench.measure_s={floor_s:g}")
+    elif on_accelerator and measured_s < STEADY_MIN_S:
+        notes.append(f"measured {measured_s:.2f} s: a GPU's clocks take seconds to settle")
+    drift = None
+    third = len(steps) // 3
+    if third >= 2:
+        # stats.speedup(base, other) is base / other in tokens/s terms: slower last third < 1.
+        ratio, low, high = stats.speedup([steps[:third]], [steps[-third:]])
+        drift = ((1 / ratio - 1) * 100, (1 / high - 1) * 100, (1 / low - 1) * 100)
+        if stats.verdict(low, high) != stats.NOT_SIGNIFICANT:
+            way = "slower" if drift[0] > 0 else "faster"
+            notes.append(f"the last third of the steps ran {abs(drift[0]):.1f} % {way}")
+    return not notes, "; ".join(notes) or None, drift

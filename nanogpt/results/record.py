@@ -50,6 +50,7 @@ RESULT_COLUMNS = (
     "reshard_after_forward",
     "optimizer",
     "optimizer_impl",
+    "optimizer_impl_used",
     "batch_size",
     "block_size",
     "grad_accum",
@@ -58,8 +59,15 @@ RESULT_COLUMNS = (
     "device_name",
     "world_size",
     "warmup_steps",
+    "warmup_steps_run",
+    "warmup_s_run",
     "measured_steps",
+    "measured_s",
     "stopped_by_budget",
+    "steady",  # False: the window was too short, or its step time drifted (steady_note: why)
+    "steady_note",
+    "drift_pct",
+    "diagnostics_active",  # a list: what else ran during the measured steps
     "clock",
     "compile_s",
     "inductor_cache",
@@ -76,7 +84,10 @@ RESULT_COLUMNS = (
     "step_ms_median_per_repeat",  # a list: each repeat's median (bench.repeats)
     "step_ms_median_per_rank",  # a list, one median per rank (step_ms_* are the slowest rank's)
     "data_ms_median",
+    "step_ms_wall",
+    "scaler_skipped_steps",
     "tokens_per_s",
+    "tokens_per_s_wall",
     "tokens_per_s_ci_low",
     "tokens_per_s_ci_high",
     "flops_per_token",
@@ -97,12 +108,21 @@ RESULT_COLUMNS = (
     "mem_peak_rss_bytes",
     "mem_estimate_bytes",
     "energy_j",
+    "energy_error_pct",
+    "energy_updates",
+    "energy_update_ms",
+    "energy_ranks",
     "j_per_step",
     "j_per_token",
     "tokens_per_kwh",
+    "tokens_per_kwh_ci_low",
+    "tokens_per_kwh_ci_high",
     "power_mean_w",
     "power_limit_w",
+    "power_over_limit",
     "sm_clock_mean_mhz",
+    "sm_clock_first_mhz",
+    "sm_clock_last_mhz",
     "temperature_max_c",
     "clock_event_reasons",  # a list: the NVML clock-event (throttle) reasons seen
     "energy_source",
@@ -190,6 +210,7 @@ class Setup:
     model_wrapping: str | None = None  # e.g. compile(ddp(model)): what wraps what
     fp8_converted: int | None = None  # Linears swapped for torchao's Float8Linear
     fp8_layers: dict | None = None  # {"converted": [names], "kept": [{layer, reason}]}
+    optimizer_impl_used: str | None = None  # fused | foreach | for_loop: what actually steps
     host_sync_in_step: bool | None = None  # GradScaler with a non-fused optimizer reads the host
     inductor_cache: str | None = None  # cold | warm, with compile
     mem_estimate_bytes: int | None = None
@@ -204,8 +225,19 @@ class Timing:
     first_step_ms: float | None = None
     loss_first: float | None = None
     loss_last: float | None = None
+    warmup_steps_run: int | None = None  # steps before the measured ones (first included)
+    warmup_s_run: float | None = None  # their wall time after the first step
     measured_steps: int | None = None
+    measured_s: float | None = None  # wall time of the measured phase, window reads included
     stopped_by_budget: bool | None = None
+    steady: bool | None = None  # results/derive.steadiness
+    steady_note: str | None = None
+    drift_pct: float | None = None  # last third's median step vs the first third's, in %
+    drift_ci_low: float | None = None  # its 95 % interval (stats.speedup of the thirds)
+    drift_ci_high: float | None = None
+    diagnostics_active: list | None = None  # what ran beside the measured steps ([]: nothing)
+    scaler_skipped_steps: int | None = None  # fp16: measured steps the GradScaler skipped
+    scaler_settled: bool | None = None  # fp16: warmup ended with a step it did not skip
     step_ms_median: float | None = None
     step_ms_mean: float | None = None
     step_ms_p10: float | None = None
@@ -221,6 +253,7 @@ class Timing:
     step_ms_per_rank: list | None = None
     step_ms_median_per_rank: list | None = None
     data_ms_median: float | None = None
+    step_ms_wall: float | None = None  # windows' first start to last end / steps: pauses count
 
     def set_stats(self, stats: dict) -> None:
         """step_ms_<stat> from results/stats.summarize's dict."""
@@ -246,8 +279,14 @@ class Energy:
     energy_source: str | None = None  # the counter, or "none: why"
     energy_j: float | None = None  # null when unknown (no counter, or it did not advance)
     energy_s: float | None = None  # the wall time the energy was counted over
+    energy_updates: int | None = None  # how often the counter advanced in it
+    energy_update_ms: float | None = None  # the counter's median update period
+    energy_error_pct: float | None = None  # bound from the update edges' timing (counters.py)
+    energy_ranks: int | None = None  # ranks whose work the counter covers (RAPL: the host's)
     power_limit_w: float | None = None  # the enforced board power limit (NVML)
     sm_clock_mean_mhz: float | None = None  # sampled at each measured window
+    sm_clock_first_mhz: float | None = None  # the first window's sample ...
+    sm_clock_last_mhz: float | None = None  # ... and the last's: the clock's drift
     temperature_max_c: float | None = None
     clock_event_reasons: list | None = None  # e.g. ["sw_power_cap", "hw_thermal_slowdown"]
 
@@ -259,6 +298,7 @@ class Rates:
     tokens_per_s: float | None = None
     tokens_per_s_ci_low: float | None = None  # from the step time's interval
     tokens_per_s_ci_high: float | None = None
+    tokens_per_s_wall: float | None = None  # tokens_per_step / step_ms_wall: host pauses count
     achieved_tflops: float | None = None  # per device
     peak_tflops: float | None = None
     peak_source: str | None = None  # override | datasheet | cpu-estimate | calibrated | unknown
@@ -273,7 +313,10 @@ class Rates:
     j_per_step: float | None = None  # energy_j / measured steps
     j_per_token: float | None = None  # per device: energy_j / tokens this device trained
     tokens_per_kwh: float | None = None
+    tokens_per_kwh_ci_low: float | None = None  # from energy_error_pct
+    tokens_per_kwh_ci_high: float | None = None
     power_mean_w: float | None = None  # energy_j / energy_s
+    power_over_limit: bool | None = None  # mean power > the enforced limit + 5 %: not trusted
 
 
 @dataclass

@@ -27,6 +27,7 @@ PRINTED_COLUMNS = (
     "status",
     "step_ms_median",
     "step_ms_cv",
+    "steady",
     "tokens_per_s",
     "achieved_tflops",
     "mfu",
@@ -154,6 +155,7 @@ def failed_points(table: pd.DataFrame) -> list[str]:
 def printable(table: pd.DataFrame) -> str:
     shown = table[list(PRINTED_COLUMNS)].fillna(float("nan"))  # None prints as "-" too
     shown["speedup"] = [speedup_text(row) for _, row in table.iterrows()]
+    shown["steady"] = [steady_text(row) for _, row in table.iterrows()]
     for col in ("mem_peak_rss_bytes", "mem_peak_allocated_bytes"):
         shown[col] = shown[col].astype("float64") / 2**20
     shown = shown.rename(
@@ -164,6 +166,21 @@ def printable(table: pd.DataFrame) -> str:
         }
     )
     return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-")
+
+
+def steady_text(row: pd.Series) -> str:
+    """ "yes", or why the window may not read the steady state: "short" (cut or under a GPU's
+    settling time) and/or "drift+3.1%" (the last third of the steps against the first)."""
+    if row["steady"] is None or pd.isna(row["steady"]):
+        return "-"
+    if bool(row["steady"]):
+        return "yes"
+    note, marks = row["steady_note"] or "", []
+    if "measured" in note:
+        marks.append("short")
+    if "third" in note and pd.notna(row["drift_pct"]):
+        marks.append(f"drift{row['drift_pct']:+.1f}%")
+    return ",".join(marks) or "no"
 
 
 def speedup_text(row: pd.Series) -> str:

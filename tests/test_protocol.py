@@ -1,0 +1,247 @@
+"""The measurement protocol (issue gpu-protocol): device-dependent windows, warmup fitted to the
+mode, drift and steadiness, energy from a counter that advances in steps, the power-over-limit
+flag, whose tokens RAPL's joules cover, the fp16 scaler's skipped steps, and diagnostics kept
+out of the measured steps."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import time
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from nanogpt import protocol
+from nanogpt.app import CONF_DIR
+from nanogpt.config import BenchConfig, Dtype, PerfConfig, RunSpec
+from nanogpt.distributed import World
+from nanogpt.errors import ConfigError
+from nanogpt.hardware import matmul
+from nanogpt.measure.counters import CounterSampler
+from nanogpt.measure.energy import EnergyProbe
+from nanogpt.measure.trainer import Trainer
+from nanogpt.results import compare, derive
+from nanogpt.results.record import Energy, Setup
+from nanogpt.validate import check_cuda_graph_warmup
+
+from .conftest import MICRO
+
+CPU = torch.device("cpu")
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+
+
+def test_a_gpu_point_gets_a_time_based_window_and_a_cpu_point_a_quick_one():
+    # Composed only: this machine may have no GPU.
+    cpu, gpu = composed("bench.device=cpu").bench, composed("bench.device=cuda").bench
+    for key, value in protocol.CPU_BENCH.items():
+        assert getattr(cpu, key) == value
+    for key, value in protocol.CUDA_BENCH.items():
+        assert getattr(gpu, key) == value
+    assert gpu.warmup_s > 0 and gpu.measure_s > 0 and cpu.measure_s == 0
+    assert cpu.warmup_steps is None and gpu.warmup_steps is None  # auto: by compile mode
+    # Any key the user sets wins over the device's default.
+    assert composed("bench.device=cuda", "bench.measure_s=60").bench.measure_s == 60
+
+
+def test_warmup_is_chosen_by_mode_and_an_explicit_number_too_low_is_refused():
+    assert protocol.warmup_steps(None, None, on_cuda=True) == protocol.WARMUP_STEPS
+    assert protocol.warmup_steps(None, "default", on_cuda=True) == protocol.WARMUP_STEPS
+    for mode in protocol.CUDA_GRAPH_MODES:
+        assert protocol.warmup_steps(None, mode, on_cuda=True) == protocol.CUDA_GRAPH_WARMUP
+        assert protocol.warmup_steps(None, mode, on_cuda=False) == protocol.WARMUP_STEPS
+    assert protocol.warmup_steps(7, "reduce-overhead", on_cuda=True) == 7
+    # The check needs no GPU: it reads the device's type.
+    graphs = RunSpec(perf=PerfConfig(compile=True, compile_mode="reduce-overhead"))
+    check_cuda_graph_warmup(graphs, torch.device("cuda:0"))  # auto: fine
+    low = dataclasses.replace(graphs, bench=BenchConfig(warmup_steps=2))
+    with pytest.raises(ConfigError, match=r"bench.warmup_steps.*set bench.warmup_steps=3"):
+        check_cuda_graph_warmup(low, torch.device("cuda:0"))
+
+
+@pytest.mark.slow
+def test_the_window_lasts_its_time_floor_and_says_how_it_went(single):
+    proc, run_dir = single(
+        "bench.warmup_s=0.3",
+        "bench.measure_s=0.8",
+        "bench.measure_steps=6",
+        "logger.log_interval=2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["warmup_s_run"] >= 0.3 and record["warmup_steps_run"] >= 2
+    assert record["measured_s"] >= 0.8 and record["measured_steps"] >= 6
+    assert record["stopped_by_budget"] is False
+    assert record["steady"] in (True, False) and record["drift_pct"] is not None
+    # Beside the median of event/perf_counter step times, the wall-clock throughput.
+    assert record["step_ms_wall"] > 0 and record["tokens_per_s_wall"] > 0
+    assert record["diagnostics_active"] == []  # no counter on this machine, no W&B
+    with open(run_dir / "steps.csv") as f:
+        phases = [row["phase"] for row in csv.DictReader(f)]
+    assert phases.count("measure") == record["measured_steps"]
+    assert phases.count("warmup") == record["warmup_steps_run"]
+
+
+def test_a_window_that_drifts_or_is_cut_short_is_not_steady():
+    gen = torch.Generator().manual_seed(0)
+    flat = (30 + torch.randn(60, generator=gen) * 0.2).tolist()
+    steady, note, drift = derive.steadiness(flat, 5.0, 5.0, on_accelerator=True)
+    assert steady and note is None and abs(drift[0]) < 2
+    # The clock drops a third of the way in: the last third is 8 % slower.
+    slowing = flat[:20] + [t * 1.08 for t in flat[20:]]
+    steady, note, drift = derive.steadiness(slowing, 5.0, 5.0, on_accelerator=True)
+    assert not steady and "8." in note and 6 < drift[0] < 10 and drift[1] > 2
+    # Long enough on a CPU, too short for a GPU's clocks.
+    assert derive.steadiness(flat, 0.5, 0.0, on_accelerator=False)[0]
+    steady, note, _ = derive.steadiness(flat, 0.5, 0.0, on_accelerator=True)
+    assert not steady and "settle" in note
+    # Cut by the time budget below the asked floor.
+    steady, note, _ = derive.steadiness(flat, 3.0, 5.0, on_accelerator=False)
+    assert not steady and "bench.measure_s=5" in note
+
+
+class SteppedCounter:
+    """An energy counter like NVML's on a machine without one: a constant power, published
+    only every `period_s`."""
+
+    def __init__(self, watts: float, period_s: float):
+        self.watts, self.period_s, self.t0 = watts, period_s, time.perf_counter()
+
+    def read(self) -> float:
+        published = (time.perf_counter() - self.t0) // self.period_s * self.period_s
+        return self.watts * published
+
+
+def _sampled(counter, seconds: float):
+    sampler = CounterSampler(counter)
+    sampler.start()
+    time.sleep(seconds)
+    return sampler.stop()
+
+
+def test_energy_from_a_stepped_counter_is_null_when_short_and_right_when_long():
+    short = _sampled(SteppedCounter(700, 0.1), 0.35)
+    assert short.energy_j is None and short.updates < 10 and "measure longer" in short.note
+    long = _sampled(SteppedCounter(700, 0.1), 1.6)
+    assert long.updates >= 10 and 80 < long.update_ms < 120
+    power = long.energy_j / long.window_s
+    # Read at the two ends only, this window would be off by up to a whole update (6 %).
+    assert abs(power - 700) / 700 < 0.03 and long.error_pct < 5
+
+
+def test_the_probe_says_why_energy_is_null():
+    probe = EnergyProbe(CPU, counter=SteppedCounter(100, 0.5))
+    assert probe.sampling
+    probe.start()
+    time.sleep(0.2)
+    energy = probe.stop()
+    assert energy.energy_j is None and "advanced" in energy.energy_source
+
+
+def _setup(world_size: int = 1) -> Setup:
+    return Setup(
+        n_params=1, flops_per_token=6, tokens_per_step=1000 * world_size, world_size=world_size
+    )
+
+
+def _rates(energy: Energy, world_size: int = 1, steps: int = 10):
+    ceilings = derive.Ceilings(derive.Peak(None, "unknown"))
+    return derive.rates(
+        _setup(world_size), 10.0, 10.0, ceilings, compiled=False, checkpointing=False,
+        dtype="fp32", energy=energy, measured_steps=steps,
+    )  # fmt: skip
+
+
+def test_a_mean_power_over_the_limit_is_flagged():
+    over = _rates(Energy(energy_j=750.0, energy_s=1.0, power_limit_w=700.0))
+    within = _rates(Energy(energy_j=691.0, energy_s=1.0, power_limit_w=700.0))
+    assert over.power_over_limit is True and within.power_over_limit is False
+
+
+def test_rapl_joules_are_divided_by_every_rank_on_the_host(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert EnergyProbe(CPU, counter=SteppedCounter(1, 1)).energy.energy_ranks == 2
+    one_rank = _rates(Energy(energy_j=100.0, energy_s=1.0, energy_ranks=1), world_size=2)
+    both = _rates(Energy(energy_j=100.0, energy_s=1.0, energy_ranks=2), world_size=2)
+    assert both.j_per_token == pytest.approx(one_rank.j_per_token / 2)
+    assert both.j_per_token == pytest.approx(100.0 / (2000 * 10))
+
+
+def _energy_table(rows):
+    table = pd.DataFrame(rows)
+    for col in ("tokens_per_s", "mem_peak_allocated_bytes", "mem_peak_rss_bytes"):
+        table[col] = 1.0
+    table["tokens_per_step"] = 1000
+    table["usd_per_1m_tokens"] = None
+    return table
+
+
+def test_the_energy_recommendation_compares_intervals_and_skips_flagged_points():
+    rows = [
+        {"status": "ok", "tokens_per_kwh": 1e9, "tokens_per_kwh_ci_low": 0.97e9,
+         "tokens_per_kwh_ci_high": 1.03e9, "power_over_limit": False},
+        {"status": "ok", "tokens_per_kwh": 1.02e9, "tokens_per_kwh_ci_low": 0.99e9,
+         "tokens_per_kwh_ci_high": 1.05e9, "power_over_limit": False},
+        {"status": "ok", "tokens_per_kwh": 2e9, "tokens_per_kwh_ci_low": 1.9e9,
+         "tokens_per_kwh_ci_high": 2.1e9, "power_over_limit": True},
+    ]  # fmt: skip
+    steps = [[[10.0] * 10]] * 3
+    lines = compare.recommend(_energy_table(rows), steps, ["a", "b", "c"], None)
+    energy = next(line for line in lines if "kWh" in line)
+    assert energy.startswith("most tokens per kWh: b") and "not significant" in energy
+    rows[0]["tokens_per_kwh_ci_high"] = 0.98e9  # now apart
+    rows[1]["tokens_per_kwh_ci_low"] = 1.0e9
+    lines = compare.recommend(_energy_table(rows), steps, ["a", "b", "c"], None)
+    energy = next(line for line in lines if "kWh" in line)
+    assert "b" in energy and ", significant" in energy
+
+
+def _fp16_trainer(init_scale: float) -> Trainer:
+    spec = RunSpec(perf=PerfConfig(dtype=Dtype.fp16, batch_size=2))
+    spec.model = dataclasses.replace(spec.model, n_layer=1, n_embd=32, n_head=2, block_size=16)
+    trainer = Trainer(spec, CPU, World(rank=0, size=1, local_rank=0))
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    return trainer
+
+
+def test_the_scaler_s_skipped_steps_are_counted_on_the_device():
+    trainer = _fp16_trainer(2.0**120)  # far too high: fp16 gradients overflow, steps skipped
+    scales = []
+    for _ in range(6):
+        trainer.step()
+        scales.append(trainer.scaler.get_scale())
+    skipped = sum(b < a for a, b in zip([2.0**120, *scales], scales, strict=False))
+    assert skipped >= 1 and int(trainer.skipped_steps.item()) == skipped
+    assert _fp16_trainer(1.0).step() is not None  # a sane scale: nothing skipped
+    calm = _fp16_trainer(1.0)
+    calm.step()
+    assert int(calm.skipped_steps.item()) == 0
+
+
+@pytest.mark.slow
+def test_fp16_warmup_ends_on_a_settled_scale_and_counts_measured_skips(single):
+    proc, run_dir = single("perf.dtype=fp16")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["scaler_settled"] is True and record["scaler_skipped_steps"] >= 0
+
+
+def test_calibration_stops_climbing_at_a_plateau():
+    shapes = ((256, 256, 256), (4, 4, 4), (512, 512, 512))  # a tiny matmul is far slower
+    entry = matmul.measure(CPU, Dtype.fp32, shapes, budget_s=2.0)
+    assert list(entry["by_shape_tflops"]) == ["256x256x256", "4x4x4"]
+    assert entry["stopped_at"].startswith("a plateau") and entry["shape"] == "256x256x256"
+
+
+def test_micro_defaults_still_measure_quickly():
+    # The tests' micro point is a CPU point: no time floors (the suite stays fast).
+    bench = composed(*MICRO).bench
+    assert bench.warmup_s == 0 and bench.measure_s == 0
