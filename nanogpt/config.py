@@ -135,6 +135,8 @@ class BenchConfig:
     cold_compile_cache: bool = False  # give this point its own, empty Inductor cache
     profile: bool = False  # torch.profiler over a window after warmup
     profile_steps: int = 3
+    diagnose: bool = True  # after the measured steps: why the point is as fast as it is
+    diagnose_steps: int = 2  # profiled steps of the diagnosis (after one unrecorded one)
     memory_snapshot: bool = False  # on CUDA OOM, save an allocator snapshot
     find_max_batch: bool = False  # grow then bisect perf.batch_size until OOM
     max_batch_memory_gib: float | None = None  # the search's memory budget (default: all free)

@@ -59,6 +59,7 @@ def check_sizes(spec: RunSpec) -> None:
         "bench.min_measure_steps": b.min_measure_steps,
         "bench.repeats": b.repeats,
         "bench.profile_steps": b.profile_steps,
+        "bench.diagnose_steps": b.diagnose_steps,
         "logger.log_interval": spec.logger.log_interval,
         "dist.nproc": spec.dist.nproc,
     }.items():

@@ -26,6 +26,7 @@ MICRO = [
     "bench.warmup_steps=1",
     "bench.measure_steps=4",
     "bench.min_measure_steps=1",
+    "bench.diagnose_steps=1",  # the diagnosis runs in every test, on one recorded step
     "logger=none",
 ]
 

@@ -317,6 +317,8 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     assert f"baseline: {sweep_id}: " in text and "perf.dtype=fp32" in text
     assert fastest["tokens_per_s"] > 0
     assert "only_in" in text  # the sweep-against-sweep section: these two share no point
+    verdicts = table["bottleneck"].dropna()  # the diagnosis section: each verdict and its hint
+    assert len(verdicts) == 8 and all(f": {v}: " in text for v in verdicts)
     images = [
         o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
     ]
@@ -341,8 +343,10 @@ def test_profiled_run_writes_a_trace_and_keeps_profiled_steps_out_of_the_stats(s
     assert [op["self_ms"] for op in top] == sorted((op["self_ms"] for op in top), reverse=True)
     steps = pd.read_csv(run_dir / "steps.csv")
     # The profiler runs after the measured steps: nothing measured follows it (Kineto can leave
-    # CUPTI attached), and the record says nothing ran beside the measured steps.
-    assert steps["phase"].to_list() == ["warmup"] + ["measure"] * 5 + ["profile"] * 2
+    # CUPTI attached), and the record says nothing ran beside the measured steps. The diagnosis
+    # comes last (one step the profiler warms up on, one recorded).
+    phases = ["warmup"] + ["measure"] * 5 + ["profile"] * 2 + ["diagnose"] * 2
+    assert steps["phase"].to_list() == phases
     assert record["diagnostics_active"] == []
     measured = steps.loc[steps["phase"] == "measure", "step_ms"]
     assert record["measured_steps"] == 5

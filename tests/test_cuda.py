@@ -43,10 +43,14 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
+# Measured in this test process one after another, so without the diagnosis: its profiler could
+# stay attached to the next test's steps (PyTorch issue 144455). test_diagnose.py profiles CUDA.
 SMALL = RunSpec(
     model=ModelConfig(n_layer=2, n_head=4, n_embd=128, block_size=128, vocab_size=1024),
     perf=PerfConfig(batch_size=8),
-    bench=BenchConfig(device="cuda", warmup_steps=3, measure_steps=20, min_measure_steps=5),
+    bench=BenchConfig(
+        device="cuda", warmup_steps=3, measure_steps=20, min_measure_steps=5, diagnose=False
+    ),
 )
 
 

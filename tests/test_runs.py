@@ -38,7 +38,8 @@ def test_warmup_excluded_and_tokens_per_s_matches_step_time(single):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((run_dir / "result.json").read_text())
     rows = read_steps(run_dir)
-    assert [r["phase"] for r in rows] == ["warmup"] * 3 + ["measure"] * 5
+    # The diagnosis after the measured steps: one step the profiler warms up on, one recorded.
+    assert [r["phase"] for r in rows] == ["warmup"] * 3 + ["measure"] * 5 + ["diagnose"] * 2
     measured = sorted(float(r["step_ms"]) for r in rows if r["phase"] == "measure")
     assert record["measured_steps"] == 5
     assert record["step_ms_median"] == pytest.approx(measured[2])

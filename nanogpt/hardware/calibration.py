@@ -31,6 +31,7 @@ from tqdm import tqdm
 from nanogpt.config import Dtype
 from nanogpt.devices import precision_unavailable
 from nanogpt.files import user_cache_dir, write_json
+from nanogpt.hardware.cpu import matmul_emulated
 from nanogpt.hardware.env import device_name, nvidia_driver
 from nanogpt.hardware.matmul import BUDGET_S, Shape, default_shapes, measure
 from nanogpt.hardware.peaks import resolve_peak
@@ -149,7 +150,8 @@ def ceilings_for_run(device: torch.device, dtype: Dtype, override_tflops: float 
     entry = lookup(device, dtype)
     achievable = entry["tflops"] * 1e12 if entry else None
     peak = resolve_peak(device.type, device_name(device), dtype, override_tflops, achievable)
+    emulated = matmul_emulated(dtype) if device.type == "cpu" else None
     if entry is None:
-        return Ceilings(peak)
+        return Ceilings(peak, matmul_emulated=emulated)
     provenance = {k: entry[k] for k in ("shape", "measured_at", "op", "clock")}
-    return Ceilings(peak, achievable, {**provenance, "cache": str(cache_path())})
+    return Ceilings(peak, achievable, {**provenance, "cache": str(cache_path())}, emulated)

@@ -70,6 +70,22 @@ def cpu_flop_per_cycle(
     return None
 
 
+def matmul_emulated(dtype: Dtype, flags: set[str] | None = None) -> str | None:
+    """Why this CPU has no native matmul for a 16-bit `dtype`: one sentence naming the flags it
+    lacks and the 16-bit dtype it does run natively, if any. None for fp32, for a native
+    dtype, and where the flags say nothing (not x86: unknown, not guessed)."""
+    flags = _cpu_flags() if flags is None else flags
+    dtype = Dtype(dtype)
+    if dtype not in _LOW_PRECISION_FLAGS or _fp32_flop_per_cycle(flags) is None:
+        return None
+    if cpu_flop_per_cycle(flags, dtype) is not None:
+        return None
+    native = [d.value for d in _LOW_PRECISION_FLAGS if cpu_flop_per_cycle(flags, d) is not None]
+    lacking = " or ".join(_LOW_PRECISION_FLAGS[dtype])
+    also = f"; {', '.join(native)} is native here" if native else ""
+    return f"{dtype.value} matmuls are emulated on this CPU (no {lacking} flag){also}"
+
+
 def _fp32_flop_per_cycle(flags: set[str]) -> int | None:
     lanes = next((n for flag, n in _SIMD_LANES_FP32 if flag in flags), None)
     if lanes is None:

@@ -33,6 +33,7 @@ from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import classify, describe
 from nanogpt.measure import memory
+from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.setup import describe_setup
@@ -131,6 +132,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         for key, value in probe.result().items():
             setattr(record.memory, key, value)
     _derive(spec, trainer, ceilings, record, log)
+    # After the measured steps and their memory peaks: the profiled steps enter no statistic.
+    run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
 
 
 def _graph_mode(spec: RunSpec) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from nanogpt.results import stats
+from nanogpt.results.diagnosis import fastest_line
 
 COMPILE = "perf.compile="
 
@@ -128,7 +129,8 @@ def add_costs(table: pd.DataFrame, usd_per_hour: float | None, usd_per_kwh: floa
 def recommend(
     table: pd.DataFrame, steps: list, names: list[str], memory_budget_gib: float | None
 ) -> list[str]:
-    """A few lines under the table: the fastest point; the fastest within the memory budget;
+    """A few lines under the table: the fastest point, and its bottleneck with what to try
+    (results/diagnosis.py); the fastest within the memory budget;
     the most tokens per kWh; the cheapest per 1M tokens. Each says whether its lead over the
     runner-up is significant."""
     ok = [i for i in range(len(table)) if comparable(table, steps, i)]
@@ -137,6 +139,11 @@ def recommend(
         return _best(table, steps, names, rows, title, column, larger)
 
     lines = [best(ok, "fastest", "tokens_per_s")]
+    timed = [i for i in ok if pd.notna(table["tokens_per_s"].iloc[i])]
+    if timed:  # why the fastest point is as fast as it is, and what to try next
+        top = max(timed, key=lambda i: table["tokens_per_s"].iloc[i])
+        row = table.iloc[top]
+        lines.append(fastest_line(row.get("bottleneck"), row.get("bottleneck_hint"), names[top]))
     if memory_budget_gib is not None:
         peak, _ = measured_peak(table)
         within = [i for i in ok if peak.iloc[i] <= memory_budget_gib * 2**30]

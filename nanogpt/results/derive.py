@@ -55,6 +55,7 @@ class Ceilings:
     peak: Peak
     achievable_flops: float | None = None
     calibration: dict | None = None
+    matmul_emulated: str | None = None  # why the dtype's matmuls are emulated here, if they are
 
 
 def tokens_per_s(tokens_per_step: int, step_ms: float) -> float:

@@ -9,6 +9,8 @@ of the sweep table and each point's own files:
 - step_times.png      the distribution of each point's measured step times (its steps.csv)
 - memory_anatomy.png  the analytic memory estimate by component (result.json's mem_estimate)
                       beside the measured peak
+- bottleneck.png      each point's step split into device, communication, data and host time,
+                      and its device time by kind (the diagnosis, results/diagnosis.py)
 A plot that has nothing to show (batch size does not vary, no MFU without a peak) is skipped
 with a message. Points are labelled by the overrides that differ between them.
 
@@ -23,35 +25,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from nanogpt.files import write_atomic
 from nanogpt.results import store
+from nanogpt.results.bottleneck_plot import bottleneck
 from nanogpt.results.compare import measured_peak
 from nanogpt.results.labels import parse_overrides, point_labels
+from nanogpt.results.plot_parts import NoData, new_figure, tagged_labels
 
 MIB, GIB = 2**20, 2**30
 MEMORY_PARTS = ("weights", "gradients", "optimizer_state", "activations", "logits")
-
-
-class NoData(Exception):
-    """Raised by a plot that has nothing to draw; the message says why."""
-
-
-def _tagged_labels(table: pd.DataFrame) -> list[str]:
-    """Point labels, with the status appended to the points that are not ok."""
-    names = [label or "defaults" for label in point_labels(table)]
-    return [
-        name if status == "ok" else f"{name} [{status}]"
-        for name, status in zip(names, table["status"], strict=True)
-    ]
-
-
-def _figure(n_rows: int, width: float = 8.0) -> Figure:
-    fig = Figure(figsize=(width, max(3.0, 0.4 * n_rows + 1.5)), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _bars(table: pd.DataFrame, column: str, scale: float, xlabel: str, title: str) -> Figure:
@@ -59,12 +43,12 @@ def _bars(table: pd.DataFrame, column: str, scale: float, xlabel: str, title: st
     values = pd.to_numeric(table[column], errors="coerce") * scale
     if values.isna().all():
         raise NoData(f"no point has {column}")
-    fig = _figure(len(table))
+    fig = new_figure(len(table))
     ax = fig.add_subplot()
     rows = list(range(len(table)))[::-1]  # first point on top
     has = values.notna().to_list()
     ax.barh([r for r, ok in zip(rows, has, strict=True) if ok], values[values.notna()])
-    ax.set_yticks(rows, _tagged_labels(table))
+    ax.set_yticks(rows, tagged_labels(table))
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     return fig
@@ -96,7 +80,7 @@ def batch_scaling(table: pd.DataFrame) -> Figure:
             "peak": peak / MIB,
         }
     )
-    fig = _figure(0, width=11.0)
+    fig = new_figure(0, width=11.0)
     speed_ax, memory_ax = fig.subplots(1, 2)
     for series, rows in data[data["tokens"].notna()].groupby("series", sort=False):
         rows = rows.sort_values("batch")
@@ -142,13 +126,13 @@ def measured_step_ms(job_dir: str | Path) -> list[float]:
 
 
 def step_times(table: pd.DataFrame) -> Figure:
-    labels = _tagged_labels(table)
+    labels = tagged_labels(table)
     jobs = table["job_dir"]
     series = [(label, measured_step_ms(job)) for label, job in zip(labels, jobs, strict=True)]
     series = [(label, ms) for label, ms in series if ms]
     if not series:
         raise NoData("no point has measured steps in its steps.csv")
-    fig = _figure(len(series))
+    fig = new_figure(len(series))
     ax = fig.add_subplot()
     series.reverse()  # first point on top
     ax.boxplot(
@@ -177,7 +161,7 @@ def memory_anatomy(table: pd.DataFrame) -> Figure:
     peak, peak_name = measured_peak(shown)
     largest = max(peak.max(skipna=True), *(e.get("total", 0) for e in estimates))
     unit, scale = ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
-    fig = _figure(2 * len(shown))
+    fig = new_figure(2 * len(shown))
     ax = fig.add_subplot()
     rows = list(range(len(shown)))[::-1]
     left = [0.0] * len(shown)
@@ -188,7 +172,7 @@ def memory_anatomy(table: pd.DataFrame) -> Figure:
     ax.barh(
         [r - 0.2 for r in rows], peak / scale, 0.4, color="black", label=f"measured: {peak_name}"
     )
-    labels = [label for label, kept in zip(_tagged_labels(table), keep, strict=True) if kept]
+    labels = [label for label, kept in zip(tagged_labels(table), keep, strict=True) if kept]
     ax.set_yticks(rows, labels)
     ax.set_xlabel(unit)
     ax.set_title("Memory: estimate by part (upper bar), measured peak (lower)")
@@ -222,7 +206,7 @@ def pareto(table: pd.DataFrame) -> Figure:
     ok = table.assign(peak=peak / GIB)[(table["status"] == "ok") & peak.notna()]
     if ok.empty:
         raise NoData("no ok point with a memory peak")
-    fig = _figure(8, width=7.0)
+    fig = new_figure(8, width=7.0)
     ax = fig.add_subplot()
     ax.scatter(ok["peak"], ok["tokens_per_s"])
     for label, (_, point) in zip(point_labels(ok), ok.iterrows(), strict=True):
@@ -249,6 +233,7 @@ PLOTS: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "memory_anatomy.png": memory_anatomy,
     "speedup.png": speedup,
     "pareto.png": pareto,
+    "bottleneck.png": bottleneck,
 }
 
 

@@ -10,6 +10,7 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
   Rates     the derived figures: tokens/s, achieved FLOP/s, MFU, HFU, mfu_achievable
             (computed in one function, results/derive.py), with their peak and its source
   Profile   torch.profiler's trace and top ops, when asked for
+  Diagnosis the bottleneck verdict, its hint and the figures behind them (results/diagnosis.py)
   MaxBatch  the largest batch that fits, when asked for
 
 Every field name is unique across the parts, so result.json, summary.csv, the W&B summary and the
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nanogpt.config import RunSpec
+from nanogpt.results.diagnosis import Diagnosis
 
 # The table's columns, in order: the scalar fields (and one list) of a record. Nested values
 # (env, mem_estimate, calibration, profile_top_ops, max_batch_search, step_ms_per_rank) stay in
@@ -128,6 +130,7 @@ RESULT_COLUMNS = (
     "energy_source",
     "loss_first",
     "loss_last",
+    *(f.name for f in dataclasses.fields(Diagnosis)),  # the bottleneck verdict and its figures
     "max_batch_size",
     "wall_s",
     "finished_at",
@@ -340,6 +343,7 @@ PARTS = {
     "energy": Energy,
     "rates": Rates,
     "profile": Profile,
+    "diagnosis": Diagnosis,
     "max_batch": MaxBatch,
 }
 
@@ -355,6 +359,7 @@ class Record:
     energy: Energy = field(default_factory=Energy)  # measure/energy.py
     rates: Rates = field(default_factory=Rates)  # results/derive.py, called by the loop
     profile: Profile = field(default_factory=Profile)
+    diagnosis: Diagnosis = field(default_factory=Diagnosis)  # measure/diagnose.py, judged there
     max_batch: MaxBatch = field(default_factory=MaxBatch)  # measure/maxbatch.py, in a child
     env: dict | None = None  # versions, devices, host, git commit (hardware/env.py)
     wall_s: float | None = None  # the job process's clock around the whole point

@@ -6,7 +6,8 @@ and its measured steps (step_ms_measured, a list per repeat); its step time is t
 the repeats' medians, with a hierarchical bootstrap interval (results/stats.py), and every
 derived figure is recomputed from it by results/derive.py. Peaks of memory are the largest of
 any repeat; energy is summed over all measured steps. The rest (the model's figures, the first
-step, the profile) is the first repeat's. steps.csv keeps every repeat's rows, numbered.
+step, the profile, the diagnosis) is the first repeat's. steps.csv keeps every repeat's rows,
+numbered.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ PRINTED_COLUMNS = (
     "mfu_achievable",
     "mem_peak_rss_bytes",
     "mem_peak_allocated_bytes",
+    "bottleneck",
     "speedup",
 )
 

@@ -1,0 +1,448 @@
+"""The diagnosis: where a step's time goes, the bottleneck verdict and the hint.
+
+Real parts: real trainers profiled by the real torch.profiler, points built to be host-bound (a
+tiny model of many small operators) and device-bound (large matmuls); a real sweep of
+`python -m nanogpt.run -m` with W&B offline, its table, recommendation and plot. The verdict and
+hint rules are pure functions, checked on figures chosen to sit on either side of each rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import statistics
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from nanogpt.config import Dtype, RunSpec
+from nanogpt.distributed import World
+from nanogpt.hardware.cpu import matmul_emulated
+from nanogpt.measure import diagnose
+from nanogpt.measure.trainer import build_trainer
+from nanogpt.results import diagnosis
+from nanogpt.results import table as report
+from nanogpt.results.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
+from nanogpt.results.diagnosis import Diagnosis, Setting, judge
+
+from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
+
+SHARES = ("diag_device_frac", "diag_comm_frac", "diag_data_frac", "diag_host_frac")
+KIND_SHARES = tuple(f"diag_{kind}_frac" for kind in diagnosis.KINDS)
+
+# ------------------------------------------------------------------------------------------
+# Interval arithmetic (kernels on several streams overlap)
+# ------------------------------------------------------------------------------------------
+
+
+def test_union_and_difference_of_intervals_match_a_count_of_covered_units():
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [(s, s + rng.randint(1, 12)) for s in rng.sample(range(60), rng.randint(0, 8))]
+        b = [(s, s + rng.randint(1, 12)) for s in rng.sample(range(60), rng.randint(0, 8))]
+        covered_a = {t for start, end in a for t in range(start, end)}
+        covered_b = {t for start, end in b for t in range(start, end)}
+        merged_a, merged_b = diagnose._merge(a), diagnose._merge(b)
+        assert diagnose._length(merged_a) == len(covered_a)
+        assert all(x[1] < y[0] for x, y in zip(merged_a, merged_a[1:], strict=False))
+        assert diagnose._length(diagnose._minus(merged_a, merged_b)) == len(covered_a - covered_b)
+
+
+def op(name: str, *callers: str) -> SimpleNamespace:
+    """A profiled operator and its callers, innermost first, as the profiler's tree links them
+    (names as CUDA runs record them: this machine has no GPU to record them)."""
+    parent = op(*callers) if callers else None
+    return SimpleNamespace(name=name, cpu_parent=parent)
+
+
+@pytest.mark.parametrize(
+    "name,launcher,kind",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", op("aten::mm"), "matmul"),
+        ("nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NTN", op("aten::addmm"), "matmul"),
+        ("triton_tem_fused_mm_0", None, "matmul"),  # Inductor's matmul template
+        ("aten::bmm", op("aten::_scaled_dot_product_attention_math"), "attention"),
+        ("flash_fwd_kernel", op("aten::_flash_attention_forward"), "attention"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4>",
+            op("aten::mul_", "Optimizer.step#AdamW.step"),
+            "optimizer",
+        ),
+        ("multi_tensor_apply_kernel", op("aten::_foreach_add_"), "optimizer"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", op("nccl:all_reduce"), "communication"),
+        ("void at::native::vectorized_elementwise_kernel<4>", op("aten::add"), "elementwise"),
+        ("triton_per_fused_native_layer_norm_0", None, "elementwise"),
+        ("## Call CompiledFxGraph fa3x ##", op("CompiledFunction"), "elementwise"),
+        ("Memcpy HtoD (Pageable -> Device)", None, "other"),
+        ("aten::addmm", op("autograd::engine::evaluate_function: AddmmBackward0"), "matmul"),
+    ],
+)
+def test_kinds_come_from_the_launching_operator_its_callers_or_the_name(name, launcher, kind):
+    assert diagnose._kind(name, launcher) == kind
+
+
+# ------------------------------------------------------------------------------------------
+# Real points on this CPU: host-bound and device-bound by construction
+# ------------------------------------------------------------------------------------------
+
+POINTS = {
+    # 4 layers 8 wide at batch 1: ~2,000 operators a step, each on a few dozen numbers.
+    "tiny": {"n_layer": 4, "n_head": 2, "n_embd": 8, "block_size": 4, "vocab_size": 32, "b": 1},
+    # 1 layer 512 wide, 8 x 64 tokens: a few hundred operators, the matmuls 512 x 512 x 512.
+    "wide": {"n_layer": 1, "n_head": 4, "n_embd": 512, "block_size": 64, "vocab_size": 512, "b": 8},
+}
+
+
+def point_spec(name: str) -> RunSpec:
+    spec = RunSpec()
+    shape = dict(POINTS[name])
+    spec.perf.batch_size = shape.pop("b")
+    for key, value in shape.items():
+        setattr(spec.model, key, value)
+    spec.bench.device = "cpu"
+    return spec
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine, OpenMP's barrier waits for a sibling
+    thread another process descheduled, which stretches operators' time by the load, not by
+    their work (a tiny operator then takes hundreds of microseconds)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def diagnosed():
+    """Each point warmed up, then diagnosed for real: {name: (spec, figures, step_ms)}."""
+    with one_thread():
+        out = {}
+        for name in POINTS:
+            spec = point_spec(name)
+            trainer = build_trainer(spec, torch.device("cpu"), World.from_env())
+            for _ in range(2):
+                trainer.step()
+            # 5 steps: a step of the tiny point is a few ms, about the scheduler's time slice, so
+            # one preemption inside an operator would weigh on 2 steps.
+            figures, step_ms, _ = diagnose.profile_diagnosis(trainer, 5)
+            out[name] = (spec, figures, step_ms)
+        return out
+
+
+def test_shares_of_the_step_and_of_device_time_each_sum_to_one(diagnosed):
+    for _, figures, step_ms in diagnosed.values():
+        assert sum(figures[key] for key in SHARES) == pytest.approx(1.0)
+        assert all(0 <= figures[key] <= 1 for key in SHARES)
+        assert sum(figures[key] for key in KIND_SHARES) == pytest.approx(1.0)
+        assert figures["diag_steps"] == 5 and len(step_ms) == 6  # one unrecorded step first
+        assert figures["diag_comm_frac"] == 0  # one process: no collective
+
+
+def test_tiny_model_is_host_bound_and_wide_one_device_bound(diagnosed):
+    verdicts = {name: diagnosis.verdict(Diagnosis(**f)) for name, (_, f, _) in diagnosed.items()}
+    assert verdicts == {"tiny": "host-bound", "wide": "device-bound"}
+    tiny, wide = diagnosed["tiny"][1], diagnosed["wide"][1]
+    assert tiny["diag_ops_per_step"] > wide["diag_ops_per_step"]  # 4 layers against 1
+    assert tiny["diag_us_per_op"] < wide["diag_us_per_op"] / 10
+    kinds = {key: wide[key] for key in KIND_SHARES}
+    assert max(kinds, key=kinds.get) == "diag_matmul_frac"
+    # The per-operator floor is measured, in microseconds: far below the wide point's ops.
+    assert 0 < wide["diag_op_floor_us"] < wide["diag_us_per_op"]
+
+
+def test_the_hint_names_the_knob_and_the_figure_it_rests_on(diagnosed):
+    spec, figures, _ = diagnosed["tiny"]
+    judged = judge(Diagnosis(**figures), Setting.of(spec, "cpu", None))
+    assert judged.bottleneck == "host-bound"
+    assert "perf.compile=true" in judged.bottleneck_hint
+    assert f"host work is {figures['diag_host_frac']:.0%} of the step" in judged.bottleneck_hint
+    spec, figures, _ = diagnosed["wide"]
+    judged = judge(Diagnosis(**figures), Setting.of(spec, "cpu", None))
+    assert f"the device computes {figures['diag_device_frac']:.0%}" in judged.bottleneck_hint
+
+
+class TokenizingSource:
+    """A loader that tokenizes its text on the fly, every batch (tiktoken's GPT-2 encoding over
+    100,000 characters): the slow input pipeline a data-bound point has."""
+
+    def __init__(self, spec: RunSpec):
+        import tiktoken
+
+        self.encoding = tiktoken.get_encoding("gpt2")
+        self.text = SHAKESPEARE.read_text(encoding="utf-8")
+        self.shape, self.vocab, self.offset = (spec.perf.batch_size, spec.model.block_size), 0, 0
+        self.vocab = spec.model.vocab_size
+
+    def next_batch(self):
+        chunk = self.text[self.offset : self.offset + 100_000]
+        self.offset = (self.offset + 100_000) % (len(self.text) - 100_000)
+        ids = torch.tensor(self.encoding.encode_ordinary(chunk)) % self.vocab
+        n = self.shape[0] * self.shape[1]
+        return ids[:n].view(self.shape), ids[1 : n + 1].view(self.shape)
+
+
+@needs_shared
+def test_a_loader_that_tokenizes_every_batch_is_data_bound():
+    spec = point_spec("tiny")
+    trainer = build_trainer(spec, torch.device("cpu"), World.from_env())
+    trainer.source = TokenizingSource(spec)
+    with one_thread():
+        trainer.step()
+        found, _, data_ms = diagnose.profile_diagnosis(trainer, 2)
+    judged = judge(Diagnosis(**found), Setting.of(spec, "cpu", None))
+    assert judged.bottleneck == "data-bound", found
+    assert f"getting batches takes {found['diag_data_frac']:.0%}" in judged.bottleneck_hint
+    # The loader's own operators (the tensor it builds) are data, not compute.
+    assert found["diag_data_frac"] > found["diag_device_frac"]
+    assert min(data_ms) > 0
+
+
+def test_data_marker_is_gone_after_the_diagnosis():
+    spec = point_spec("tiny")
+    trainer = build_trainer(spec, torch.device("cpu"), World.from_env())
+    source = trainer.source
+    diagnose.profile_diagnosis(trainer, 1)
+    assert trainer.source is source  # the measured steps that may follow fetch unmarked
+
+
+# ------------------------------------------------------------------------------------------
+# The rules
+# ------------------------------------------------------------------------------------------
+
+
+def figures(device=0.3, comm=0.0, data=0.0, host=0.7, headroom=0.2, **kinds) -> Diagnosis:
+    shares = dict.fromkeys(KIND_SHARES, 0.0) | {f"diag_{k}_frac": v for k, v in kinds.items()}
+    return Diagnosis(
+        diag_device_frac=device,
+        diag_comm_frac=comm,
+        diag_data_frac=data,
+        diag_host_frac=host,
+        diag_ops_per_step=1400,
+        diag_us_per_op=9.0,
+        diag_mem_headroom_frac=headroom,
+        **shares,
+    )
+
+
+def setting(**changes) -> Setting:
+    base = {
+        "device_type": "cuda",
+        "dtype": "bf16",
+        "compile": False,
+        "compile_mode": "default",
+        "attention": "auto",
+        "optimizer_impl": "auto",
+        "data": "synthetic",
+    }
+    return Setting(**(base | changes))
+
+
+@pytest.mark.parametrize(
+    "shares,expected",
+    [
+        ((0.9, 0.0, 0.0, 0.1), "device-bound"),
+        ((0.3, 0.0, 0.0, 0.7), "host-bound"),
+        ((0.2, 0.0, 0.5, 0.3), "data-bound"),
+        ((0.3, 0.4, 0.0, 0.3), "communication-bound"),
+        ((0.49, 0.0, 0.0, 0.51), "host-bound"),
+    ],
+)
+def test_the_verdict_is_the_largest_share(shares, expected):
+    device, comm, data, host = shares
+    assert diagnosis.verdict(figures(device, comm, data, host)) == expected
+
+
+def test_no_figures_no_verdict():
+    assert diagnosis.verdict(Diagnosis()) is None
+    assert judge(Diagnosis(diag_error="off"), setting()).bottleneck_hint is None
+
+
+def test_host_bound_hints_follow_what_the_point_already_uses():
+    eager = judge(figures(), setting()).bottleneck_hint
+    assert "perf.compile=true perf.compile_mode=reduce-overhead" in eager
+    assert "host work is 70% of the step (1,400 kernels a step, 9 us" in eager
+    compiled = judge(figures(), setting(compile=True)).bottleneck_hint
+    assert "perf.compile_mode=reduce-overhead" in compiled and "compile=true" not in compiled
+    graphs = setting(compile=True, compile_mode="reduce-overhead")
+    assert "bigger perf.batch_size" not in judge(figures(headroom=0.2), graphs).bottleneck_hint
+    roomy = judge(figures(headroom=0.8), graphs).bottleneck_hint
+    assert "memory headroom 80%: a bigger perf.batch_size" in roomy
+    cpu = judge(figures(), setting(device_type="cpu")).bottleneck_hint
+    assert "perf.compile=true (fewer, fused operators)" in cpu and "CUDA graphs" not in cpu
+
+
+@pytest.mark.parametrize(
+    "kinds,changes,knob",
+    [
+        ({"matmul": 0.7, "elementwise": 0.3}, {"dtype": "fp32"}, "perf.dtype=bf16"),
+        ({"attention": 0.6, "matmul": 0.4}, {"attention": "math"}, "perf.attention=auto"),
+        ({"elementwise": 0.6, "matmul": 0.4}, {}, "perf.compile=true (fuses elementwise"),
+        ({"optimizer": 0.5, "matmul": 0.4}, {"optimizer_impl": "foreach"}, "impl=fused"),
+        ({"matmul": 0.7, "elementwise": 0.3}, {"dtype": "bf16"}, "at its kernels' speed"),
+    ],
+)
+def test_device_bound_hint_follows_the_kind_that_dominates(kinds, changes, knob):
+    judged = judge(figures(device=0.9, host=0.1, **kinds), setting(**changes))
+    assert judged.bottleneck == "device-bound" and knob in judged.bottleneck_hint
+    top = max(kinds, key=kinds.get)
+    assert f"{top} is {kinds[top]:.0%} of device time" in judged.bottleneck_hint
+
+
+def test_an_emulated_matmul_is_named_whatever_the_verdict():
+    why = "fp16 matmuls are emulated on this CPU (no amx_fp16 or avx512_fp16 flag)"
+    for shares in ((0.9, 0.0, 0.0, 0.1), (0.2, 0.0, 0.0, 0.8)):
+        d = figures(*shares, matmul=0.8, elementwise=0.2)
+        judged = judge(d, setting(device_type="cpu", dtype="fp16", matmul_emulated=why))
+        assert judged.bottleneck_hint.startswith(f"{why}; matmul is 80% of compute: try")
+        assert judged.diag_matmul_emulated == why
+
+
+@pytest.mark.parametrize(
+    "flags,dtype,expected",
+    [
+        ({"sse", "avx2", "fma"}, Dtype.bf16, "no amx_bf16 or avx512_bf16 flag)"),  # Zen 3
+        ({"avx2", "fma", "avx512f", "avx512_bf16"}, Dtype.fp16, "; bf16 is native here"),  # Zen 4
+        ({"avx2", "fma", "avx512f", "avx512_bf16"}, Dtype.bf16, None),
+        ({"avx512f", "amx_bf16", "avx512_fp16"}, Dtype.fp16, None),  # Sapphire Rapids
+        ({"avx2", "fma"}, Dtype.fp32, None),
+        (set(), Dtype.fp16, None),  # not x86: the flags say nothing, so nothing is claimed
+    ],
+)
+def test_emulated_matmul_follows_the_cpu_flags(flags, dtype, expected):
+    why = matmul_emulated(dtype, flags)
+    assert why == expected if expected is None else why.endswith(expected)
+
+
+# ------------------------------------------------------------------------------------------
+# A real sweep: result.json, steps.csv, the table, the recommendation, W&B, the plot
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def diagnosed_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diagnose")
+    sweep_dir = root / "sweep"
+    overrides = [
+        "bench.diagnose=true,false",
+        "bench.diagnose_steps=2",
+        "bench.isolate=false",
+        "logger=wandb",
+        "logger.mode=offline",
+    ]
+    proc = run_cli("-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
+def job_of(sweep_dir, diagnose_on: bool):
+    for path in sorted(sweep_dir.glob("*/result.json")):
+        record = json.loads(path.read_text())
+        if ("bench.diagnose=true" in " ".join(record["overrides"]).lower()) == diagnose_on:
+            return path.parent, record
+    raise AssertionError("no such point")
+
+
+def test_diagnosed_steps_are_logged_apart_and_enter_no_statistic(diagnosed_sweep):
+    _, sweep_dir = diagnosed_sweep
+    job_dir, record = job_of(sweep_dir, True)
+    steps = pd.read_csv(job_dir / "steps.csv")
+    assert steps["phase"].to_list() == ["warmup"] + ["measure"] * 4 + ["diagnose"] * 3
+    measured = steps.loc[steps["phase"] == "measure", "step_ms"]
+    assert record["step_ms_median"] == pytest.approx(measured.median())
+    assert record["step_ms_measured"] == [pytest.approx(measured.to_list())]
+    diagnosed = steps.loc[steps["phase"] == "diagnose", "step_ms"].to_list()
+    assert record["diag_step_ms"] == pytest.approx(statistics.median(diagnosed[1:]))
+    assert record["bottleneck"] in diagnosis.VERDICTS.values()
+    assert sum(record[key] for key in SHARES) == pytest.approx(1.0)
+    assert record["diag_mem_headroom_bytes"] > 0 and 0 < record["diag_mem_headroom_frac"] < 1
+    assert record["diag_error"] is None and record["diag_method"].startswith("torch.profiler")
+
+
+def test_diagnosis_off_is_null_with_the_reason(diagnosed_sweep):
+    _, sweep_dir = diagnosed_sweep
+    job_dir, record = job_of(sweep_dir, False)
+    assert record["bottleneck"] is None and record["diag_device_frac"] is None
+    assert record["diag_error"] == "off (bench.diagnose=false)"
+    steps = pd.read_csv(job_dir / "steps.csv")
+    assert "diagnose" not in set(steps["phase"])
+
+
+def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
+    proc, sweep_dir = diagnosed_sweep
+    summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    job_dir, record = job_of(sweep_dir, True)
+    row = summary[summary["job_dir"] == str(job_dir.resolve())].iloc[0]
+    assert row["bottleneck"] == record["bottleneck"]
+    assert row["bottleneck_hint"] == record["bottleneck_hint"]
+    assert row["diag_host_frac"] == pytest.approx(record["diag_host_frac"])
+    header = next(line for line in proc.stdout.splitlines() if "step_ms" in line)
+    assert "bottleneck" in header.split()
+    assert "bottleneck" in (sweep_dir / report.SUMMARY_MD).read_text().splitlines()[0]
+    fastest = summary.loc[summary["tokens_per_s"].idxmax()]
+    if isinstance(fastest["bottleneck"], str):
+        assert f"is {fastest['bottleneck']}: " in proc.stdout
+    from tests.wandb_reader import read_run, run_file
+
+    (run_dir,) = sorted((job_dir / "wandb").glob("offline-run-*"))
+    run = read_run(run_file(run_dir))
+    for key in ("bottleneck", "bottleneck_hint", "diag_device_frac", "diag_host_frac"):
+        assert run.summary[key] == record[key]
+
+
+def test_bottleneck_plot_stacks_each_points_figures(diagnosed_sweep):
+    _, sweep_dir = diagnosed_sweep
+    table, _ = report.build_table(sweep_dir)
+    step_ax, kind_ax = bottleneck(table).axes
+    for ax, parts in ((step_ax, STEP_PARTS), (kind_ax, KIND_PARTS)):
+        # One segment a part per row, in the table's order (first point on top).
+        stacks = {c.get_label(): [bar.get_width() for bar in c] for c in ax.containers}
+        for column, name in parts:
+            expected = (pd.to_numeric(table[column]) * 100).fillna(0.0).to_list()
+            assert stacks[name] == pytest.approx(expected)
+    totals = [sum(row) for row in zip(*(c.datavalues for c in step_ax.containers), strict=True)]
+    diagnosed = table["bottleneck"].notna().to_list()
+    assert [total == pytest.approx(100.0) for total in totals] == diagnosed
+    assert [total == 0 for total in totals] == [not on for on in diagnosed]
+
+
+# ------------------------------------------------------------------------------------------
+# CUDA
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_small_batch_is_host_bound_and_large_matmuls_device_bound():
+    """A 2-layer 64-wide model at batch 1 launches hundreds of microsecond kernels (the GPU
+    waits for the host); a 4-layer 1024-wide model at 16 x 512 tokens keeps it busy."""
+    shapes = {
+        "host-bound": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "b": 1},
+        "device-bound": {"n_layer": 4, "n_head": 16, "n_embd": 1024, "block_size": 512, "b": 16},
+    }
+    device = torch.device("cuda", 0)
+    for expected, shape in shapes.items():
+        spec = RunSpec()
+        shape = dict(shape)
+        spec.perf.batch_size = shape.pop("b")
+        spec.perf.dtype = Dtype.bf16
+        for key, value in shape.items():
+            setattr(spec.model, key, value)
+        trainer = build_trainer(spec, device, World.from_env())
+        for _ in range(3):
+            trainer.step()
+        found, _, _ = diagnose.profile_diagnosis(trainer, 3)
+        assert sum(found[key] for key in SHARES) == pytest.approx(1.0)
+        assert found["diag_ops_per_step"] > 50  # kernels were seen and tied to the steps
+        assert diagnosis.verdict(Diagnosis(**found)) == expected, found
+        if expected == "device-bound":
+            kinds = {key: found[key] for key in KIND_SHARES}
+            assert max(kinds, key=kinds.get) == "diag_matmul_frac"
+        del trainer
+        torch.cuda.empty_cache()
