@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nanogpt.config import RunSpec
 from nanogpt.errors import ConfigError
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
-from nanogpt.results.table import names_baseline
+from nanogpt.results.baseline import names_baseline
 from nanogpt.validate import check
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
