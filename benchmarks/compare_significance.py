@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from nanogpt.results.compare import compare_sweeps
-from nanogpt.results.table import STEPS, build_table
+from nanogpt.results.table import build_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import with_micro  # noqa: E402
@@ -39,7 +39,10 @@ def sweep(folder: Path, threads: str, repeats: int) -> Path:
 
 
 def verdict(old: Path, new: Path) -> tuple[str, float]:
-    row = compare_sweeps(build_table(old)[0], build_table(new)[0], STEPS).iloc[0]
+    old_sweep, new_sweep = build_table(old), build_table(new)
+    row = compare_sweeps(
+        old_sweep.table, old_sweep.series(), new_sweep.table, new_sweep.series()
+    ).iloc[0]
     return row["verdict"], row["change_pct"]
 
 

@@ -22,7 +22,7 @@ from nanogpt.config import RunSpec
 from nanogpt.configs import CONF_DIR, register_presets
 from nanogpt.errors import ConfigError
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
-from nanogpt.results.table import names_baseline
+from nanogpt.results.baseline import names_baseline
 from nanogpt.validate import check
 
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"

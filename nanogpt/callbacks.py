@@ -23,7 +23,7 @@ from nanogpt.configs import runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
 from nanogpt.launch.job import skipped_since
-from nanogpt.results import dashboard, wandb_sink
+from nanogpt.reporters import dashboard, wandb_sink
 from nanogpt.results import table as sweep_table
 
 
@@ -74,18 +74,22 @@ class SweepReport(Callback):
         """Build, write and print the sweep's table; say how many points a resume kept."""
         sweep_dir = Path(config.hydra.sweep.dir)
         report, cost = config.report, config.cost
-        table = sweep_table.publish(
+        sweep = sweep_table.publish(
             sweep_dir,
             baseline=report.baseline,
-            plots=report.plots,
             memory_budget_gib=report.memory_budget_gib,
             usd_per_hour=cost.usd_per_hour,
             usd_per_kwh=cost.usd_per_kwh,
         )
+        if report.plots:
+            from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for
+
+            for path in write_plots(sweep_dir, sweep.table):
+                print(f"plot: {path}")
         skipped = skipped_since(sweep_dir, self.started) if self.started else 0
         if skipped:
             print(
                 f"resume: skipped {skipped} point(s) with an ok record from an earlier run "
                 "(bench.rerun=true measures them again)"
             )
-        return sweep_dir, table
+        return sweep_dir, sweep.table

@@ -49,6 +49,25 @@ class LoggerMode(enum.Enum):
     disabled = "disabled"
 
 
+class Fp8(enum.Enum):
+    """torchao's float8 training recipes (Float8LinearRecipeName), or none."""
+
+    none = "none"
+    tensorwise = "tensorwise"  # one scale per tensor, cuBLAS kernel
+    rowwise = "rowwise"  # one scale per row, CUTLASS kernel
+    rowwise_with_gw_hp = "rowwise_with_gw_hp"  # rowwise, the weight gradient kept in bf16
+
+
+class Loss(enum.Enum):
+    full = "full"  # the whole [B*T, vocab] logits, then cross-entropy (nanoGPT)
+    chunked = "chunked"  # head + cross-entropy over chunks of tokens: never the full logits
+
+
+class Strategy(enum.Enum):
+    ddp = "ddp"  # a whole replica per rank, gradients all-reduced
+    fsdp2 = "fsdp2"  # parameters, gradients and optimizer state sharded (fully_shard)
+
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
@@ -85,6 +104,9 @@ class PerfConfig:
     activation_checkpointing: bool = False
     batch_size: int = 8  # micro-batch, sequences (conf/: 12 on CUDA, 8 elsewhere)
     grad_accum: int = 1  # micro-batches per optimizer step
+    fp8: Fp8 = Fp8.none  # torchao float8 training (bf16 autocast, CUDA capability >= 8.9)
+    loss: Loss = Loss.full
+    loss_chunk: int = 2048  # tokens per chunk with loss=chunked
 
 
 @dataclass
@@ -144,6 +166,8 @@ class LoggerConfig:
 @dataclass
 class DistConfig:
     nproc: int = 1  # >1: each point runs under torchrun with this many processes
+    strategy: Strategy = Strategy.ddp  # with more than one rank: ddp | fsdp2
+    reshard_after_forward: bool = True  # fsdp2: free gathered parameters after forward
 
 
 @dataclass

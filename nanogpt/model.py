@@ -20,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from nanogpt.chunked_loss import chunked_cross_entropy
+
 
 @dataclass
 class GPTConfig:
@@ -34,6 +36,10 @@ class GPTConfig:
     # F.scaled_dot_product_attention and leaves the kernel choice to sdpa_kernel().
     attention: str = "auto"
     activation_checkpointing: bool = False
+    # "full": the [B*T, vocab] logits, then F.cross_entropy (nanoGPT). "chunked": the head and
+    # the loss over `loss_chunk` tokens at a time (nanogpt/chunked_loss.py); no logits returned.
+    loss: str = "full"
+    loss_chunk: int = 2048
 
 
 class LayerNorm(nn.Module):
@@ -147,7 +153,7 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
@@ -163,6 +169,10 @@ class GPT(nn.Module):
         if targets is None:
             # Inference: only the last position's logits are needed.
             return self.lm_head(x[:, [-1], :]), None
+        if self.config.loss == "chunked":
+            flat = x.view(-1, x.size(-1))
+            chunk = self.config.loss_chunk
+            return None, chunked_cross_entropy(flat, self.lm_head.weight, targets.view(-1), chunk)
         logits = self.lm_head(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss

@@ -1,11 +1,17 @@
 """Entry point: `python -m nanogpt.report DIR [--baseline TEXT] [--plots]`, and
 `python -m nanogpt.report NEW --compare OLD [--fail-if-slower PCT] [--markdown]`.
 
-(Re)builds the table of any sweep dir, finished or not: summary.csv and summary.md in DIR,
-printed, and the plots with --plots (results/table.py). With --compare, sets the sweep against
-an earlier one, point by point (results/compare.py): tokens/s old and new, the change with its
-95 % interval and a verdict ("~": not significant). --fail-if-slower PCT exits 1 when any point
-is significantly slower by more than PCT %: a performance gate for a training repository's CI.
+(Re)builds the table of any sweep dir, finished or not: summary.csv, summary.parquet,
+steps.parquet and summary.md in DIR (results/table.py), printed, and the plots with --plots
+(reporters/plots.py).
+Its settings (report.baseline, report.plots, report.memory_budget_gib, cost.*) default to the
+ones the sweep ran with, which Hydra saved in DIR/multirun.yaml (else a job's .hydra/config.yaml);
+a flag given here wins (`--baseline ''`: the baseline rule, whatever the sweep was given).
+
+With --compare, sets the sweep against an earlier one, point by point (results/compare.py):
+tokens/s old and new, the change with its 95 % interval and a verdict ("~": not significant).
+--fail-if-slower PCT exits 1 when any point is significantly slower by more than PCT %: a
+performance gate for a training repository's CI.
 """
 
 from __future__ import annotations
@@ -15,17 +21,24 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
 from nanogpt.results import compare
 from nanogpt.results.labels import point_labels
-from nanogpt.results.table import (
-    STEPS,
-    ReportError,
-    build_table,
-    publish,
-    to_markdown,
-)
+from nanogpt.results.table import ReportError, build_table, publish, to_markdown
+
+# The saved config's keys this entry point takes its defaults from: (section, key) -> its flag.
+SETTINGS = {
+    ("report", "baseline"): "baseline",
+    ("report", "plots"): "plots",
+    ("report", "memory_budget_gib"): "memory_budget_gib",
+    ("cost", "usd_per_hour"): "usd_per_hour",
+    ("cost", "usd_per_kwh"): "usd_per_kwh",
+}
+SAVED_CONFIGS = ("multirun.yaml", ".hydra/config.yaml", "*/.hydra/config.yaml")
 
 # Sweep against sweep, each point's interval must cover the noise between processes: on the 2-core
 # VM, the same point in two single-repeat sweeps differed by up to 21 % (benchmarks/
@@ -36,8 +49,16 @@ MIN_REPEATS = 3
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nanogpt.report", description=__doc__)
     parser.add_argument("sweep_dir", type=Path, help="a sweep dir, e.g. multirun/DATE/TIME")
-    parser.add_argument("--baseline", help="text of the overrides of the speedup baseline row")
-    parser.add_argument("--plots", action="store_true", help="also write PNG plots")
+    parser.add_argument(
+        "--baseline",
+        help="text of the overrides of the speedup baseline row ('': the baseline rule); "
+        "default: the sweep's report.baseline",
+    )
+    parser.add_argument(
+        "--plots",
+        action=argparse.BooleanOptionalAction,
+        help="also write PNG plots (default: the sweep's report.plots)",
+    )
     parser.add_argument("--memory-budget-gib", type=float, help="recommend the fastest that fits")
     parser.add_argument("--usd-per-hour", type=float, help="the machine's price: $ per 1M tokens")
     parser.add_argument("--usd-per-kwh", type=float, help="energy's price, where energy is known")
@@ -64,14 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.compare is None:
-            publish(
-                args.sweep_dir,
-                args.baseline,
-                args.plots,
-                args.memory_budget_gib,
-                args.usd_per_hour,
-                args.usd_per_kwh,
+            settings = saved_settings(args.sweep_dir)
+            given = {flag: getattr(args, flag) for flag in SETTINGS.values()}
+            settings.update({k: v for k, v in given.items() if v is not None})
+            plots = settings.pop("plots")
+            sweep = publish(
+                args.sweep_dir, **{**settings, "baseline": settings["baseline"] or None}
             )
+            if plots:
+                from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for
+
+                for path in write_plots(args.sweep_dir, sweep.table):
+                    print(f"plot: {path}")
             return 0
         return _compare(args.compare, args.sweep_dir, args.fail_if_slower, args.markdown)
     except ReportError as err:
@@ -79,10 +104,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def saved_settings(sweep_dir: Path) -> dict:
+    """The report settings a sweep ran with, as plain values by publish's argument names:
+    from DIR/multirun.yaml, else the first job's .hydra/config.yaml; None where neither says
+    (plots: False). Raises ReportError for a saved config that cannot be read."""
+    settings = dict.fromkeys(SETTINGS.values())
+    settings["plots"] = False
+    path = next((p for pattern in SAVED_CONFIGS for p in sorted(sweep_dir.glob(pattern))), None)
+    if path is None:
+        return settings
+    try:
+        saved = OmegaConf.load(path)
+        for (section, key), name in SETTINGS.items():
+            value = OmegaConf.select(saved, f"{section}.{key}", default=None)
+            settings[name] = settings[name] if value is None else value
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as err:
+        raise ReportError(
+            f"{path}: cannot be read ({str(err).splitlines()[0]}); give the settings as flags "
+            "or remove the file"
+        ) from None
+    return settings
+
+
 def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: bool) -> int:
-    old, _ = build_table(old_dir)
-    new, _ = build_table(new_dir)
-    comparison = compare.compare_sweeps(old, new, STEPS)
+    old_sweep, new_sweep = build_table(old_dir), build_table(new_dir)
+    old, new = old_sweep.table, new_sweep.table
+    comparison = compare.compare_sweeps(old, old_sweep.series(), new, new_sweep.series())
     shown = comparison.copy()
     labels = point_labels(comparison.rename(columns={"point": "overrides"}))
     shown["point"] = [label or "defaults" for label in labels]  # what differs between points

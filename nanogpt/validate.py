@@ -6,13 +6,16 @@ express. Each failure raises ConfigError: one sentence naming the key and the fi
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from nanogpt.config import COMPILE_MODES, Dtype, RunSpec
+from nanogpt.config import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
 from nanogpt.data import check_data
 from nanogpt.devices import attention_unavailable, precision_unavailable, resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
+from nanogpt.float8 import torchao_missing
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 
 
@@ -23,9 +26,12 @@ def check(spec: RunSpec, here: bool = True) -> None:
     check_optimizer(spec)
     check_model(spec)
     check_choices(spec)
+    check_strategy(spec)
+    check_fp8(spec, None)
     if here:
         device = check_device(spec.bench.device)
         check_precision(spec, device)
+        check_fp8(spec, device)
         check_cuda_graph_warmup(spec, device)
         check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
@@ -47,6 +53,7 @@ def check_sizes(spec: RunSpec) -> None:
         "model.vocab_size": m.vocab_size,
         "perf.batch_size": p.batch_size,
         "perf.grad_accum": p.grad_accum,
+        "perf.loss_chunk": p.loss_chunk,
         "bench.warmup_steps": 1 if b.warmup_steps is None else b.warmup_steps,  # None: auto
         "bench.measure_steps": b.measure_steps,
         "bench.min_measure_steps": b.min_measure_steps,
@@ -215,4 +222,59 @@ def check_cuda_graph_warmup(spec: RunSpec, device: torch.device) -> None:
             f"is {warmup}, but perf.compile_mode={perf.compile_mode} records CUDA graphs in the "
             f"first {CUDA_GRAPH_WARMUP} steps",
             f"set bench.warmup_steps={CUDA_GRAPH_WARMUP} or more",
+        )
+
+
+# torchao's float8 matmuls (torch._scaled_mm) need float8 tensor cores: Ada and Hopper, 8.9+.
+FP8_CAPABILITY = (8, 9)
+
+
+def check_fp8(spec: RunSpec, device: torch.device | None) -> None:
+    """perf.fp8 runs under bf16 autocast on a CUDA GPU of compute capability 8.9 or more, with
+    torchao installed. device None: the checks that need no device (any machine)."""
+    fp8 = spec.perf.fp8
+    if fp8 is Fp8.none:
+        return
+    if device is None:
+        if spec.perf.dtype is not Dtype.bf16:
+            raise ConfigError(
+                "perf.fp8",
+                f"{fp8.value} runs the other ops under bf16 autocast, not {spec.perf.dtype.value}",
+                "set perf.dtype=bf16 with it",
+            )
+        return
+    if device.type != "cuda":
+        raise ConfigError(
+            "perf.fp8", f"float8 matmuls need a CUDA GPU, not {device.type}", "use perf.fp8=none"
+        )
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_CAPABILITY:
+        raise ConfigError(
+            "perf.fp8",
+            f"{torch.cuda.get_device_name(device)} (compute capability "
+            f"{capability[0]}.{capability[1]}) has no float8 tensor cores: it needs 8.9 or newer",
+            "use perf.fp8=none",
+        )
+    missing = torchao_missing()
+    if missing:
+        raise ConfigError("perf.fp8", missing, "pip install -e '.[fp8]'")
+
+
+def check_strategy(spec: RunSpec) -> None:
+    """fsdp2 shards over ranks (more than one), in bf16 or fp32: fp16's GradScaler would need
+    FSDP's sharded scaler, which this runner does not use."""
+    if spec.dist.strategy is not Strategy.fsdp2:
+        return
+    under_torchrun = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    if spec.dist.nproc < 2 and not under_torchrun:
+        raise ConfigError(
+            "dist.strategy",
+            "fsdp2 shards over ranks, and this point has one",
+            "set dist.nproc=2 or more (or launch under torchrun)",
+        )
+    if spec.perf.dtype is Dtype.fp16:
+        raise ConfigError(
+            "dist.strategy",
+            "fsdp2 here has no sharded gradient scaler for fp16",
+            "use perf.dtype=bf16 (or fp32) with fsdp2",
         )

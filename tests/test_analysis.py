@@ -23,7 +23,7 @@ from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR, expand
 from nanogpt.errors import ConfigError
 from nanogpt.measure import maxbatch
-from nanogpt.results import plots
+from nanogpt.reporters import plots
 from nanogpt.results import table as report
 
 from .conftest import REPO, run_cli, with_micro
@@ -192,7 +192,7 @@ def bar_widths(container) -> list[float]:
 
 def test_plots_are_drawn_from_the_rows_of_the_table(preset_sweep):
     _, sweep_dir = preset_sweep
-    table, _ = report.build_table(sweep_dir)
+    table = report.build_table(sweep_dir).table
     figures = plots.figures(table)
     labels = plots.point_labels(table)
     assert all("perf.batch_size=" in label and "perf.dtype=" in label for label in labels)
@@ -232,7 +232,7 @@ def test_plots_are_drawn_from_the_rows_of_the_table(preset_sweep):
 
 
 def test_failed_points_are_named_and_marked_but_get_no_bar(preset_sweep, oom_sweep):
-    tables = [report.build_table(sweep_dir)[0] for _, sweep_dir in (preset_sweep, oom_sweep)]
+    tables = [report.build_table(sweep_dir).table for _, sweep_dir in (preset_sweep, oom_sweep)]
     table = pd.concat(tables, ignore_index=True)  # 8 ok points, then one oom at batch 2
     (ax,) = plots.throughput(table).axes
     assert len(ax.patches) == 8
@@ -244,7 +244,7 @@ def test_failed_points_are_named_and_marked_but_get_no_bar(preset_sweep, oom_swe
 
 def test_a_plot_without_data_is_skipped_with_a_message(oom_sweep, capsys):
     _, sweep_dir = oom_sweep
-    table, _ = report.build_table(sweep_dir)
+    table = report.build_table(sweep_dir).table
     assert table["status"].to_list() == ["oom"]
     written = plots.write_plots(sweep_dir, table)
     # The estimate exists before the first step; nothing else was measured.
@@ -276,6 +276,15 @@ def test_notebook_is_committed_without_outputs():
             assert cell.outputs == [] and cell.execution_count is None
 
 
+def outputs_text(notebook) -> str:
+    return "\n".join(
+        output.get("text", "") + str(output.get("data", {}).get("text/plain", ""))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )
+
+
 def run_notebook():
     """Execute the notebook as `jupyter execute` does (in notebooks/); its cells and text."""
     notebook = read_notebook()
@@ -286,13 +295,29 @@ def run_notebook():
         resources={"metadata": {"path": str(NOTEBOOK.parent)}},
     )
     client.execute()  # raises CellExecutionError if any cell fails
-    text = "\n".join(
-        output.get("text", "") + str(output.get("data", {}).get("text/plain", ""))
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for output in cell.outputs
+    return notebook, outputs_text(notebook)
+
+
+def run_papermill(tmp_path, **parameters):
+    """Execute the notebook with papermill, as the README says; the executed notebook's text."""
+    papermill = pytest.importorskip("papermill")
+    out = tmp_path / f"analysis-{len(list(tmp_path.glob('analysis-*')))}.ipynb"
+    papermill.execute_notebook(
+        str(NOTEBOOK), str(out), parameters=parameters, cwd=str(NOTEBOOK.parent), progress_bar=False
     )
-    return notebook, text
+    nbformat = pytest.importorskip("nbformat")
+    return outputs_text(nbformat.read(out, as_version=4))
+
+
+def test_the_notebook_has_a_parameters_cell_and_its_extra_has_papermill():
+    notebook = read_notebook()
+    tagged = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and "BASELINE" in tagged[0].source and "SUMMARIES" in tagged[0].source
+    toml = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = toml.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("notebook", "dev"):
+        names = {re.split(r"[<>=\[ ]", spec)[0] for spec in extras[extra]}
+        assert {"papermill", "ipykernel", "nbclient"} <= names, extra
 
 
 def test_notebook_reads_a_relative_sweep_dir_from_where_the_user_ran(preset_sweep, monkeypatch):
@@ -305,21 +330,40 @@ def test_notebook_reads_a_relative_sweep_dir_from_where_the_user_ran(preset_swee
     assert "one sweep: nothing to compare" in text
 
 
+def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_sweep, tmp_path):
+    """papermill with BASELINE: the speedups, intervals and verdicts shown are the package's
+    for that baseline; without it, the sweep's own table (summary.csv)."""
+    _, sweep_dir = preset_sweep
+    shown = {}
+    for baseline in (None, "perf.dtype=bf16"):
+        text = run_papermill(tmp_path, SUMMARIES=str(sweep_dir), BASELINE=baseline)
+        expected = report.build_table(sweep_dir, baseline).table
+        if baseline is None:  # the sweep's own settings: what it wrote
+            summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+            assert expected["speedup"].tolist() == pytest.approx(summary["speedup"].tolist())
+        texts = [report.speedup_text(row) for _, row in expected.iterrows()]
+        assert all(t in text for t in texts), (texts, text)
+        (base,) = expected.index[expected["speedup_verdict"] == "baseline"]
+        assert "perf.dtype=" + ("bf16" if baseline else "fp32") in expected["overrides"][base]
+        # The axes are the swept keys, not a fixed compile x dtype grid.
+        assert "swept keys: perf.activation_checkpointing, perf.batch_size, perf.dtype" in text
+        shown[baseline] = texts
+    assert shown[None] != shown["perf.dtype=bf16"]
+
+
 def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypatch):
     _, sweep_dir = preset_sweep
     _, oom_dir = oom_sweep
     monkeypatch.setenv("NANOGPT_SUMMARY", f"{sweep_dir}:{oom_dir / report.SUMMARY_CSV}")
     notebook, text = run_notebook()
     table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
-    fastest = table.loc[table["tokens_per_s"].idxmax()]
     fastest_label = plots.point_labels(table)[table["tokens_per_s"].idxmax()]
     assert "9 points from 2 sweep(s)" in text
     sweep_id = f"{sweep_dir.parent.name}/sweep"
     assert f"fastest: {sweep_id}: {fastest_label}" in text
     assert "1 point(s) did not finish ok" in text
     assert f"{oom_dir.parent.name}/sweep: defaults [oom]: RuntimeError: " in text
-    assert f"baseline: {sweep_id}: " in text and "perf.dtype=fp32" in text
-    assert fastest["tokens_per_s"] > 0
+    assert f"{sweep_dir}: baseline: " in text and f"{oom_dir}: baseline: none" in text
     assert "only_in" in text  # the sweep-against-sweep section: these two share no point
     verdicts = table["bottleneck"].dropna()  # the diagnosis section: each verdict and its hint
     assert len(verdicts) == 8 and all(f": {v}: " in text for v in verdicts)

@@ -48,7 +48,9 @@ def test_every_cpu_dtype_gets_a_positive_figure_and_tf32_none(cache):
     for dtype in ("fp32", "bf16", "fp16"):
         entry = results[dtype]
         assert entry["tflops"] > 0
-        assert set(entry["by_shape_tflops"]) == {"64x64x64", "128x96x160"}
+        # The ladder in order; a loaded machine may spend the budget on the first shape.
+        assert list(entry["by_shape_tflops"]) in (["64x64x64"], ["64x64x64", "128x96x160"])
+        assert entry["stopped_at"]
         assert entry["tflops"] == max(entry["by_shape_tflops"].values())
         assert entry["by_shape_tflops"][entry["shape"]] == entry["tflops"]
     # TF32 is a CUDA tensor-core mode: no CPU run can use it, so there is nothing to calibrate.

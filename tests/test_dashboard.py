@@ -1,4 +1,4 @@
-"""The sweep's W&B view (nanogpt/results/dashboard.py), without network.
+"""The sweep's W&B view (nanogpt/reporters/dashboard.py), without network.
 
 The view spec names every key a panel reads; a real offline multirun is read back from its run
 files (tests/wandb_reader.py) and every one of those keys must be among the keys the runs
@@ -15,12 +15,20 @@ from pathlib import Path
 import pytest
 
 from nanogpt.dashboard import main as dashboard_main
-from nanogpt.results import dashboard
-from nanogpt.results.dashboard import VIEW_FILE, swept_keys, view_spec, write_view
+from nanogpt.reporters import dashboard
+from nanogpt.reporters.dashboard import VIEW_FILE, swept_keys, view_spec, write_view
 from tests.conftest import run_without_a_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
-SWEPT = ["perf.batch_size=1,2", "logger=wandb", "logger.mode=offline"]
+# Two swept keys: a config path, and a nested preset group with no config path of its own.
+SWEPT = [
+    "perf.batch_size=1,2",
+    "+sweep/accum_split=8x2,4x4",
+    "logger=wandb",
+    "logger.mode=offline",
+    "bench.isolate=false",
+]
+SPLIT = "point.overrides.sweep/accum_split"
 # Runs the entry point with wandb-workspaces made unimportable, as when it is not installed.
 WITHOUT_WORKSPACES = (
     "import sys; sys.modules['wandb_workspaces'] = None; "
@@ -66,7 +74,7 @@ def offline_runs(directory: Path) -> list[OfflineRun]:
 # --- fast: the spec and the workspaces built from it --------------------------------------
 
 
-def test_swept_keys_are_the_config_paths_that_vary():
+def test_swept_keys_are_the_config_paths_that_vary_and_none_is_left_out():
     points = [
         ["perf.dtype=fp32", "model=gpt2", "+sweep=compile_dtype", "perf.compile=true"],
         ["perf.dtype=bf16", "model=nano", "+sweep=compile_dtype", "perf.compile=true"],
@@ -75,10 +83,14 @@ def test_swept_keys_are_the_config_paths_that_vary():
     assert swept_keys([["bench.seed=1"], ["bench.seed=1", "perf.grad_accum=2"]]) == [
         "perf.grad_accum"  # set in one point only: it differs from the other's default
     ]
-    # One point: every key it sets; Hydra's keys, nested preset groups and deleted keys are no
-    # config keys.
+    # One point: every key it sets. Hydra's keys and nested preset groups have no config path:
+    # the run config's point.overrides holds them (dots as '/'); a deleted key is in no config.
     one = [["optimizer=sgd", "+sweep/accum_split=8x2", "hydra.launcher.timeout_min=5", "~x.y"]]
-    assert swept_keys(one) == ["optimizer.name"]
+    assert swept_keys(one) == [
+        "optimizer.name",
+        SPLIT,
+        "point.overrides.hydra/launcher/timeout_min",
+    ]
     assert swept_keys([]) == []
 
 
@@ -157,11 +169,11 @@ def test_every_panel_key_is_a_key_the_runs_logged(sweep):
     proc, sweep_dir = sweep(*SWEPT)
     assert proc.returncode == 0, proc.stderr
     spec = json.loads(write_view(sweep_dir, "nanogpt-sweep").read_text())
-    assert spec["swept_keys"] == ["perf.batch_size"]
+    assert spec["swept_keys"] == ["perf.batch_size", SPLIT]
 
-    points = [run for job in ("0", "1") for run in offline_runs(sweep_dir / job)]
+    points = [run for job in ("0", "1", "2", "3") for run in offline_runs(sweep_dir / job)]
     (summary_run,) = offline_runs(sweep_dir)
-    assert len(points) == 2 and summary_run.job_type == "sweep-summary"
+    assert len(points) == 4 and summary_run.job_type == "sweep-summary"
     for run in [*points, summary_run]:  # the view's group filter keeps every run of the sweep
         assert run.group == spec["group"]
     for run in points:
@@ -174,6 +186,7 @@ def test_every_panel_key_is_a_key_the_runs_logged(sweep):
         for path in [*keys_of(spec, "config"), *dashboard.GROUP_CHOICES.values()]:
             config_value(run.config, path)
     assert {config_value(run.config, "perf.batch_size") for run in points} == {1, 2}
+    assert {config_value(run.config, SPLIT) for run in points} == {"8x2", "4x4"}
     (table,) = keys_of(spec, "table")
     (logged_table,) = summary_run.history
     assert logged_table[f"{table}._type"] == "table-file"

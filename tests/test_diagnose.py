@@ -23,9 +23,9 @@ from nanogpt.distributed import World
 from nanogpt.hardware.cpu import matmul_emulated
 from nanogpt.measure import diagnose
 from nanogpt.measure.trainer import build_trainer
+from nanogpt.reporters.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
 from nanogpt.results import diagnosis
 from nanogpt.results import table as report
-from nanogpt.results.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
 from nanogpt.results.diagnosis import Diagnosis, Setting, judge
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
@@ -384,7 +384,8 @@ def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
     assert row["diag_host_frac"] == pytest.approx(record["diag_host_frac"])
     header = next(line for line in proc.stdout.splitlines() if "step_ms" in line)
     assert "bottleneck" in header.split()
-    assert "bottleneck" in (sweep_dir / report.SUMMARY_MD).read_text().splitlines()[0]
+    markdown = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()
+    assert "bottleneck" in next(line for line in markdown if line.startswith("| status"))
     fastest = summary.loc[summary["tokens_per_s"].idxmax()]
     if isinstance(fastest["bottleneck"], str):
         assert f"is {fastest['bottleneck']}: " in proc.stdout
@@ -398,7 +399,7 @@ def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
 
 def test_bottleneck_plot_stacks_each_points_figures(diagnosed_sweep):
     _, sweep_dir = diagnosed_sweep
-    table, _ = report.build_table(sweep_dir)
+    table = report.build_table(sweep_dir).table
     step_ax, kind_ax = bottleneck(table).axes
     for ax, parts in ((step_ax, STEP_PARTS), (kind_ax, KIND_PARTS)):
         # One segment a part per row, in the table's order (first point on top).

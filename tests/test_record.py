@@ -101,7 +101,7 @@ def table_of(rows: list[tuple[str, str, bool, str, float]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def test_baseline_is_the_given_point_else_eager_fp32_else_the_first_ok():
+def test_baseline_is_the_given_point_else_the_reference_point_among_the_ok_ones():
     table = table_of(
         [
             ("perf.compile=true perf.dtype=bf16", "ok", True, "bf16", 300.0),
@@ -112,7 +112,7 @@ def test_baseline_is_the_given_point_else_eager_fp32_else_the_first_ok():
     assert baseline_row(table)["tokens_per_s"] == 100.0  # eager fp32, though not first
     assert baseline_row(table, "dtype=bf16")["tokens_per_s"] == 300.0  # given, and ok
     without_fp32 = table[table["dtype"] != "fp32"]
-    assert baseline_row(without_fp32)["tokens_per_s"] == 300.0  # the first ok point
+    assert baseline_row(without_fp32)["tokens_per_s"] == 300.0  # the only ok point
     assert baseline_row(table[table["status"] != "ok"]) is None
     with pytest.raises(ReportError, match="report.baseline"):
         baseline_row(table, "model=gpt2")

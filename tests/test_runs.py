@@ -23,8 +23,12 @@ def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(sweep):
     assert len(results) == 4
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert len(table) == 4 and set(table["status"]) == {"ok"}
-    assert (sweep_dir / "summary.md").read_text().count("\n") == 6  # header, rule, 4 rows
-    assert table["speedup"].iloc[0] == pytest.approx(1.0)
+    # The baseline line, a blank line, then header, rule and 4 rows.
+    assert (sweep_dir / "summary.md").read_text().count("\n") == 8
+    # The baseline rule: the plain optimizer loop, then the smallest batch.
+    (base,) = table.index[table["speedup_verdict"] == "baseline"]
+    assert table.loc[base, ["optimizer_impl", "batch_size"]].tolist() == ["for_loop", 1]
+    assert table.loc[base, "speedup"] == pytest.approx(1.0)
     for path in results:
         record = json.loads(path.read_text())
         assert record["device"] == "cpu" and record["world_size"] == 1

@@ -12,15 +12,18 @@ import csv
 import json
 import socket
 import statistics
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from nanogpt.config import LoggerMode
+from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
+from nanogpt.reporters.wandb_sink import FAULT_ENV
 from nanogpt.results import store as records
 from nanogpt.results import table as report
-from nanogpt.results.wandb_sink import FAULT_ENV, api_key_configured, resolve_mode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
 from .conftest import run_without_a_key, with_micro
@@ -88,6 +91,11 @@ def assert_run_holds_its_job(run: OfflineRun, job_dir: Path) -> None:
     assert measured[-1]["train/loss"] == pytest.approx(result["loss_last"])
 
     assert run.summary["status"] == "ok"
+    # define_metric: the windows have no summary, so tokens_per_s there is the record's median
+    # step's, and no last window's figure sits beside it.
+    assert not [key for key in run.summary if key.startswith(("train/", "warmup/"))]
+    assert run.summary["tokens_per_s"] == result["tokens_per_s"]
+    assert run.config["point"]["id"] == records.point_key(result["overrides"])
     for key in result.keys() - NOT_IN_SUMMARY:
         assert run.summary[key] == result[key], key
 
@@ -168,15 +176,67 @@ def free_port() -> int:
 FAILURES = {
     "init": ({FAULT_ENV: "init"}, ["logger.mode=offline"], None, "UsageError"),
     "log": ({FAULT_ENV: "log"}, ["logger.mode=offline"], None, "run.log failed (TypeError"),
-    # A key makes `auto` go online; the server is unreachable and init gives up in time.
-    "no network": (
-        {"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}"},
-        ["logger.init_timeout_s=2"],
-        None,
-        "wandb.init failed (CommError",
-    ),
     "not installed": ({}, [], WITHOUT_WANDB, "wandb cannot be imported"),
 }
+
+
+class RefusingServer(BaseHTTPRequestHandler):
+    """A W&B server on the loopback interface that refuses every API key."""
+
+    def refuse(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"errors": [{"message": "invalid api key"}]}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = refuse
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def refusing_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RefusingServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["no route", "rejected key"])
+def test_online_init_that_fails_logs_offline_and_says_how_to_sync(
+    tmp_path, server, refusing_server
+):
+    """A key makes `auto` go online; the server cannot be reached (a closed loopback port) or
+    refuses the key: the point's run and the sweep's summary run go offline in the same
+    process, each with its `wandb sync` command, and the result is unchanged."""
+    url = refusing_server if server == "rejected key" else f"http://127.0.0.1:{free_port()}"
+    sweep_dir = tmp_path / "sweep"
+    overrides = [*WANDB, "logger.init_timeout_s=2", "bench.isolate=false"]
+    args = ["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_nanogpt(args, tmp_path, env={"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": url})
+    assert proc.returncode == 0, proc.stderr
+    fallbacks = [line for line in proc.stderr.splitlines() if "online init failed" in line]
+    assert len(fallbacks) == 2 and all("logging offline instead" in x for x in fallbacks)
+    for directory, job_type in ((sweep_dir / "0", "point"), (sweep_dir, "sweep-summary")):
+        # One run dir: the failed online attempt left none behind.
+        (run_dir,) = [
+            p
+            for p in (directory / "wandb").iterdir()
+            if p.name.startswith(("run-", "offline-run-"))
+        ]
+        assert run_dir.name.startswith("offline-run-")
+        assert f"upload later with `wandb sync {run_dir}`" in proc.stdout
+        run = read_run(run_file(run_dir))
+        assert run.job_type == job_type and run.exit_code == 0
+    assert_run_holds_its_job(the_run(sweep_dir / "0"), sweep_dir / "0")
+    assert result_of(sweep_dir / "0")["status"] == "ok"
 
 
 @pytest.mark.parametrize("failure", FAILURES)
@@ -210,10 +270,39 @@ def test_auto_mode_follows_wandb_mode_then_the_key(tmp_path, monkeypatch):
     assert resolve_mode(LoggerMode.offline) == ("offline", None)
 
 
-def test_each_repeat_of_a_point_is_its_own_named_run(single):
+def test_the_repeats_of_a_point_are_tied_by_its_id(single):
     proc, run_dir = single("bench.repeats=2", "logger=wandb", "logger.mode=offline")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    names = sorted(read_run(run_file(d)).name for d in offline_runs(run_dir))
-    assert len(names) == 2 and [n[-12:] for n in names] == ["(repeat 1/2)", "(repeat 2/2)"]
+    runs = sorted((read_run(run_file(d)) for d in offline_runs(run_dir)), key=lambda r: r.name)
+    assert len(runs) == 2 and [r.name[-12:] for r in runs] == ["(repeat 1/2)", "(repeat 2/2)"]
     record = json.loads((run_dir / "result.json").read_text())
     assert "(repeat" not in record["overrides_str"] and record["repeats"] == 2  # pooled
+    points = [run.config["point"] for run in runs]
+    assert {p["id"] for p in points} == {records.point_key(record["overrides"])}
+    assert [(p["repeat"], p["repeats"]) for p in points] == [(1, 2), (2, 2)]
+    assert all(p["supersedes"] == [] for p in points)  # repeats never supersede each other
+    assert points[0]["overrides"]["bench/repeats"] == 2  # typed: an int, not "2"
+
+
+@pytest.mark.slow
+def test_a_point_measured_again_supersedes_its_earlier_runs(tmp_path):
+    """A sweep run again into its dir (bench.rerun=true measures its ok point again): the new
+    point run and the new summary run name the runs they supersede; offline, that is the mark."""
+    sweep_dir = tmp_path / "sweep"
+    overrides = [*WANDB, "logger.mode=offline", "bench.isolate=false"]
+    ids = {}
+    for rerun in ("false", "true"):
+        args = ["-m", *with_micro([*overrides, f"bench.rerun={rerun}"])]
+        proc = run_nanogpt([*args, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        for where in ("0", "."):
+            runs = sorted(offline_runs(sweep_dir / where))
+            ids[where, rerun] = read_run(run_file(runs[-1]))
+    for where in ("0", "."):
+        first, second = ids[where, "false"], ids[where, "true"]
+        assert first.run_id != second.run_id
+        supersedes = (
+            second.config["point"]["supersedes"] if where == "0" else second.config["supersedes"]
+        )
+        assert supersedes == [first.run_id]
+        assert (first.config.get("point") or first.config)["supersedes"] == []

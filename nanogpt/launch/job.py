@@ -22,6 +22,7 @@ from nanogpt.launch import forkserver
 from nanogpt.launch.handoff import Handoff, Job
 from nanogpt.launch.process import run_child
 from nanogpt.launch.worker import finish_record, measure_point
+from nanogpt.reporters import wandb_point
 from nanogpt.results import repeats, store
 from nanogpt.results.identity import point_id_of
 from nanogpt.results.record import Record
@@ -45,6 +46,8 @@ def run_point(spec: RunSpec, job: Job) -> str:
             return "skipped"
     job.job_dir.mkdir(parents=True, exist_ok=True)
     (job.job_dir / SKIPPED_FILE).unlink(missing_ok=True)  # from an earlier run of the sweep
+    # Measured again (a resume, bench.rerun): its new W&B runs supersede those in its dir.
+    job = dataclasses.replace(job, supersedes=wandb_point.earlier_runs(job.job_dir))
     handoff = Handoff("point", spec, job)
     started = time.perf_counter()
     measured = []

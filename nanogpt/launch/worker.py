@@ -33,7 +33,7 @@ from nanogpt.launch.handoff import Handoff, write_answer
 from nanogpt.launch.process import die_with_parent, run_child
 from nanogpt.measure import maxbatch
 from nanogpt.measure.loop import measure
-from nanogpt.results import wandb_sink
+from nanogpt.reporters import wandb_sink
 from nanogpt.results.record import Asked, MaxBatch, Record
 
 
@@ -99,7 +99,14 @@ def _measure_here(handoff: Handoff, world: World) -> Record:
     sinks = []
     if world.is_main:
         sinks = wandb_sink.open_sinks(
-            spec.logger, name=job.name, group=job.group, config=job.config, run_dir=job.job_dir
+            spec.logger,
+            name=job.name,
+            group=job.group,
+            config=job.config,
+            run_dir=job.job_dir,
+            overrides=job.overrides,
+            repeat=job.repeat,
+            supersedes=job.supersedes,
         )
     record = measure(spec, device, world, ceilings, folder, sinks)
     record.setup.device_name = device_name(device)

@@ -271,5 +271,6 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
         step_ms_ci=(timing.step_ms_ci_low, timing.step_ms_ci_high),
         energy=record.energy,
         measured_steps=timing.measured_steps,
+        fp8=trainer.fp8_layers is not None,
         step_ms_wall=timing.step_ms_wall,
     )

@@ -180,6 +180,12 @@ def estimate_memory(
     dtype: str,
     attention: str,
     activation_checkpointing: bool,
+    loss: str = "full",
+    loss_chunk: int = 2048,
+    world_size: int = 1,
+    strategy: str = "ddp",
+    reshard_after_forward: bool = True,
+    n_block_params: int = 0,
 ) -> dict[str, int]:
     """Analytic training memory in bytes, by component.
 
@@ -189,7 +195,15 @@ def estimate_memory(
     bytes with 16-bit activations; the 5*a*s/h term is the materialised attention matrix, which
     fused (flash / memory-efficient) kernels never store. fp32 activations double the 16-bit
     parts. With checkpointing each layer keeps only its input, plus one layer being recomputed.
-    Logits (b*s*vocab) are kept in the compute dtype plus an fp32 copy for the loss.
+    Logits (b*s*vocab) are kept in the compute dtype plus an fp32 copy for the loss. With
+    loss=chunked (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, plus the
+    head's gradients it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32.
+
+    With strategy=fsdp2 over world_size ranks, the figures are per rank: weights, gradients and
+    optimizer state are sharded (1/world_size each), and the parameters gathered for compute
+    are added as "gathered_params" in the compute dtype: with reshard_after_forward, the
+    root's (embeddings, final LayerNorm) plus two blocks' (the one computing and the one
+    prefetched); without it, all of them, held from forward to backward.
     """
     act_bytes = 2 if dtype in ("bf16", "fp16") else 4
     tokens = batch_size * block_size
@@ -201,12 +215,26 @@ def estimate_memory(
     else:
         activations = n_layer * per_layer
     states = {"adamw": 2, "sgd": 1}.get(optimizer, 2)
+    if loss == "chunked":
+        chunk = min(loss_chunk, tokens)
+        logits = (
+            chunk * vocab_size * (act_bytes + 4) + 4 * tokens * n_embd + 4 * vocab_size * n_embd
+        )
+    else:
+        logits = tokens * vocab_size * (act_bytes + 4)
+    shards = world_size if strategy == "fsdp2" else 1
     parts = {
-        "weights": 4 * n_params,
-        "gradients": 4 * n_params,
-        "optimizer_state": 4 * states * n_params,
+        "weights": 4 * n_params // shards,
+        "gradients": 4 * n_params // shards,
+        "optimizer_state": 4 * states * n_params // shards,
         "activations": activations,
-        "logits": tokens * vocab_size * (act_bytes + 4),
+        "logits": logits,
     }
+    if strategy == "fsdp2":
+        per_block = n_block_params // max(n_layer, 1)
+        gathered = n_params
+        if reshard_after_forward:
+            gathered = n_params - n_block_params + 2 * min(per_block, n_block_params)
+        parts["gathered_params"] = act_bytes * gathered
     parts["total"] = sum(parts.values())
     return parts

@@ -27,7 +27,14 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
         dtype=perf.dtype.value,
         attention=perf.attention.value,
         activation_checkpointing=perf.activation_checkpointing,
+        loss=perf.loss.value,
+        loss_chunk=perf.loss_chunk,
+        world_size=trainer.world.size,
+        strategy="fsdp2" if trainer.fsdp else "ddp",
+        reshard_after_forward=spec.dist.reshard_after_forward,
+        n_block_params=sum(p.numel() for p in model.blocks.parameters()),
     )
+    fp8 = trainer.fp8_layers
     return Setup(
         device=str(trainer.device),
         world_size=trainer.world.size,
@@ -39,6 +46,8 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
         flops_formula=flops.FORMULA,
         tokens_per_step=trainer.tokens_per_step,
         model_wrapping=trainer.model_wrapping,
+        fp8_converted=len(fp8["converted"]) if fp8 is not None else None,
+        fp8_layers=fp8,
         optimizer_impl_used=trainer.optimizer_impl_used,
         host_sync_in_step=trainer.host_sync_in_step,
         inductor_cache=_inductor_cache_state() if perf.compile else None,

@@ -1,7 +1,8 @@
 """One point's model, optimizer, precision and data; `step()` is one optimizer step.
 
 `build_trainer` reads the spec once: it seeds, sets the math mode (TF32 only for `tf32`),
-builds the model, wraps it for data parallelism, compiles it when asked, and picks autocast,
+builds the model, converts its Linears to float8 when asked, wraps it for data parallelism
+(DDP or FSDP2), compiles it when asked, and picks autocast,
 the GradScaler (fp16) and the attention kernel. With `bench.inject_fault` (a testing knob) it
 returns a `FaultyTrainer`, so the trainer that measures never checks for a fault.
 """
@@ -14,13 +15,15 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nanogpt.config import Attention, Dtype, RunSpec
+from nanogpt import float8
+from nanogpt.config import Attention, Dtype, Fp8, RunSpec, Strategy
 from nanogpt.data import open_source
 from nanogpt.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.distributed import World
 from nanogpt.faults import Fault
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer, implementation
+from nanogpt.sharding import apply_fsdp2, set_gradient_sync
 
 SDPA_BACKENDS = {
     Attention.flash: SDPBackend.FLASH_ATTENTION,
@@ -42,6 +45,8 @@ def gpt_config(spec: RunSpec) -> GPTConfig:
         bias=m.bias,
         attention=spec.perf.attention.value,
         activation_checkpointing=spec.perf.activation_checkpointing,
+        loss=spec.perf.loss.value,
+        loss_chunk=spec.perf.loss_chunk,
     )
 
 
@@ -70,20 +75,35 @@ class Trainer:
         perf = spec.perf
         self.device = device
         self.world = world
-        torch.manual_seed(spec.bench.seed + world.rank)
         set_matmul_precision(perf.dtype)
+        # One initialisation on every rank: DDP would broadcast rank 0's weights anyway, but
+        # fully_shard shards whatever each rank holds. Then a seed per rank (dropout).
+        torch.manual_seed(spec.bench.seed)
         self.raw_model = GPT(gpt_config(spec)).to(device)
-        # DDP first, then compile (the order torch.compile's docs give for DDP): Dynamo's
-        # DDPOptimizer then splits the graph at DDP's bucket boundaries, so each bucket's
-        # all-reduce overlaps the rest of backward. DDP inside a compiled module cannot overlap.
-        self.ddp = world.wrap(self.raw_model, device)
-        self.model = self.ddp
-        wrapping = "ddp(model)" if self.ddp is not self.raw_model else "model"
-        if perf.compile:
-            mode = None if perf.compile_mode == "default" else perf.compile_mode
-            self.model = torch.compile(self.model, mode=mode)
-            wrapping = f"compile({wrapping})"
-        self.model_wrapping = wrapping
+        torch.manual_seed(spec.bench.seed + world.rank)
+        # float8 first, on the whole unsharded model (nanogpt/sharding.py gives the order).
+        self.fp8_layers = None
+        if perf.fp8 is not Fp8.none:
+            self.fp8_layers = float8.convert(self.raw_model, perf.fp8)
+        self.fsdp = spec.dist.strategy is Strategy.fsdp2 and world.size > 1
+        mode = None if perf.compile_mode == "default" else perf.compile_mode
+        if self.fsdp:
+            self.model_wrapping = self._shard(spec, mode)
+            self.ddp = self.model = self.raw_model
+        else:
+            # DDP first, then compile (the order torch.compile's docs give for DDP): Dynamo's
+            # DDPOptimizer then splits the graph at DDP's bucket boundaries, so each bucket's
+            # all-reduce overlaps the rest of backward. DDP inside a compiled module cannot
+            # overlap.
+            self.ddp = world.wrap(self.raw_model, device)
+            self.model = self.ddp
+            wrapping = "ddp(model)" if self.ddp is not self.raw_model else "model"
+            if perf.compile:
+                self.model = torch.compile(self.model, mode=mode)
+                wrapping = f"compile({wrapping})"
+            self.model_wrapping = wrapping
+        if self.fp8_layers is not None:
+            self.model_wrapping = self.model_wrapping.replace("model", "float8(model)", 1)
         # fp16's narrow range needs loss scaling (Micikevicius et al., 2018); bf16 does not.
         self.scaler = torch.amp.GradScaler(device.type, enabled=perf.dtype is Dtype.fp16)
         # On CUDA, impl=auto is the fused optimizer for every dtype, as nanoGPT's train.py
@@ -107,6 +127,30 @@ class Trainer:
         self.source = data_source(spec, device, world, perf.batch_size)
         self.steps_done = 0
         self.last_data_ms = 0.0
+
+    def _shard(self, spec: RunSpec, mode: str | None) -> str:
+        """FSDP2 in torchtitan's order: compile each block (activation checkpointing is inside
+        the block's call), then fully_shard each block and the root."""
+        perf = spec.perf
+        wrapping = "block"
+        if perf.compile:
+            for block in self.raw_model.blocks:
+                block.compile(mode=mode)
+            wrapping = "compile(block)"
+        apply_fsdp2(
+            self.raw_model,
+            self.raw_model.blocks,
+            param_dtype=AUTOCAST_DTYPES.get(perf.dtype),
+            reshard_after_forward=spec.dist.reshard_after_forward,
+        )
+        return f"fsdp2(model, {wrapping} x {len(self.raw_model.blocks)})"
+
+    def _grad_sync(self, last_micro_step: bool):
+        """Gradients are reduced across ranks on the last micro-step of accumulation only."""
+        if self.fsdp:
+            set_gradient_sync(self.raw_model, last_micro_step)
+            return contextlib.nullcontext()
+        return self.world.sync_grads(self.ddp, last_micro_step)
 
     def _kernel(self):
         """The attention backend asked for, around forward *and* backward: activation
@@ -137,7 +181,7 @@ class Trainer:
             data_s += time.perf_counter() - t0
             # DDP all-reduces gradients only on the last micro-step of accumulation.
             last = micro == self.grad_accum - 1
-            with self.world.sync_grads(self.ddp, last), self._kernel():
+            with self._grad_sync(last), self._kernel():
                 loss = self.loss(x, y)
                 self.scaler.scale(loss).backward()
             total += loss.detach()

@@ -16,13 +16,16 @@ from nanogpt.results.diagnosis import fastest_line
 COMPILE = "perf.compile="
 
 
-def speedup(table: pd.DataFrame, steps: list, base: int, other: int) -> tuple:
+def speedup(table: pd.DataFrame, steps: list, base: int, other: int, base_draws=None) -> tuple:
     """tokens/s of row `other` over row `base`, its 95 % interval and its verdict. `steps[i]`
     is row i's measured steps, a list per repeat. tokens/s ratio = tokens-a-step ratio x base
-    step time / other step time."""
+    step time / other step time. `base_draws`: the base's resamples, when already drawn (the
+    same draws: they are seeded)."""
     scale = table["tokens_per_step"].iloc[other] / table["tokens_per_step"].iloc[base]
     figure = stats.point_figure(steps[base]) / stats.point_figure(steps[other])
-    draws = stats.resampled(steps[base], stats.SEED) / stats.resampled(steps[other], stats.SEED + 1)
+    if base_draws is None:
+        base_draws = stats.resampled(steps[base], stats.SEED)
+    draws = base_draws / stats.resampled(steps[other], stats.SEED + 1)
     low, high = stats.interval(draws)
     low, high = scale * low, scale * high
     return scale * figure, low, high, stats.verdict(low, high)
@@ -38,9 +41,10 @@ def add_speedups(table: pd.DataFrame, steps: list, base: int | None) -> None:
     n = len(table)
     values = [(None, None, None, None)] * n
     if base is not None and comparable(table, steps, base):
+        base_draws = stats.resampled(steps[base], stats.SEED)  # once, not once a row
         for i in range(n):
             if comparable(table, steps, i):
-                ratio, low, high, verdict = speedup(table, steps, base, i)
+                ratio, low, high, verdict = speedup(table, steps, base, i, base_draws)
                 values[i] = (ratio, low, high, "baseline" if i == base else verdict)
     for k, name in enumerate(("speedup", "speedup_ci_low", "speedup_ci_high")):
         table[name] = pd.Series([v[k] for v in values], index=table.index, dtype="float64")
@@ -71,11 +75,12 @@ def _without_compile(overrides: str) -> str:
     return " ".join(sorted(o for o in overrides.split() if not o.startswith(COMPILE)))
 
 
-def compare_sweeps(old: pd.DataFrame, new: pd.DataFrame, steps: str) -> pd.DataFrame:
+def compare_sweeps(
+    old: pd.DataFrame, old_steps: list, new: pd.DataFrame, new_steps: list
+) -> pd.DataFrame:
     """Per point (matched by its overrides, in any order) old vs new tokens/s, the change, its
-    95 % interval and verdict; points in one sweep only are listed with `only_in`. Each table
-    carries its rows' measured steps in .attrs[steps]."""
-    old_steps, new_steps = old.attrs[steps], new.attrs[steps]
+    95 % interval and verdict; points in one sweep only are listed with `only_in`. `*_steps[i]`
+    is row i's measured steps, a list per repeat (table.Sweep.series)."""
     old_at = {_key(o): i for i, o in enumerate(old["overrides"])}
     new_at = {_key(o): i for i, o in enumerate(new["overrides"])}
     rows = []

@@ -45,6 +45,12 @@ RESULT_COLUMNS = (
     "compile_mode",
     "attention",
     "activation_checkpointing",
+    "fp8",
+    "fp8_converted",  # how many Linears run in float8 (fp8_layers in result.json says which)
+    "loss",
+    "loss_chunk",
+    "dist_strategy",
+    "reshard_after_forward",
     "optimizer",
     "optimizer_impl",
     "optimizer_impl_used",
@@ -93,6 +99,7 @@ RESULT_COLUMNS = (
     "achieved_tflops",
     "peak_tflops",
     "peak_source",
+    "peak_dtype",
     "mfu",
     "hfu",
     "achievable_tflops",
@@ -147,6 +154,11 @@ class Asked:
     compile_mode: str | None = None
     attention: str | None = None
     activation_checkpointing: bool | None = None
+    fp8: str | None = None  # torchao float8 recipe, or none
+    loss: str | None = None  # full | chunked
+    loss_chunk: int | None = None  # tokens per chunk (loss=chunked only)
+    dist_strategy: str | None = None  # ddp | fsdp2 (with more than one rank)
+    reshard_after_forward: bool | None = None  # fsdp2 only
     optimizer: str | None = None
     optimizer_impl: str | None = None
     batch_size: int | None = None
@@ -171,6 +183,13 @@ class Asked:
             compile_mode=perf.compile_mode,
             attention=perf.attention.value,
             activation_checkpointing=perf.activation_checkpointing,
+            fp8=perf.fp8.value,
+            loss=perf.loss.value,
+            loss_chunk=perf.loss_chunk if perf.loss.value == "chunked" else None,
+            dist_strategy=spec.dist.strategy.value,
+            reshard_after_forward=(
+                spec.dist.reshard_after_forward if spec.dist.strategy.value == "fsdp2" else None
+            ),
             optimizer=spec.optimizer.name,
             optimizer_impl=spec.optimizer.impl.value,
             batch_size=perf.batch_size,
@@ -198,6 +217,8 @@ class Setup:
     flops_formula: str | None = None
     tokens_per_step: int | None = None  # all ranks
     model_wrapping: str | None = None  # e.g. compile(ddp(model)): what wraps what
+    fp8_converted: int | None = None  # Linears swapped for torchao's Float8Linear
+    fp8_layers: dict | None = None  # {"converted": [names], "kept": [{layer, reason}]}
     optimizer_impl_used: str | None = None  # fused | foreach | for_loop: what actually steps
     host_sync_in_step: bool | None = None  # GradScaler with a non-fused optimizer reads the host
     inductor_cache: str | None = None  # cold | warm, with compile
@@ -290,6 +311,7 @@ class Rates:
     achieved_tflops: float | None = None  # per device
     peak_tflops: float | None = None
     peak_source: str | None = None  # override | datasheet | cpu-estimate | calibrated | unknown
+    peak_dtype: str | None = None  # the math mode of the peak (bf16 with fp8: torchtitan's rule)
     mfu: float | None = None
     hfu: float | None = None
     achievable_tflops: float | None = None  # the calibrated matmul peak, when known

@@ -1,26 +1,33 @@
 """The sweep table: one row per point, from the records in a sweep dir.
 
-`publish` builds it, writes DIR/summary.csv and DIR/summary.md, prints it and draws the plots;
-the multirun callback calls it at the end of a sweep, `python -m nanogpt.report DIR` for any
-sweep dir, finished or not. Unreadable or half-written records are skipped and listed, never
-fatal. The speedup baseline has one rule (`baseline_row`), which the notebook uses too.
+`build_table` makes it (a `Sweep`: the table, the long steps table, the swept keys and which
+point is the baseline); `publish` also writes DIR/summary.csv, summary.parquet, steps.parquet
+and summary.md (results/tidy.py) and prints it; the entry points draw the plots
+(nanogpt/reporters/plots.py). The multirun callback calls
+it at the end of a sweep, `python -m nanogpt.report DIR` for any sweep dir, finished or not,
+and the notebook builds the same table. Columns: the record's (results/record.py), one per
+swept key after `overrides` (results/swept.py; a key that is already a record column, such as
+`model`, is not repeated), then speedups against the baseline (results/baseline.py), break-even
+and cost. Unreadable or half-written records are skipped and listed, never fatal.
+`read_summary(path)` reads summary.csv back with its types.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from nanogpt.faults import FAILED_STATUSES
-from nanogpt.files import write_atomic
-from nanogpt.results import compare, stats, store
+from nanogpt.results import baseline as baseline_rule
+from nanogpt.results import compare, stats, store, sweep_steps, swept, tidy
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import RESULT_COLUMNS
+from nanogpt.results.tidy import SUMMARY_CSV, read_summary  # noqa: F401 (documented here)
 
-SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
 PRINTED_COLUMNS = (
     "overrides",
@@ -37,10 +44,6 @@ PRINTED_COLUMNS = (
     "bottleneck",
     "speedup",
 )
-
-
-BASELINE_OVERRIDE = "report.baseline="
-STEPS = "step_ms_measured"
 
 
 class ReportError(Exception):
@@ -76,12 +79,34 @@ def _natural(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
+@dataclass
+class Sweep:
+    """A sweep's table and what goes with it."""
+
+    table: pd.DataFrame  # one row per point: the record's columns, swept keys, speedups
+    steps: pd.DataFrame  # the long steps table (results/sweep_steps.py), keyed by job_dir
+    swept: list[str]  # the swept keys, one column each (results/swept.py)
+    baseline: str  # which point is the speedup baseline, and why
+    unreadable: list[Path] = field(default_factory=list)
+
+    def __iter__(self):
+        """`table, unreadable = build_table(...)` still reads as it did when it was a tuple."""
+        return iter((self.table, self.unreadable))
+
+    def series(self) -> list:
+        """Each row's measured steps (a list per repeat), found by its job_dir."""
+        return sweep_steps.series(self.steps, self.table["job_dir"])
+
+
 def build_table(
     sweep_dir: Path,
     baseline: str | None = None,
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
-) -> tuple[pd.DataFrame, list[Path]]:
+) -> Sweep:
+    """The table of a sweep dir; `baseline` is text of the baseline point's overrides (None:
+    the rule of results/baseline.py). Raises ReportError when nothing is readable or the
+    baseline names no ok point."""
     rows, unreadable = load_records(sweep_dir)
     if not rows:
         raise ReportError(
@@ -93,38 +118,37 @@ def build_table(
         columns=list(RESULT_COLUMNS),
     )
     table["overrides"] = [" ".join(row.get("overrides") or []) or "defaults" for row in rows]
-    # Each row's measured steps (a list per repeat), for intervals: kept beside the columns.
-    table.attrs[STEPS] = [row.get("step_ms_measured") for row in rows]
-    base = baseline_row(table, baseline)
-    position = None if base is None else table.index.get_loc(base.name)
-    compare.add_speedups(table, table.attrs[STEPS], position)
+    points = [row.get("overrides") or [] for row in rows]
+    keys = [key for key in swept.swept_keys(points) if key not in table.columns]
+    values = [swept.point_values(point) for point in points]
+    at = table.columns.get_loc("overrides") + 1
+    for offset, key in enumerate(keys):
+        table.insert(at + offset, key, pd.Series([v.get(key) for v in values], dtype=object))
+    steps = sweep_steps.build(rows)
+    try:
+        choice = baseline_rule.choose(table, baseline)
+    except baseline_rule.BaselineError as err:
+        raise ReportError(str(err)) from None
+    sweep = Sweep(table, steps, keys, "", unreadable)
+    compare.add_speedups(table, sweep.series(), choice.position)
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)
     compare.add_costs(table, usd_per_hour, usd_per_kwh)
-    return table, unreadable
+    if choice.position is None:
+        sweep.baseline = f"baseline: none ({choice.reason})"
+    else:
+        name = point_labels(table)[choice.position] or "defaults"
+        sweep.baseline = f"baseline: {name} ({choice.reason})"
+    return sweep
 
 
 def baseline_row(table: pd.DataFrame, baseline: str | None = None) -> pd.Series | None:
-    """The row speedups are measured against: the first ok point whose overrides contain
-    `baseline` when it is given, else the first eager fp32 point, else the first ok point;
-    None when no point is ok."""
-    ok = table[table["status"] == "ok"]
-    if baseline:
-        ok = ok[[names_baseline(text, baseline) for text in ok["overrides"]]]
-        if ok.empty:
-            raise ReportError(
-                f"report.baseline='{baseline}' matches no ok point; use text from one of the "
-                "overrides in the table"
-            )
-    eager_fp32 = ok[(ok["compile"].astype(str) == "False") & (ok["dtype"] == "fp32")]
-    rows = eager_fp32 if not eager_fp32.empty else ok
-    return None if rows.empty else rows.iloc[0]
-
-
-def names_baseline(overrides: str, baseline: str) -> bool:
-    """Whether a point's override string contains the baseline text, not counting the
-    report.baseline override itself (given on the command line, every point carries it)."""
-    kept = [o for o in overrides.split() if not o.startswith(BASELINE_OVERRIDE)]
-    return baseline in " ".join(kept)
+    """The row speedups are measured against (results/baseline.py: `baseline` text if given,
+    else the point whose swept knobs are at their reference); None when no point is ok."""
+    try:
+        position = baseline_rule.choose(table, baseline).position
+    except baseline_rule.BaselineError as err:
+        raise ReportError(str(err)) from None
+    return None if position is None else table.iloc[position]
 
 
 def to_markdown(table: pd.DataFrame) -> str:
@@ -143,9 +167,10 @@ def _cell(value) -> str:
     return str(value).replace("|", "\\|")
 
 
-def write_summary(sweep_dir: Path, table: pd.DataFrame) -> None:
-    write_atomic(sweep_dir / SUMMARY_CSV, table.to_csv(index=False))
-    write_atomic(sweep_dir / SUMMARY_MD, to_markdown(table))
+def write_summary(sweep_dir: Path, sweep: Sweep) -> None:
+    """summary.csv, summary.parquet, steps.parquet and summary.md (which names the baseline)."""
+    markdown = f"{sweep.baseline}\n\n{to_markdown(sweep.table)}"
+    tidy.write(sweep_dir, sweep.table, sweep.steps, markdown)
 
 
 def failed_points(table: pd.DataFrame) -> list[str]:
@@ -199,24 +224,21 @@ def speedup_text(row: pd.Series) -> str:
 def publish(
     sweep_dir: Path,
     baseline: str | None = None,
-    plots: bool = False,
     memory_budget_gib: float | None = None,
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
-) -> pd.DataFrame:
-    """Build, write and print the table of a sweep dir, and the recommendation under it."""
-    table, unreadable = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh)
-    write_summary(sweep_dir, table)
+) -> Sweep:
+    """Build, write and print the table of a sweep dir, and the recommendation under it (the
+    plots are the entry points' to draw: nanogpt/reporters/plots.py)."""
+    sweep = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh)
+    table = sweep.table
+    write_summary(sweep_dir, sweep)
     print(printable(table))
+    print(sweep.baseline)
     print(f"table: {sweep_dir / SUMMARY_CSV} ({len(table)} points)")
     names = [label or "defaults" for label in point_labels(table)]
-    for line in compare.recommend(table, table.attrs[STEPS], names, memory_budget_gib):
+    for line in compare.recommend(table, sweep.series(), names, memory_budget_gib):
         print(line)
-    for path in unreadable:
+    for path in sweep.unreadable:
         print(f"skipped unreadable record: {path}", file=sys.stderr)
-    if plots:
-        from nanogpt.results.plots import write_plots  # matplotlib only when asked for
-
-        for path in write_plots(sweep_dir, table):
-            print(f"plot: {path}")
-    return table
+    return sweep

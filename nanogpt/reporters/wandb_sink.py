@@ -7,36 +7,51 @@ process from the measurement, whatever a sink does. The one sink is Weights & Bi
 
 - one W&B run per job, files in the job's own dir, grouped by sweep (logger.group, default the
   sweep's id: DATE/TIME, results/store.sweep_id), named by the job's overrides, with the
-  resolved config;
+  resolved config and a `point` section: the point's id (its overrides, order-free), its
+  overrides typed (`point.overrides`, dots as '/': keys with no config path of their own, such
+  as `+sweep/accum_split`, are there), which repeat of how many it is, and the ids of the runs
+  it supersedes;
 - every log window is logged with the optimizer step as W&B's step: `train/*` keys for measured
   windows, `warmup/*` keys for warmup windows (so warmup never mixes into a measured chart);
+  define_metric gives them no summary, so the run summary holds the record's figures only
+  (tokens_per_s is the median step's, not the last window's);
 - at the end, every field of result.json goes into the run's summary (but wall_s, which is
   measured around the whole point after the run closed), and a failed point is a failed run;
 - at the end of a multirun, the sweep table goes to a summary run of the same group.
+
+Online init that fails (no route, a timeout, a refused key) falls back to offline in the same
+process (a new run id: wandb refuses an id twice in a process; the failed attempt's empty dir is
+removed) and prints the `wandb sync` command that uploads it later.
+A point measured again (a resume, bench.rerun) supersedes the W&B runs already in its dir: the
+new run's config lists them (`point.supersedes`, which is all offline runs can do); online,
+each of them that W&B knows also gets the tag `superseded`.
 
 Several runs can live in one process (Hydra's basic launcher with bench.isolate=false), so runs
 are created with `reinit="create_new"` and driven only through their own Run object: wandb's
 default `reinit` returns the still-active previous run outside notebooks, which is how a
 multirun ends up as one merged run.
 
-Any wandb failure (not installed, no key, no network within logger.init_timeout_s, an exception
-at init or log) prints one warning line and the point goes on without W&B. The environment
+Any other wandb failure (not installed, no key, offline init refused, an exception at log)
+prints one warning line and the point goes on without W&B. The environment
 variable NANOGPT_WANDB_FAULT=init|log (TESTING ONLY) makes real wandb fail at that point.
 """
 
 from __future__ import annotations
 
 import logging
-import netrc
 import os
 import re
+import secrets
+import shutil
+import string
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
-from nanogpt.config import LoggerConfig, LoggerMode
+from nanogpt.config import LoggerConfig
 from nanogpt.faults import RESULT_STATUSES, describe
+from nanogpt.reporters.wandb_mode import resolve_mode
+from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
 from nanogpt.results.store import sweep_id
 
 log = logging.getLogger(__name__)
@@ -53,23 +68,37 @@ FAULT_ENV = "NANOGPT_WANDB_FAULT"
 REFUSED_RUN_ID = "injected/fault"
 REFUSED_KEY = 0
 
-DEFAULT_HOST = "https://api.wandb.ai"
 # Bound on run.finish's upload wait; data not uploaded by then stays on disk for `wandb sync`.
 FINISH_TIMEOUT_S = 60.0
 # Not in the run summary: the per-step rows (steps.csv; the history has the windows), and wall_s,
 # which the job process measures around the whole point, after this run has closed.
 SUMMARY_OMITTED = ("steps", "wall_s")
+# Window metrics: history only; the summary is the record's (WandbSink.finish).
+WINDOW_METRICS = ("train/*", "warmup/*")
 
 
-def open_sinks(logger: LoggerConfig, *, name: str, group: str | None, config: dict, run_dir: Path):
-    """The sinks of one point: its W&B run, or none when W&B is off or cannot start."""
+def open_sinks(
+    logger: LoggerConfig,
+    *,
+    name: str,
+    group: str | None,
+    config: dict,
+    run_dir: Path,
+    overrides: list[str] = (),
+    repeat: str | None = None,
+    supersedes: list[str] = (),
+):
+    """The sinks of one point: its W&B run, or none when W&B is off or cannot start.
+    `repeat` is "k/N" while bench.repeats measures the point again; `supersedes` the ids of
+    earlier runs of this point (`earlier_runs`, taken before it is measured)."""
     run = start_run(
         logger,
         job_type="point",
         name=name,
         group=logger.group or group,
-        config=config,
+        config={**config, "point": point_config(overrides, repeat, supersedes)},
         run_dir=run_dir,
+        supersedes=supersedes,
     )
     return [] if run is None else [WandbSink(run)]
 
@@ -79,13 +108,15 @@ def log_sweep_table(
 ) -> None:
     """The sweep table as a wandb.Table, and summary.csv as an artifact, in a summary run."""
     group = logger.group or sweep_id(sweep_dir)
+    earlier = earlier_runs(sweep_dir)  # the summary runs of earlier runs of this sweep
     run = start_run(
         logger,
         job_type="sweep-summary",
         name=f"{group} summary",
         group=group,
-        config={"sweep_dir": str(sweep_dir), "points": len(table)},
+        config={"sweep_dir": str(sweep_dir), "points": len(table), "supersedes": earlier},
         run_dir=sweep_dir,
+        supersedes=earlier,
     )
     if run is None:
         return
@@ -110,8 +141,10 @@ def start_run(
     group: str | None,
     config: dict,
     run_dir: Path,
+    supersedes: list[str] = (),
 ) -> GuardedRun | None:
-    """A new W&B run, or None when W&B is off or cannot start (after one warning line)."""
+    """A new W&B run, or None when W&B is off or cannot start (after one warning line).
+    Online init that fails falls back to offline, with the same run id."""
     if logger.backend != "wandb":
         return None
     mode, reason = resolve_mode(logger.mode)
@@ -122,7 +155,8 @@ def start_run(
     except ImportError as exc:
         _warn(f"wandb cannot be imported ({describe(exc)}); install it or use logger=none")
         return None
-    try:
+
+    def init(mode: str, run_id: str):
         run = wandb.init(
             project=logger.project,
             entity=logger.entity,
@@ -133,7 +167,7 @@ def start_run(
             config=config,
             dir=run_dir,
             mode=mode,
-            id=REFUSED_RUN_ID if _injected("init") else None,
+            id=run_id,
             reinit="create_new",
             settings=wandb.Settings(
                 init_timeout=logger.init_timeout_s,
@@ -142,38 +176,41 @@ def start_run(
                 silent=True,  # one line of ours below instead of wandb's banner
             ),
         )
+        for pattern in WINDOW_METRICS:
+            run.define_metric(pattern, summary="none")
+        return run
+
+    run_id = REFUSED_RUN_ID if _injected("init") else new_run_id()
+    try:
+        try:
+            run = init(mode, run_id)
+        except Exception as exc:
+            if mode != "online":
+                raise
+            _warn(f"online init failed ({describe(exc)}); logging offline instead")
+            _remove_unstarted(run_dir, run_id)
+            mode, reason = "offline", "online init failed"
+            run = init(mode, new_run_id())  # wandb refuses an id twice in one process
     except Exception as exc:  # any wandb failure costs W&B only, never the result
         _warn(f"wandb.init failed ({describe(exc)}); this run goes on without W&B")
         return None
     log.info(_where(run, mode, reason))
+    if mode == "online" and supersedes:
+        tag_superseded(run, supersedes, FINISH_TIMEOUT_S)
     return GuardedRun(run)
 
 
-def resolve_mode(mode: LoggerMode) -> tuple[str, str | None]:
-    """The wandb mode to run in, and why, when `auto` chose offline or disabled.
-
-    auto: wandb's own switch WANDB_MODE when it is set, else online when an API key is
-    configured, else offline. The other modes are taken as asked.
-    """
-    if mode is not LoggerMode.auto:
-        return mode.value, None
-    if env_mode := os.environ.get("WANDB_MODE"):
-        return env_mode, f"WANDB_MODE={env_mode}"
-    if api_key_configured():
-        return "online", None
-    return "offline", "no API key (WANDB_API_KEY or ~/.netrc)"
+def _remove_unstarted(run_dir: Path, run_id: str) -> None:
+    """The dir of an online run whose init failed holds no data; `wandb sync` would upload it
+    as an empty run, and a resume would count it among the point's runs."""
+    for path in Path(run_dir, "wandb").glob(f"run-*-{run_id}"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
-def api_key_configured() -> bool:
-    """Where wandb finds a key: the environment, else the netrc entry for the W&B host."""
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
-        return True
-    host = urlsplit(os.environ.get("WANDB_BASE_URL", DEFAULT_HOST)).netloc
-    path = Path(os.environ.get("NETRC", "~/.netrc")).expanduser()
-    try:
-        return netrc.netrc(path).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
+def new_run_id() -> str:
+    """A run id as wandb makes them (8 lowercase letters and digits), chosen here so that an
+    offline fallback keeps the id the online attempt had."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
 def _where(run, mode: str, reason: str | None) -> str:

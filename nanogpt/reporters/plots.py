@@ -28,11 +28,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from nanogpt.files import write_atomic
+from nanogpt.reporters.bottleneck_plot import bottleneck
+from nanogpt.reporters.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.results import store
-from nanogpt.results.bottleneck_plot import bottleneck
 from nanogpt.results.compare import measured_peak
 from nanogpt.results.labels import parse_overrides, point_labels
-from nanogpt.results.plot_parts import NoData, new_figure, tagged_labels
 
 MIB, GIB = 2**20, 2**30
 MEMORY_PARTS = ("weights", "gradients", "optimizer_state", "activations", "logits")

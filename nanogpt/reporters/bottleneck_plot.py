@@ -11,8 +11,8 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
+from nanogpt.reporters.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.results.diagnosis import KINDS
-from nanogpt.results.plot_parts import NoData, new_figure, tagged_labels
 
 STEP_PARTS = (
     ("diag_device_frac", "device"),

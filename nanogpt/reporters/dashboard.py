@@ -19,6 +19,8 @@ Swept keys are config paths. The run config is the resolved nested config, which
 ({"perf": {"dtype": ...}}) and shows with dots ("perf.dtype"); panels address it as
 `Config("perf.dtype")` (config:perf.value.dtype on the wire), so group-by and parallel
 coordinates need no flat copy (W&B's advice against dots is about key *names*: none of ours).
+A swept key with no config path of its own (+sweep/accum_split) is read from the run config's
+`point.overrides`, where every override of the point is kept typed: every swept key is an axis.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from pathlib import Path
 from nanogpt.config import LoggerConfig, LoggerMode
 from nanogpt.faults import describe
 from nanogpt.files import read_json, write_atomic, write_json
+from nanogpt.reporters.wandb_mode import resolve_mode
+from nanogpt.results import swept
 from nanogpt.results.store import iter_records, sweep_id
-from nanogpt.results.wandb_sink import resolve_mode
 
 VIEW_FILE = "wandb_view.json"
 URL_FILE = "wandb_view_url.txt"
@@ -46,27 +49,25 @@ GROUP_CHOICES = {
     "logger": "logger.backend",
 }
 # Override keys that are no run-config key: Hydra's own, sweep presets (+sweep=NAME) and nested
-# groups (+sweep/accum_split=8x2, which set other keys).
+# groups (+sweep/accum_split=8x2, which set other keys): the view reads them from point.overrides.
 NOT_IN_CONFIG = ("hydra", "sweep")
 
 
 def swept_keys(points: list[list[str]]) -> list[str]:
-    """The W&B config paths a sweep varies, from each point's overrides, in first-seen order.
+    """The W&B config paths of the keys a sweep varies (results/swept.py), in first-seen order.
 
-    A key is swept when the points do not all set it to one value (with one point: every key
-    it sets). A deleted key (~key) is in no config.
+    A key of the config is its own path (a group choice such as model=gpt2: the field that
+    names it, model.name); any other key (a nested preset group such as +sweep/accum_split, a
+    preset, Hydra's own keys) is the point's typed override, point.overrides.<key with dots as
+    '/'> (reporters/wandb_point.py).
     """
-    values: dict[str, list[str]] = {}
-    for overrides in points:
-        for key, _, value in (o.partition("=") for o in overrides if not o.startswith("~")):
-            values.setdefault(key.lstrip("+"), []).append(value)
 
-    def varies(seen: list[str]) -> bool:
-        return len(points) == 1 or len(seen) < len(points) or len(set(seen)) > 1
+    def path(key: str) -> str:
+        if "/" in key or key.split(".")[0] in NOT_IN_CONFIG:
+            return f"point.overrides.{key.replace('.', '/')}"
+        return GROUP_CHOICES.get(key, key)
 
-    swept = [key for key, seen in values.items() if varies(seen)]
-    in_config = [k for k in swept if "/" not in k and k.split(".")[0] not in NOT_IN_CONFIG]
-    return list(dict.fromkeys(GROUP_CHOICES.get(key, key) for key in in_config))
+    return list(dict.fromkeys(path(key) for key in swept.swept_keys(points)))
 
 
 def view_spec(

@@ -1,0 +1,101 @@
+"""The sweep table's files: summary.csv, summary.parquet and steps.parquet, typed.
+
+- summary.csv: one row per point; list and dict cells (step_ms_median_per_repeat, a swept
+  `[1,2]`) are JSON, so `read_summary` gives them back as lists; booleans are True/False.
+- summary.parquet: the same table with its types (lists stay lists, integers stay integers).
+- steps.parquet: the long steps table (results/sweep_steps.py), keyed by job_dir, repeat, step.
+Each is written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from nanogpt.files import write_atomic
+
+SUMMARY_CSV = "summary.csv"
+SUMMARY_PARQUET = "summary.parquet"
+STEPS_PARQUET = "steps.parquet"
+
+
+def _is_container(value) -> bool:
+    return isinstance(value, list | tuple | dict)
+
+
+def to_csv(table: pd.DataFrame) -> str:
+    """The table as CSV text, list and dict cells as JSON."""
+    encoded = table.copy()
+    for column in encoded.columns:
+        if encoded[column].dtype == object and encoded[column].map(_is_container).any():
+            encoded[column] = encoded[column].map(
+                lambda v: json.dumps(v) if _is_container(v) else v
+            )
+    return encoded.to_csv(index=False)
+
+
+def read_summary(path: str | Path) -> pd.DataFrame:
+    """A summary.csv (or summary.parquet) read back with its types: a column whose every cell
+    is JSON list or dict text comes back as lists or dicts."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SUMMARY_CSV
+    if path.suffix == ".parquet":
+        return _from_arrow(pd.read_parquet(path))
+    table = pd.read_csv(path)
+    for column in table.columns:
+        if table[column].dtype == object or pd.api.types.is_string_dtype(table[column]):
+            decoded = _json_cells(table[column])
+            if decoded is not None:
+                table[column] = decoded
+    return table
+
+
+def _json_cells(column: pd.Series) -> pd.Series | None:
+    present = column.dropna()
+    if present.empty or not present.map(lambda v: isinstance(v, str) and v[:1] in "[{").all():
+        return None
+    try:
+        values = present.map(json.loads)
+    except ValueError:
+        return None
+    out = pd.Series([None] * len(column), index=column.index, dtype=object)
+    out[values.index] = values
+    return out
+
+
+def _from_arrow(table: pd.DataFrame) -> pd.DataFrame:
+    """Parquet list columns come back as numpy arrays: lists, as in the table that was written."""
+    for column in table.columns:
+        if table[column].dtype == object:
+            table[column] = table[column].map(lambda v: v.tolist() if hasattr(v, "tolist") else v)
+    return table
+
+
+def to_parquet(table: pd.DataFrame) -> bytes:
+    """The table as Parquet bytes. A column Arrow cannot type (mixed kinds of values, e.g. a
+    swept key that is a number in one point and a list in another) is stored as JSON text."""
+    import pyarrow as pa
+
+    stored = table.copy()
+    for column in stored.columns:
+        if stored[column].dtype != object:
+            continue
+        try:
+            pa.array(stored[column], from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            stored[column] = stored[column].map(lambda v: None if v is None else json.dumps(v))
+    buffer = io.BytesIO()
+    stored.to_parquet(buffer, index=False, engine="pyarrow")
+    return buffer.getvalue()
+
+
+def write(sweep_dir: Path, table: pd.DataFrame, steps: pd.DataFrame, markdown: str) -> None:
+    """summary.csv, summary.parquet, steps.parquet and summary.md, each atomically."""
+    write_atomic(sweep_dir / SUMMARY_CSV, to_csv(table))
+    write_atomic(sweep_dir / SUMMARY_PARQUET, to_parquet(table))
+    write_atomic(sweep_dir / STEPS_PARQUET, to_parquet(steps))
+    write_atomic(sweep_dir / "summary.md", markdown)

@@ -1,0 +1,54 @@
+"""dist.strategy=fsdp2: parameters, gradients and optimizer state sharded over the ranks.
+
+FSDP2 (`torch.distributed.fsdp.fully_shard`) turns each parameter into a DTensor sharded on
+dim 0 across the ranks, so a rank holds 1/N of the weights, of their gradients and (since the
+optimizer is built on the sharded parameters) of AdamW's moments. Around each module's forward
+and backward it all-gathers that module's parameters and, after backward, reduce-scatters the
+gradients. The unit of gathering is what `fully_shard` was called on: here each transformer
+block, then the root (the embeddings, the tied head and the final LayerNorm), the layout
+torchtitan uses. `reshard_after_forward=True` frees a block's gathered parameters after its
+forward and gathers them again in backward (less memory, one more all-gather per block);
+False keeps them from forward to backward (ZeRO-2-like). The root is never resharded after
+forward: backward starts with it, so freeing it would only gather it again at once.
+
+Mixed precision is FSDP2's own policy: parameters gathered in the compute dtype (bf16 for
+perf.dtype=bf16), gradients reduced in fp32, the sharded master weights and the optimizer in
+fp32. (fp16 would also need a sharded gradient scaler; validate.py refuses it with fsdp2.)
+
+Order with the other transformations, the one torchtitan documents for its parallelize
+functions (float8, then activation checkpointing, then torch.compile, then FSDP):
+  1. float8 conversion (nanogpt/float8.py) on the whole, unsharded model, so FSDP2 shards the
+     Float8Linear weights like any other;
+  2. activation checkpointing, inside each block's call (model.py);
+  3. torch.compile per block (`block.compile()`), so each compiled graph is one FSDP unit and
+     the all-gathers and reduce-scatters run between graphs, where FSDP2's hooks can overlap
+     them with compute;
+  4. fully_shard on each block, then on the root.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def apply_fsdp2(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    *,
+    param_dtype: torch.dtype | None,
+    reshard_after_forward: bool,
+) -> None:
+    """Shard `model` in place: each of `blocks`, then the root. param_dtype None keeps fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in blocks:
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=False)
+
+
+def set_gradient_sync(model: nn.Module, sync: bool) -> None:
+    """FSDP2's no_sync: with sync False, backward accumulates unsharded gradients locally and
+    skips the reduce-scatter (all but the last micro-step of gradient accumulation)."""
+    model.set_requires_gradient_sync(sync)

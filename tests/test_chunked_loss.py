@@ -1,0 +1,175 @@
+"""perf.loss=chunked: the head and cross-entropy over chunks of tokens, on CPU with real torch.
+
+Gradients are compared with the full loss; the memory claim is checked by watching every tensor
+the autograd graph saves and every tensor the step allocates (TorchDispatchMode sees each op's
+outputs), and asserting none has the full [B*T, vocab] shape.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from nanogpt.chunked_loss import chunked_cross_entropy
+from nanogpt.measure.flops import counted_flops_per_token
+from nanogpt.measure.memory import estimate_memory
+from nanogpt.model import GPT, GPTConfig
+
+TINY = dict(block_size=16, vocab_size=320, n_layer=2, n_head=2, n_embd=32, bias=False)
+
+
+def _pair(**extra):
+    """The same GPT twice, full and chunked loss, with identical weights."""
+    torch.manual_seed(0)
+    full = GPT(GPTConfig(**TINY, **extra))
+    chunked = GPT(GPTConfig(**TINY, **extra, loss="chunked", loss_chunk=12))
+    chunked.load_state_dict(full.state_dict())
+    return full, chunked
+
+
+def _batch(ignore: bool = False):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, TINY["vocab_size"], (3, TINY["block_size"]), generator=g)
+    y = torch.randint(0, TINY["vocab_size"], (3, TINY["block_size"]), generator=g)
+    if ignore:
+        y[0, :5] = -1  # nanoGPT's ignore_index: left out of the mean
+    return x, y
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_chunked_loss_and_gradients_match_the_full_loss_in_fp32(ignore):
+    full, chunked = _pair()
+    x, y = _batch(ignore)
+    _, loss_full = full(x, y)
+    logits, loss_chunked = chunked(x, y)
+    assert logits is None  # the chunked path never builds the logits to return them
+    loss_full.backward()
+    loss_chunked.backward()
+    torch.testing.assert_close(loss_chunked, loss_full, rtol=1e-6, atol=1e-6)
+    for (name, a), (_, b) in zip(full.named_parameters(), chunked.named_parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_chunked_loss_matches_under_bf16_autocast_within_bf16_tolerance():
+    full, chunked = _pair()
+    x, y = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss_full = full(x, y)
+        _, loss_chunked = chunked(x, y)
+    loss_full.backward()
+    loss_chunked.backward()
+    torch.testing.assert_close(loss_chunked, loss_full, rtol=2e-2, atol=2e-2)
+    for a, b in zip(full.parameters(), chunked.parameters(), strict=True):
+        assert b.grad.dtype == a.grad.dtype == torch.float32
+        torch.testing.assert_close(b.grad, a.grad, rtol=5e-2, atol=2e-3)
+
+
+def test_the_function_alone_scales_its_gradient_by_the_incoming_one():
+    torch.manual_seed(0)
+    x = torch.randn(10, 8, requires_grad=True)
+    w = torch.randn(50, 8, requires_grad=True)
+    t = torch.randint(0, 50, (10,))
+    (3.0 * chunked_cross_entropy(x, w, t, chunk=4)).backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    (3.0 * F.cross_entropy(x @ w.t(), t)).backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, w.grad)
+
+
+class ShapeWatch(TorchDispatchMode):
+    """Every shape an op produces while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.add(tuple(t.shape))
+        return out
+
+
+@pytest.mark.parametrize("loss", ["full", "chunked"])
+def test_no_tensor_of_the_full_logits_shape_exists_in_forward_or_backward(loss):
+    model = GPT(GPTConfig(**TINY, loss=loss, loss_chunk=12))
+    x, y = _batch()
+    full_shape = (x.numel(), TINY["vocab_size"])
+    watch = ShapeWatch()
+    with watch:
+        _, out = model(x, y)
+        out.backward()
+    full_logits = full_shape in watch.shapes or (*x.shape, TINY["vocab_size"]) in watch.shapes
+    # The check can fail: the full loss does build them.
+    assert full_logits is (loss == "full")
+    if loss == "chunked":
+        assert (12, TINY["vocab_size"]) in watch.shapes  # a chunk's logits, and no more
+
+
+def test_the_memory_estimate_logits_term_follows_the_loss():
+    common = dict(
+        n_params=124_000_000,
+        n_layer=12,
+        n_head=12,
+        n_embd=768,
+        block_size=1024,
+        vocab_size=50304,
+        batch_size=12,
+        optimizer="adamw",
+        dtype="bf16",
+        attention="auto",
+        activation_checkpointing=False,
+    )
+    full = estimate_memory(**common)
+    chunked = estimate_memory(**common, loss="chunked", loss_chunk=2048)
+    assert full["logits"] == 12 * 1024 * 50304 * (2 + 4)
+    # One chunk's logits (compute dtype + fp32) plus the whole-size dx and fp32 dW buffers.
+    assert chunked["logits"] == 2048 * 50304 * (2 + 4) + 12 * 1024 * 768 * 4 + 50304 * 768 * 4
+    assert chunked["total"] < full["total"]
+
+
+def test_the_counted_flops_are_the_full_heads():
+    # The gradient is taken in forward, chunk by chunk: the same matmuls, no recompute.
+    full = counted_flops_per_token(GPTConfig(**TINY))
+    assert counted_flops_per_token(GPTConfig(**TINY, loss="chunked", loss_chunk=5)) == full
+
+
+@pytest.mark.slow
+def test_torch_compile_traces_the_chunked_loss_and_agrees_with_eager():
+    full, chunked = _pair()
+    compiled = torch.compile(chunked)
+    x, y = _batch()
+    _, eager_loss = full(x, y)
+    _, compiled_loss = compiled(x, y)
+    eager_loss.backward()
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-5)
+    for a, b in zip(full.parameters(), chunked.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_a_sweep_over_the_loss_records_it_and_its_estimate(sweep):
+    proc, sweep_dir = sweep("perf.loss=full,chunked", "perf.loss_chunk=8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    full, chunked = (json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json")))
+    assert (full["loss"], chunked["loss"]) == ("full", "chunked")
+    assert full["loss_chunk"] is None and chunked["loss_chunk"] == 8
+    assert chunked["mem_estimate"]["logits"] < full["mem_estimate"]["logits"]
+    assert chunked["flops_per_token_counted"] == full["flops_per_token_counted"]
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert list(table["loss"]) == ["full", "chunked"] and set(table["status"]) == {"ok"}
+
+
+def test_a_chunk_of_no_tokens_is_one_line_before_any_point(sweep):
+    proc, sweep_dir = sweep("perf.loss=chunked", "perf.loss_chunk=0")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "perf.loss_chunk: is 0 but must be at least 1" in line
+    assert not list(sweep_dir.rglob("result.json"))

@@ -1,0 +1,98 @@
+"""perf.fp8: which Linears torchao converts, the validation that runs before any point, and (on
+a GPU of compute capability 8.9+) a real float8 point. The conversion itself is torchao's, run
+for real on CPU: only its float8 matmuls need the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch.nn as nn
+
+from nanogpt import float8
+from nanogpt.config import Fp8
+from nanogpt.model import GPT, GPTConfig
+
+needs_torchao = pytest.mark.skipif(float8.torchao_missing() is not None, reason="needs torchao")
+
+
+LINEARS = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+
+
+def _gpt(n_embd: int = 64) -> GPT:
+    return GPT(GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=n_embd))
+
+
+def test_the_filter_keeps_the_head_and_dimensions_float8_cannot_take():
+    layers = float8.plan(_gpt())
+    assert "lm_head" not in layers["converted"]
+    assert {"layer": "lm_head", "reason": float8.kept_reason(nn.Linear(64, 256), "lm_head")} in (
+        layers["kept"]
+    )
+    assert set(layers["converted"]) == {
+        f"blocks.{i}.{name}"
+        for i in (0, 1)
+        for name in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+    }
+    # n_embd 40: 40 % 16 != 0, so no block Linear converts; each is kept with its dimensions.
+    odd = float8.plan(_gpt(n_embd=40))
+    assert odd["converted"] == []
+    assert any("not multiples of 16" in k["reason"] for k in odd["kept"])
+    assert float8.fp8_filter(nn.Linear(32, 48), "blocks.0.mlp.fc")
+    assert not float8.fp8_filter(nn.Linear(32, 50), "blocks.0.mlp.fc")
+    assert not float8.fp8_filter(nn.Embedding(4, 16), "wte")
+
+
+@needs_torchao
+@pytest.mark.parametrize("recipe", [Fp8.tensorwise, Fp8.rowwise])
+def test_torchao_converts_exactly_the_planned_layers(recipe):
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = _gpt()
+    layers = float8.convert(model, recipe)
+    swapped = {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
+    assert swapped == set(layers["converted"]) and len(swapped) == 8
+    assert type(model.lm_head) is nn.Linear
+    assert model.lm_head.weight is model.wte.weight  # the tie survives the swap
+
+
+def test_every_torchao_recipe_is_a_choice_and_back():
+    if float8.torchao_missing():
+        pytest.skip("needs torchao")
+    from torchao.float8.config import Float8LinearRecipeName
+
+    assert {r.value for r in Float8LinearRecipeName} == {f.value for f in Fp8} - {"none"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["perf.fp8=tensorwise", "perf.dtype=fp32"], "set perf.dtype=bf16"),
+        (["perf.fp8=rowwise", "perf.dtype=bf16"], "float8 matmuls need a CUDA GPU, not cpu"),
+    ],
+)
+def test_fp8_where_it_cannot_run_is_one_line_before_any_point(sweep, overrides, message):
+    proc, sweep_dir = sweep("perf.batch_size=1,2", *overrides)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: point 1 of 2") and " perf.fp8: " in line and message in line
+    assert not list(sweep_dir.rglob("result.json"))
+
+
+def test_an_fp8_point_is_divided_by_the_bf16_peak_and_beating_bf16_matmuls_flags_nothing():
+    import warnings
+
+    from nanogpt.results import derive
+    from nanogpt.results.derive import Ceilings, Peak
+    from nanogpt.results.record import Setup
+
+    setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1_000_000_000)
+    # 1e12 FLOP in 1 ms is 1 PFLOP/s: above the 0.8 PFLOP/s the bf16 calibration measured.
+    ceilings = Ceilings(Peak(0.989e15, "datasheet"), achievable_flops=0.8e15)
+    args = (setup, 1.0, 1.0, ceilings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "the FLOP count or the timing is wrong" warning
+        fp8 = derive.rates(*args, compiled=True, checkpointing=False, dtype="bf16", fp8=True)
+    assert fp8.peak_dtype == "bf16" and fp8.mfu == pytest.approx(1e15 / 0.989e15)
+    assert fp8.mfu_achievable == pytest.approx(1.25) and fp8.mfu_flag is None
+    with pytest.warns(UserWarning, match="mfu_flag is set"):
+        bf16 = derive.rates(*args, compiled=True, checkpointing=False, dtype="bf16")
+    assert bf16.mfu_flag is True  # the same figures without float8 are impossible

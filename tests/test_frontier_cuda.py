@@ -1,0 +1,66 @@
+"""perf.fp8, dist.strategy=fsdp2 and perf.loss=chunked on real GPUs (pytest -m cuda).
+Skipped without CUDA; nothing here is faked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nanogpt import float8
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+GPU_POINT = ["bench.device=cuda", "perf.dtype=bf16", "bench.warmup_steps=3"]
+
+
+def test_a_float8_point_records_its_layers_and_the_bf16_peak(single):
+    if float8.torchao_missing() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs torchao and compute capability 8.9+")
+    proc, run_dir = single(
+        *GPU_POINT, "perf.fp8=tensorwise", "model.n_embd=64", "perf.compile=true"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "ok" and record["fp8"] == "tensorwise"
+    assert record["fp8_converted"] == 4 and record["peak_dtype"] == "bf16"  # 1 block, 4 Linears
+    assert record["model_wrapping"] == "compile(float8(model))"
+
+
+def test_the_chunked_loss_holds_less_memory_at_gpt2_vocabulary_compiled_or_not(sweep):
+    proc, sweep_dir = sweep(
+        *GPU_POINT,
+        "model.vocab_size=50304",
+        "model.block_size=256",
+        "perf.batch_size=16",
+        "perf.loss=full,chunked",
+        "perf.compile=false,true",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    assert [r["status"] for r in records] == ["ok"] * 4
+    peak = {(r["loss"], r["compile"]): r["mem_peak_allocated_bytes"] for r in records}
+    for compiled in (False, True):
+        # 4096 tokens x 50,304 x (2 + 4) bytes is 1.2 GB of logits the chunked loss never holds.
+        assert peak[("chunked", compiled)] < peak[("full", compiled)] - 500e6
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one rank each)")
+def test_fsdp2_on_two_gpus_with_compile_and_checkpointing(sweep):
+    proc, sweep_dir = sweep(
+        *GPU_POINT,
+        "dist.nproc=2",
+        "dist.strategy=fsdp2",
+        "perf.compile=true",
+        "perf.activation_checkpointing=true",
+        "model.n_layer=2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = sweep_dir.rglob("result.json")
+    record = json.loads(result.read_text())
+    assert record["status"] == "ok" and record["world_size"] == 2
+    assert record["model_wrapping"] == "fsdp2(model, compile(block) x 2)"
+    assert record["mem_peak_allocated_bytes"] > 0  # rank 0's own allocator

@@ -1,0 +1,138 @@
+"""dist.strategy=fsdp2 for real: two gloo ranks on CPU (torch.multiprocessing and torchrun).
+
+The sharded run is checked against the arithmetic it must equal: one unsharded model, stepped
+by AdamW on the mean of both ranks' gradients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from nanogpt.config import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
+from nanogpt.distributed import World
+from nanogpt.measure.trainer import Trainer, data_source, gpt_config
+from nanogpt.model import GPT
+from nanogpt.optim import build_optimizer
+
+
+def _spec(**perf) -> RunSpec:
+    return RunSpec(
+        model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=256),
+        perf=PerfConfig(batch_size=2, grad_accum=2, **perf),
+        dist=DistConfig(nproc=2, strategy=Strategy.fsdp2),
+    )
+
+
+def _reference(spec: RunSpec, steps: int) -> GPT:
+    """What two data-parallel ranks must compute: their batches' mean gradient, one model."""
+    torch.manual_seed(spec.bench.seed)
+    model = GPT(gpt_config(spec))
+    optimizer = build_optimizer(model, spec.optimizer)
+    sources = [
+        data_source(spec, torch.device("cpu"), World(rank=r, size=2), spec.perf.batch_size)
+        for r in (0, 1)
+    ]
+    for _ in range(steps):
+        for source in sources:
+            for _ in range(spec.perf.grad_accum):
+                x, y = source.next_batch()
+                _, loss = model(x, y)
+                (loss / spec.perf.grad_accum / 2).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.optimizer.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model
+
+
+def _train(rank: int, port: int, out_dir, perf: dict) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    world = World.from_env()
+    world.init()
+    spec = _spec(**perf)
+    trainer = Trainer(spec, torch.device("cpu"), world)
+    local = {n: p.to_local().numel() for n, p in trainer.raw_model.named_parameters()}
+    for _ in range(2):
+        trainer.step()
+    full = {n: p.full_tensor() for n, p in trainer.raw_model.named_parameters()}
+    ref = dict(_reference(spec, 2).named_parameters())
+    error = max((full[n] - ref[n].detach()).abs().max().item() for n in ref)
+    result = {
+        "wrapping": trainer.model_wrapping,
+        "local": local,
+        "global": {n: p.numel() for n, p in trainer.raw_model.named_parameters()},
+        "max_error": error,
+        "state_local": sum(
+            s.to_local().numel()
+            for state in trainer.optimizer.state.values()
+            for s in state.values()
+            if hasattr(s, "to_local")
+        ),
+    }
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    world.shutdown()
+
+
+def _spawn(tmp_path, perf: dict) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_train, args=(port, tmp_path, perf), nprocs=2)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "perf", [{}, {"activation_checkpointing": True, "loss": Loss.chunked, "loss_chunk": 8}]
+)
+def test_fsdp2_shards_every_parameter_and_trains_like_one_model_on_the_mean_gradient(
+    tmp_path, perf
+):
+    ranks = _spawn(tmp_path, perf)
+    for name, total in ranks[0]["global"].items():
+        shards = [r["local"][name] for r in ranks]
+        assert sum(shards) == total and max(shards) < total, name  # split, not replicated
+    # AdamW's two moments, sharded with their parameters: together one copy of each, twice.
+    assert sum(r["state_local"] for r in ranks) == 2 * sum(ranks[0]["global"].values())
+    assert ranks[0]["wrapping"] == "fsdp2(model, block x 2)"
+    for r in ranks:
+        assert r["max_error"] < 1e-5
+
+
+def test_a_sweep_point_under_torchrun_with_fsdp2_records_per_rank_memory_and_global_tokens(sweep):
+    proc, sweep_dir = sweep(
+        "dist.nproc=2",
+        "dist.strategy=ddp,fsdp2",
+        "dist.reshard_after_forward=false",
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ddp, fsdp = (json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json")))
+    assert fsdp["status"] == "ok" and fsdp["world_size"] == 2
+    assert fsdp["model_wrapping"].startswith("fsdp2(") and ddp["model_wrapping"] == "ddp(model)"
+    assert fsdp["tokens_per_step"] == ddp["tokens_per_step"] == 2 * 16 * 2
+    est_d, est_f = ddp["mem_estimate"], fsdp["mem_estimate"]
+    assert est_f["weights"] == est_d["weights"] // 2  # per rank: half of the fp32 weights
+    assert est_f["optimizer_state"] == est_d["optimizer_state"] // 2
+    assert est_f["gathered_params"] == 4 * fsdp["n_params"]  # no reshard: all, fp32
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert list(table["dist_strategy"]) == ["ddp", "fsdp2"]
+    # The knob is fsdp2's: recorded for its point, empty for DDP's.
+    assert pd.isna(table["reshard_after_forward"][0]) and not table["reshard_after_forward"][1]
+
+
+def test_fsdp2_with_one_rank_or_fp16_is_one_line_before_any_point_runs(sweep):
+    proc, sweep_dir = sweep("dist.strategy=fsdp2")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert " dist.strategy: " in line and "dist.nproc=2" in line
+    assert not list(sweep_dir.rglob("result.json"))

@@ -1,0 +1,280 @@
+"""The sweep table as pandas users expect it: one typed column per swept key, a baseline that
+answers the sweep's question, summary.parquet and the long steps.parquet, and
+`python -m nanogpt.report DIR` rebuilding it with the settings the sweep ran with.
+
+Fast tests on tables built by hand (the rule, the override grammar); slow ones on real
+`python -m nanogpt.run -m` sweeps read back with pandas and pyarrow.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from nanogpt.results import baseline, swept
+from nanogpt.results import table as report
+from nanogpt.results.tidy import STEPS_PARQUET, SUMMARY_PARQUET, read_summary
+
+from .conftest import run_cli, with_micro
+
+# --- the override grammar's values --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("true", True),
+        ("False", False),
+        ("null", None),
+        ("12", 12),
+        ("-3", -3),
+        ("1e-3", 0.001),
+        ("0.5", 0.5),
+        ("bf16", "bf16"),
+        ("8x2", "8x2"),
+        ("'8'", "8"),
+        ("[0.9,0.95]", [0.9, 0.95]),
+        ("[a, 'b c', [1,2]]", ["a", "b c", [1, 2]]),
+        ("{a:1,b:[x,y]}", {"a": 1, "b": ["x", "y"]}),
+        ("http://127.0.0.1:8080/x", "http://127.0.0.1:8080/x"),
+        ("${now:%H}", "${now:%H}"),
+    ],
+)
+def test_override_values_are_typed_as_hydra_types_them(text, value):
+    assert swept.parse_value(text) == value
+    assert type(swept.parse_value(text)) is type(value)
+
+
+def test_special_floats_and_keys():
+    assert math.isinf(swept.parse_value("inf")) and math.isnan(swept.parse_value("nan"))
+    assert swept.parse_override("++perf.dtype=bf16") == ("perf.dtype", "bf16")
+    assert swept.parse_override("~perf.dtype") is None
+
+
+def test_swept_keys_are_those_that_vary():
+    points = [
+        ["perf.dtype=bf16", "+sweep/accum_split=8x2", "bench.seed=1", "logger.log_interval=1"],
+        ["perf.dtype=bf16", "+sweep/accum_split=4x4", "bench.seed=1"],
+    ]
+    # log_interval is set in one point only: the other has its default, so it varies too.
+    assert swept.swept_keys(points) == ["sweep/accum_split", "logger.log_interval"]
+    assert swept.swept_keys([["perf.dtype=bf16"]]) == ["perf.dtype"]
+
+
+# --- the baseline rule --------------------------------------------------------------------
+
+
+def points(*rows: dict) -> pd.DataFrame:
+    """A table with the columns the rule reads; each row's overrides written from its values."""
+    defaults = {"status": "ok", "compile": False, "dtype": "fp32", "attention": "auto"}
+    table = pd.DataFrame([{**defaults, **row} for row in rows])
+    table["overrides"] = [
+        " ".join(f"{k}={v}" for k, v in row.items() if k != "status") for row in rows
+    ]
+    return table
+
+
+def chosen(table: pd.DataFrame, text: str | None = None) -> dict:
+    choice = baseline.choose(table, text)
+    return table.iloc[choice.position][["compile", "dtype", "attention"]].to_dict()
+
+
+def test_compile_by_16_bit_dtypes_is_measured_against_eager_bf16():
+    """The README's sweep, compile x {bf16, fp16}, in Hydra's order (compiled first)."""
+    table = points(
+        *(
+            {"compile": c, "dtype": d}
+            for c in (True, False)
+            for d in ("bf16", "fp16")  # no fp32 point
+        )
+    )
+    assert chosen(table) == {"compile": False, "dtype": "bf16", "attention": "auto"}
+    reason = baseline.choose(table).reason
+    assert "perf.compile=false" in reason and "perf.dtype=bf16" in reason
+
+
+def test_the_widest_dtype_and_eager_whatever_the_order():
+    dtypes = ("fp16", "bf16", "tf32", "fp32")
+    table = points(*({"compile": c, "dtype": d} for d in dtypes for c in (True, False)))
+    assert chosen(table) == {"compile": False, "dtype": "fp32", "attention": "auto"}
+    # A failed eager fp32 point: the reference among the points that are ok.
+    table.loc[(~table["compile"]) & (table["dtype"] == "fp32"), "status"] = "oom"
+    assert chosen(table) == {"compile": False, "dtype": "tf32", "attention": "auto"}
+
+
+def test_attention_is_measured_against_the_materialised_path():
+    table = points(*({"attention": a} for a in ("auto", "flash", "math", "manual")))
+    assert chosen(table)["attention"] == "manual"
+    assert chosen(table.iloc[:3].reset_index(drop=True))["attention"] == "math"
+
+
+def test_sizes_take_the_smallest_and_other_keys_the_first_listed():
+    table = points(*({"batch_size": b, "grad_accum": 16 // b} for b in (16, 8, 4)))
+    assert table.iloc[baseline.choose(table).position]["grad_accum"] == 1
+    table = points({"log_interval": 10}, {"log_interval": 1})  # not a record column
+    assert baseline.choose(table).position == 0
+
+
+def test_a_given_baseline_wins_and_one_that_names_no_ok_point_is_an_error():
+    table = points({"dtype": "fp32"}, {"dtype": "bf16"})
+    assert chosen(table, "dtype=bf16")["dtype"] == "bf16"
+    with pytest.raises(baseline.BaselineError, match="report.baseline='dtype=fp8'"):
+        baseline.choose(table, "dtype=fp8")
+
+
+# --- real sweeps --------------------------------------------------------------------------
+
+# Swept: a nested preset group (no config path of its own) and a list-valued key.
+TIDY = [
+    "+sweep/accum_split=8x2,4x4",
+    "optimizer.betas=[0.9,0.95],[0.8,0.9]",
+    "cost.usd_per_hour=3.6",
+    "bench.isolate=false",
+]
+
+
+@pytest.fixture(scope="module")
+def tidy_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tidy")
+    sweep_dir = root / "sweep"
+    proc = run_cli("-m", *with_micro(TIDY), f"hydra.sweep.dir={sweep_dir}", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
+@pytest.fixture(scope="module")
+def attention_sweep(tmp_path_factory):
+    """The attention_cpu preset, which sets report.baseline=perf.attention=manual and
+    report.plots=true in its file, not on the command line."""
+    root = tmp_path_factory.mktemp("attention")
+    sweep_dir = root / "sweep"
+    args = ["-m", "+sweep=attention_cpu", *with_micro(["bench.isolate=false"])]
+    proc = run_cli(*args, f"hydra.sweep.dir={sweep_dir}", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
+def test_summary_has_a_typed_column_per_swept_key(tidy_sweep):
+    _, sweep_dir = tidy_sweep
+    table = read_summary(sweep_dir / report.SUMMARY_CSV)
+    columns = list(table.columns)
+    at = columns.index("overrides")
+    assert columns[at + 1 : at + 3] == ["sweep/accum_split", "optimizer.betas"]
+    assert sorted(set(table["sweep/accum_split"])) == ["4x4", "8x2"]
+    assert sorted(map(tuple, table["optimizer.betas"])) == [(0.8, 0.9)] * 2 + [(0.9, 0.95)] * 2
+    assert all(isinstance(v, list) for v in table["step_ms_median_per_repeat"])
+    assert table["grad_accum"].dtype.kind == "i" and table["compile"].dtype == bool
+    # The Parquet copy keeps the same values with their types.
+    parquet = read_summary(sweep_dir / SUMMARY_PARQUET)
+    assert list(parquet.columns) == columns
+    assert parquet["optimizer.betas"].tolist() == table["optimizer.betas"].tolist()
+    assert parquet["tokens_per_s"].tolist() == pytest.approx(table["tokens_per_s"].tolist())
+
+
+def test_the_steps_table_is_long_and_keyed_by_point(tidy_sweep):
+    _, sweep_dir = tidy_sweep
+    summary = pd.read_parquet(sweep_dir / SUMMARY_PARQUET)
+    steps = pd.read_parquet(sweep_dir / STEPS_PARQUET)
+    assert not steps.duplicated(["job_dir", "repeat", "step"]).any()
+    assert set(steps["job_dir"]) == set(summary["job_dir"])
+    measured = steps[steps["phase"] == "measure"].groupby("job_dir")["step_ms_job"].median()
+    by_point = summary.set_index("job_dir")["step_ms_median"]
+    assert measured.sort_index().tolist() == pytest.approx(by_point.sort_index().tolist())
+    # Each point's own steps: reading its steps.csv gives the same rows.
+    for job_dir in summary["job_dir"]:
+        own = pd.read_csv(f"{job_dir}/steps.csv")
+        mine = steps[steps["job_dir"] == job_dir]
+        assert mine["step"].tolist() == own["step"].tolist()
+        assert mine["step_ms"].tolist() == pytest.approx(own["step_ms"].tolist())
+
+
+def test_the_baseline_rule_is_stated_in_the_table(tidy_sweep):
+    proc, sweep_dir = tidy_sweep
+    table = read_summary(sweep_dir / report.SUMMARY_CSV)
+    base = table[table["speedup_verdict"] == "baseline"]
+    assert len(base) == 1 and base["grad_accum"].item() == 2  # the fewest accumulation steps
+    first_line = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()[0]
+    assert first_line.startswith("baseline: ") and "perf.grad_accum=2" in first_line
+    assert first_line in proc.stdout
+    sweep = report.build_table(sweep_dir)
+    assert sweep.baseline == first_line
+    rows, unreadable = sweep  # still unpacks as the (table, unreadable) it used to be
+    assert rows is sweep.table and unreadable == []
+
+
+def run_report(*args: str, cwd):
+    return run_cli(*map(str, args), cwd=cwd, module="nanogpt.report")
+
+
+def test_report_rebuilds_with_the_sweeps_settings_and_a_new_baseline_changes_the_numbers(
+    tidy_sweep,
+):
+    _, sweep_dir = tidy_sweep
+    built = read_summary(sweep_dir / report.SUMMARY_CSV)
+    proc = run_report(sweep_dir, cwd=sweep_dir.parent)
+    assert proc.returncode == 0, proc.stderr
+    again = read_summary(sweep_dir / report.SUMMARY_CSV)
+    pd.testing.assert_frame_equal(again, built)
+    assert again["usd_per_1m_tokens"].notna().all()  # cost.usd_per_hour from the sweep
+
+    proc = run_report(sweep_dir, "--baseline", "4x4", cwd=sweep_dir.parent)
+    assert proc.returncode == 0, proc.stderr
+    moved = read_summary(sweep_dir / report.SUMMARY_CSV)
+    new_base = moved.index[moved["speedup_verdict"] == "baseline"].item()
+    assert "4x4" in moved.loc[new_base, "overrides"]
+    # Every speedup is recomputed against the new baseline, intervals and verdicts with it.
+    expected = built["speedup"] / built.loc[new_base, "speedup"]
+    assert moved["speedup"].tolist() == pytest.approx(expected.tolist())
+    assert moved["speedup_ci_low"].tolist() != built["speedup_ci_low"].tolist()
+    first_line = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()[0]
+    assert first_line.startswith("baseline: ") and "given: report.baseline='4x4'" in first_line
+
+
+def test_a_presets_baseline_and_plots_are_kept_by_the_report(attention_sweep):
+    proc, sweep_dir = attention_sweep
+    built = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    base = built.loc[built["speedup_verdict"] == "baseline", "overrides"].item()
+    assert "perf.attention=manual" in base
+    for png in sweep_dir.glob("*.png"):
+        png.unlink()
+    again = run_report(sweep_dir, cwd=sweep_dir.parent)
+    assert again.returncode == 0, again.stderr
+    rebuilt = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    assert rebuilt["speedup"].tolist() == pytest.approx(built["speedup"].tolist())
+    assert (sweep_dir / "speedup.png").is_file()  # report.plots=true, from the preset
+    # `--baseline ''` asks for the rule, which also picks manual; `--no-plots` draws none.
+    for png in sweep_dir.glob("*.png"):
+        png.unlink()
+    rule = run_report(sweep_dir, "--baseline", "", "--no-plots", cwd=sweep_dir.parent)
+    assert rule.returncode == 0 and "perf.attention=manual (the unfused" in rule.stdout
+    assert not list(sweep_dir.glob("*.png"))
+
+
+def test_saved_settings_come_from_the_sweeps_config_and_a_bad_one_is_one_line(tmp_path):
+    from nanogpt.report import saved_settings
+
+    assert saved_settings(tmp_path) == {
+        "baseline": None,
+        "plots": False,
+        "memory_budget_gib": None,
+        "usd_per_hour": None,
+        "usd_per_kwh": None,
+    }
+    job = tmp_path / "0" / ".hydra"
+    job.mkdir(parents=True)
+    (job / "config.yaml").write_text("report: {baseline: perf.grad_accum=2, plots: true}\n")
+    settings = saved_settings(tmp_path)
+    assert settings["baseline"] == "perf.grad_accum=2" and settings["plots"] is True
+    # multirun.yaml, the sweep's own, comes first.
+    (tmp_path / "multirun.yaml").write_text("cost: {usd_per_hour: 2.5}\nreport: {plots: false}\n")
+    settings = saved_settings(tmp_path)
+    assert settings["usd_per_hour"] == 2.5 and settings["plots"] is False
+    assert settings["baseline"] is None
+    (tmp_path / "multirun.yaml").write_text("report: [unclosed\n")
+    with pytest.raises(report.ReportError, match="multirun.yaml: cannot be read"):
+        saved_settings(tmp_path)
+    (tmp_path / "multirun.yaml").write_text("report: [1, 2]\n")  # YAML, but not a config
+    with pytest.raises(report.ReportError, match="multirun.yaml: cannot be read"):
+        saved_settings(tmp_path)
