@@ -56,6 +56,17 @@ def configure(config: dict | None) -> None:
     logging.captureWarnings(True)
 
 
+def sweep_console() -> None:
+    """At a multirun's end, outside any job (Hydra left its own launcher logging): plain lines
+    on stdout, `warning: ...` on stderr, as in a job."""
+    out = logging.StreamHandler(sys.stdout)
+    out.addFilter(BelowWarning())
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(logging.WARNING)
+    err.setFormatter(LevelFormatter("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[out, err], force=True)
+
+
 def console() -> None:
     """Outside a Hydra job (report, dashboard, calibrate): `warning: ...` lines on stderr."""
     handler = logging.StreamHandler(sys.stderr)
