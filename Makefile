@@ -40,4 +40,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/point_isolation.py
 
 clean:
-	rm -rf $(VENV) multirun outputs
+	rm -rf $(VENV) multirun outputs build dist *.egg-info

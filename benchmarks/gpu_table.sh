@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures the README's "On a GPU" table holds, measured on a GPU machine with no network
+# The GPU figures docs/benchmarks.md's "On a GPU" holds, measured on a GPU machine with no network
 # and no Hydra (../shared/device/README.md), in parts that each fit one 10-minute command:
 #
 #   bash benchmarks/gpu_table.sh tests dtype      # the CUDA suite; compile x dtype
@@ -12,7 +12,7 @@
 #   cp ../shared/device/wheels/*.whl .gpu/
 #   cp NANOGPT_CHECKOUT/{bench.py,model.py,configurator.py} .gpu/nanoGPT/   # for `nanogpt`
 #
-# Each part writes OUT/PART.md: for a sweep the README's columns of its table (the whole table is
+# Each part writes OUT/PART.md: for a sweep the documented columns of its table (the whole table is
 # its summary.csv), else what it printed; all sweep dirs and logs go into OUT/sweeps.tar.gz. OUT is $OUT (the device tool's) or ./gpu_out.
 # A part that fails is said in its PART.md, the other parts still run, and the exit is non-zero.
 # EXTRA appends overrides to every sweep: `EXTRA="bench.device=cpu model=nano"` with the
@@ -28,7 +28,7 @@ fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" WANDB_MODE=${WANDB_MODE:-disabled}
 read -r -a extra <<<"${EXTRA:-}"
 
-# The README's columns of a sweep's summary.csv, as markdown.
+# The documented columns of a sweep's summary.csv, as markdown.
 COLUMNS='
 import sys
 import pandas as pd

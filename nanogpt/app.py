@@ -1,5 +1,6 @@
-"""What the entry points share about Hydra: where conf/ is, the schema it composes against, the
-plain validated RunSpec a composed config becomes, and one line for Hydra's own errors.
+"""What the entry points share about Hydra: the schema it composes against (with the presets of
+configs.py), the plain validated RunSpec a composed config becomes, and one line for Hydra's own
+errors.
 
 Hydra is known here and in the entry points (run, calibrate, report, callbacks) only: from
 `to_spec` on, the library sees plain dataclasses.
@@ -12,25 +13,25 @@ from pathlib import Path
 
 import torch
 from hydra import compose
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.config import RunSpec
+from nanogpt.configs import CONF_DIR, register_presets
 from nanogpt.errors import ConfigError
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
 from nanogpt.results.baseline import names_baseline
 from nanogpt.validate import check
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 # conf/config.yaml's defaults list starts with this schema: a wrong type or an unknown key
 # fails at composition, naming the key.
 ConfigStore.instance().store(name="base_config", node=RunSpec)
+register_presets()  # sweeps/ as the `sweep` group: +sweep=NAME
+PRINT_CONFIG = "`python -m nanogpt.run --cfg job --resolve ...` prints every key and its value"
 
 # Defaults by device (conf/model/auto.yaml, conf/perf/default.yaml): on CUDA what GPU users
 # measure, nanoGPT bench.py's GPT-2 124M at block 1024 and batch 12; elsewhere the nano model.
@@ -81,25 +82,6 @@ def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
     return spec
 
 
-def sweep_points(config: DictConfig) -> list[list[str]] | None:
-    """Every point's overrides, as Hydra's basic sweeper will expand them (the preset's
-    hydra.sweeper.params, then the command line); None for another sweeper."""
-    sweeper = config.hydra.sweeper
-    if sweeper.get("_target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
-        return None
-    params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
-    task = list(config.hydra.overrides.task)
-    overrides = OverridesParser.create().parse_overrides([*params, *task])
-    return [point for batch in BasicSweeper.split_arguments(overrides, None) for point in batch]
-
-
-def runs_here(config: DictConfig) -> bool:
-    """Whether the sweep's points run on this machine (Hydra's basic launcher), not on others
-    (the submitit launcher's SLURM nodes)."""
-    launcher = config.hydra.launcher.get("_target_", "")
-    return launcher == "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-
-
 def check_points(points: list[list[str]], baseline: str | None, here: bool) -> None:
     """Compose and validate every point before the first is measured: a bad point stops the
     sweep at once, naming the point and the key (ConfigError). report.baseline must name one.
@@ -125,7 +107,8 @@ def _point(number: int, points: list[list[str]]) -> str:
 
 def hydra_error_line(err: Exception) -> str:
     """One sentence for Hydra's own config errors: the override or key, the problem, the fix."""
-    if isinstance(err, MissingConfigException) and "submitit" in str(err):
+    missing = getattr(err, "missing_cfg_file", None) or ""
+    if isinstance(err, MissingConfigException) and "submitit" in missing:
         # conf/hydra/launcher/{local,slurm}.yaml build on the plugin's own configs
         return (
             "hydra/launcher: the local and slurm launchers need Hydra's submitit plugin; "
@@ -141,5 +124,6 @@ def hydra_error_line(err: Exception) -> str:
     cause = err.__cause__
     if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
         problem = str(cause.msg).splitlines()[0]
-        return f"{cause.full_key}: {problem}; `--cfg job` prints every key and its value."
-    return str(err).strip().splitlines()[0]
+        return f"{cause.full_key}: {problem}; {PRINT_CONFIG}."
+    # Hydra's own sentences, its fix included ("To append to your default list use +sweep=...")
+    return " ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())

@@ -16,8 +16,10 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from nanogpt.app import CONF_DIR, hydra_error_line, to_spec
+from nanogpt import logs
+from nanogpt.app import hydra_error_line, to_spec
 from nanogpt.config import Dtype
+from nanogpt.configs import CONF_DIR
 from nanogpt.devices import precision_unavailable, resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import calibration
@@ -75,6 +77,10 @@ def format_table(
 def main(argv: list[str] | None = None) -> int:
     """Hydra-composed like nanogpt/run.py (same conf/ and schema), with no output dir of its own."""
     overrides = sys.argv[1:] if argv is None else argv
+    logs.console()
+    if {"-h", "--help"} & set(overrides):
+        print(__doc__.strip())
+        return 0
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             spec = to_spec(compose(config_name="config", overrides=overrides))

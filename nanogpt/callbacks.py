@@ -18,7 +18,9 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from nanogpt.app import check_points, runs_here, sweep_points
+from nanogpt import logs
+from nanogpt.app import check_points
+from nanogpt.configs import runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
 from nanogpt.launch.job import skipped_since
@@ -59,6 +61,7 @@ class SweepReport(Callback):
             sys.exit(code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        logs.sweep_console()  # the sweep's own lines (its W&B summary run) as a job's are
         sweep_dir, table = self._table(config)
         logger = OmegaConf.to_object(config.logger)
         summary_csv = sweep_dir / sweep_table.SUMMARY_CSV

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from nanogpt import logs
 from nanogpt.config import LoggerConfig
 from nanogpt.faults import IO_EXIT
 from nanogpt.reporters.dashboard import VIEW_FILE, publish, write_view
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--entity", help="W&B entity (default: your default entity)")
     parser.add_argument("--group", help="W&B group of the sweep's runs (default: DATE/TIME)")
     args = parser.parse_args(argv)
+    logs.console()
     sweep_dir: Path = args.sweep_dir
     if not sweep_dir.is_dir():
         return _bad_input(

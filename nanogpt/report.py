@@ -25,6 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nanogpt import logs
 from nanogpt.results import compare
 from nanogpt.results.labels import point_labels
 from nanogpt.results.table import ReportError, build_table, publish, to_markdown
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--markdown", action="store_true", help="with --compare: a markdown table")
     args = parser.parse_args(argv)
+    logs.console()
     for name, path in (("sweep_dir", args.sweep_dir), ("--compare", args.compare)):
         if path is not None and not path.is_dir():
             print(

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nanogpt.app import CONF_DIR, hydra_error_line, to_spec
+from nanogpt.app import hydra_error_line, to_spec
 from nanogpt.config import RunSpec
+from nanogpt.configs import CONF_DIR, SWEEP_GROUP
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
@@ -47,6 +48,7 @@ def job_from_hydra(cfg: DictConfig) -> Job:
         sweep_dir=sweep_dir,
         group=sweep_id(sweep_dir) if sweep_dir else None,
         config=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        logging=OmegaConf.to_container(hc.job_logging, resolve=True) if hc.job_logging else None,
     )
 
 
@@ -74,14 +76,29 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
     return dataclasses.replace(spec, bench=dataclasses.replace(spec.bench, isolate=False))
 
 
+def refuse_a_preset_without_multirun() -> None:
+    """A preset (+sweep=NAME) is a list of points: run once, it would measure one default point
+    and say nothing of the others (Hydra sweeps only under -m)."""
+    hc = HydraConfig.get()
+    preset = hc.runtime.choices.get(SWEEP_GROUP)
+    if preset and hc.mode != RunMode.MULTIRUN:
+        raise ConfigError(
+            f"+{SWEEP_GROUP}={preset}",
+            "a sweep preset runs its points only as a multirun, and this is a single run",
+            f"add -m: `python -m nanogpt.run -m +{SWEEP_GROUP}={preset} ...`",
+        )
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> str | int:
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
+    logging.captureWarnings(True)  # warnings into the job's log too (conf/hydra/job_logging)
     by_submitit = adopt_submitit_tasks()
     world = World.from_env()
     if not world.is_main:  # a submitit task of rank > 0 (under torchrun: see __main__ below)
         return follow()
     try:
+        refuse_a_preset_without_multirun()
         spec = to_spec(cfg)
         if world.size > 1:
             spec = as_rank(spec, world, by_torchrun=not by_submitit)
@@ -128,15 +145,29 @@ def main_with_one_line_errors() -> None:
     logging.raiseExceptions = False  # a full disk: no traceback from Hydra's job log file
     try:
         main()
-    except (CompactHydraException, OmegaConfBaseException) as err:
+    except (HydraException, OmegaConfBaseException) as err:
         print(f"error: {hydra_error_line(err)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
     except OSError as err:
         print(f"error: {disk_error_line(err)}", file=sys.stderr)
         sys.exit(IO_EXIT)
+    except ValueError as err:  # Hydra's command-line checks (e.g. -m with --cfg)
+        if not raised_by_hydra(err):
+            raise
+        print(f"error: {err}; see `python -m nanogpt.run --hydra-help`.", file=sys.stderr)
+        sys.exit(CONFIG_EXIT)
 
 
-if __name__ == "__main__":
+def raised_by_hydra(err: BaseException) -> bool:
+    """Whether the exception was raised inside Hydra's own code (its last frame)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}hydra{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+def cli() -> None:
+    """`python -m nanogpt.run` and the `nanogpt-run` command."""
     # Under torchrun by hand only rank 0 runs Hydra, so there is one run dir (named by rank 0's
     # clock: each rank's own would differ across a second boundary), one .hydra/ and one log.
     # The other ranks never compose a config: they measure the point rank 0 sends them
@@ -152,3 +183,7 @@ if __name__ == "__main__":
         if stop.code:
             raise
     release_followers(world)
+
+
+if __name__ == "__main__":
+    cli()

@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from nanogpt.app import CONF_DIR, to_spec
+from nanogpt.app import to_spec
+from nanogpt.configs import CONF_DIR, expand
 from nanogpt.errors import ConfigError
 from nanogpt.measure import maxbatch
 from nanogpt.reporters import plots
@@ -41,12 +41,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def preset_points(name: str, extra: list[str] = ()) -> list[list[str]]:
     """The overrides of every point `-m +sweep=NAME EXTRA...` runs, expanded as Hydra's
-    BasicSweeper expands them (compose alone cannot expand a sweep)."""
+    basic sweeper expands them (compose alone cannot expand a sweep; test_conventions
+    checks `expand` against Hydra's own sweeper)."""
     cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
     params = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
-    overrides = OverridesParser.create().parse_overrides([*params, *extra])
-    [points] = BasicSweeper.split_arguments(overrides, max_batch_size=None)
-    return points
+    return expand([*params, *extra])
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +54,13 @@ def hydra_conf():
         yield
 
 
-def test_sweep_group_is_the_sweeps_dir():
-    assert (REPO / "conf" / "sweep").resolve() == SWEEPS.resolve()
+def test_sweep_group_is_the_sweeps_dir(hydra_conf):
+    # No symlink, no copy: the `sweep` group is registered from sweeps/ itself (configs.py).
+    assert not (REPO / "conf" / "sweep").exists()
+    group = ConfigStore.instance().repo["sweep"]
+    assert {name.removesuffix(".yaml") for name in group if name.endswith(".yaml")} == set(PRESETS)
+    nested = {path.stem for path in (SWEEPS / "accum_split").glob("*.yaml")}
+    assert {n.removesuffix(".yaml") for n in group["accum_split"]} == nested
     assert {
         "compile_dtype",
         "attention",

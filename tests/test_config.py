@@ -10,8 +10,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from nanogpt.app import CONF_DIR, runs_here, to_spec
+from nanogpt.app import to_spec
 from nanogpt.config import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
+from nanogpt.configs import CONF_DIR, runs_here
 from nanogpt.devices import resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.validate import check
@@ -136,9 +137,11 @@ def test_points_for_other_machines_are_not_checked_against_this_ones_devices():
     spec = OmegaConf.to_object(composed("bench.device=cuda", "perf.dtype=tf32"))
     check(spec, here=False)
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        local = compose(config_name="config", return_hydra_config=True)
-        slurm = compose("config", ["hydra/launcher=local"], return_hydra_config=True)
-    assert runs_here(local) and not runs_here(slurm)
+        basic = compose(config_name="config", return_hydra_config=True)
+        local = compose("config", ["hydra/launcher=local"], return_hydra_config=True)
+        slurm = compose("config", ["hydra/launcher=slurm"], return_hydra_config=True)
+    # submitit's local executor runs the points on this machine, SLURM on the cluster's
+    assert runs_here(basic) and runs_here(local) and not runs_here(slurm)
 
 
 @pytest.mark.parametrize(("name", "index"), [("cuda", 0), ("cuda:0", 0), ("cuda:3", 3)])

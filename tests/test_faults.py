@@ -161,8 +161,12 @@ def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
     )
     stderr = tmp_path / "stderr.txt"
     try:
-        # tqdm shows a loss once the first measured window is in: the loop is running.
-        wait_for(lambda: b"loss=" in stderr.read_bytes(), what="the first measured window")
+        # The job's log has a progress line once the first measured window is in: the loop runs.
+        log = sweep_dir / "0" / "run.log"
+        wait_for(
+            lambda: log.is_file() and b"measure step" in log.read_bytes(),
+            what="the first measured window",
+        )
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
@@ -199,7 +203,7 @@ def test_a_fork_server_that_dies_in_its_preload_costs_no_point(tmp_path):
     path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     proc = run_patched(setup, *args, cwd=tmp_path, env={"PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("warning: no fork server") == 1
+    assert proc.stderr.count("warning: no fork server") == 1
     statuses = [json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json")]
     assert statuses == ["ok", "ok"]
 

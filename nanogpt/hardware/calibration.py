@@ -35,6 +35,7 @@ from nanogpt.hardware.cpu import matmul_emulated
 from nanogpt.hardware.env import device_name, nvidia_driver
 from nanogpt.hardware.matmul import BUDGET_S, Shape, default_shapes, measure
 from nanogpt.hardware.peaks import resolve_peak
+from nanogpt.logs import bar_drawn
 from nanogpt.results.derive import Ceilings
 
 CACHE_ENV = "NANOGPT_CALIBRATION_CACHE"  # path of the cache file (tests point it at a tmp dir)
@@ -123,9 +124,9 @@ def calibrate(
     todo = [d for d in runnable if force or d not in cached]
     shapes = shapes or default_shapes(device)
     fresh = {}
-    with tqdm(
-        total=len(todo) * len(shapes), desc="calibrate", unit="shape", disable=not todo
-    ) as bar:
+    shown = bool(todo) and bar_drawn()  # a bar on a terminal only: no redraws in a file
+    total = len(todo) * len(shapes)
+    with tqdm(total=total, desc="calibrate", unit="shape", disable=not shown) as bar:
         for name in todo:
             fresh[name] = measure(device, Dtype(name), shapes, budget_s, bar)
     if fresh:

@@ -17,6 +17,7 @@ benchmark's comparison).
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -28,6 +29,7 @@ from nanogpt.launch.handoff import Handoff, take_answer
 from nanogpt.launch.process import Outcome, run_child, wait_for
 from nanogpt.launch.worker import FORK_UNSAFE, forked_main
 
+log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.launch.forkserver_preload"]
 _context: multiprocessing.context.BaseContext | None = None
 # Linux: PR_SET_PDEATHSIG, and where the fork server is tested.
@@ -44,16 +46,15 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
     try:
         process.start()
     except (OSError, EOFError) as exc:  # the server did not start, or died in its preload
-        print(
-            f"warning: no fork server ({type(exc).__name__}: {exc}); points now start fresh "
-            "interpreters"
+        log.warning(
+            "no fork server (%s: %s); points now start fresh interpreters", type(exc).__name__, exc
         )
         _fork_safe = False
         return run_child(handoff, folder, env=env)
     child = _Forked(process)
     interrupted = wait_for(child)
     if child.returncode == FORK_UNSAFE:
-        print("warning: CUDA was initialised before the fork; points now start fresh interpreters")
+        log.warning("CUDA was initialised before the fork; points now start fresh interpreters")
         _fork_safe = False
         return run_child(handoff, folder, env=env)
     return Outcome(take_answer(folder, handoff.task), child.returncode, interrupted)

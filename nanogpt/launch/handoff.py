@@ -40,6 +40,7 @@ class Job:
     group: str | None = None  # the sweep's id (its dir name)
     config: dict = field(default_factory=dict)  # the resolved config, for W&B
     repeat: str | None = None  # "2/3" while bench.repeats measures the point again
+    logging: dict | None = None  # the job's logging config, resolved: the child logs there too
     supersedes: list[str] = field(default_factory=list)  # W&B runs of earlier measurements
 
     @property

@@ -12,6 +12,7 @@ returns that status; the Hydra callback then stops the sweep after building its 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from pathlib import Path
 
@@ -23,17 +24,24 @@ from nanogpt.launch.process import run_child
 from nanogpt.launch.worker import finish_record, measure_point
 from nanogpt.reporters import wandb_point
 from nanogpt.results import repeats, store
+from nanogpt.results.identity import point_id_of
 from nanogpt.results.record import Record
 
+log = logging.getLogger(__name__)
 SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when
 
 
 def run_point(spec: RunSpec, job: Job) -> str:
     """Measure a point (or skip it when an ok record exists), write its record; its status."""
+    pid = point_id_of(spec)
+    if job.sweep_dir:
+        store.move_other_point(job.sweep_dir, job.job_dir, pid, job.overrides)
     if job.sweep_dir and not spec.bench.rerun:
-        done = store.find_ok(job.sweep_dir, job.overrides)
+        done = store.find_ok(job.sweep_dir, pid, job.overrides)
         if done is not None:
-            print(f"[skip] {job.name}: ok record in {done} (bench.rerun=true measures it again)")
+            log.info(
+                "[skip] %s: ok record in %s (bench.rerun=true measures it again)", job.name, done
+            )
             _keep_record(done, job.job_dir)
             return "skipped"
     job.job_dir.mkdir(parents=True, exist_ok=True)
@@ -57,7 +65,7 @@ def run_point(spec: RunSpec, job: Job) -> str:
         )
     record.wall_s = time.perf_counter() - started
     store.write_record(job.job_dir, record)
-    print(summary_line(record))
+    log.info(summary_line(record))
     return record.status
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from nanogpt import logs
 from nanogpt.devices import resolve_device
 from nanogpt.distributed import World
 from nanogpt.faults import IO_EXIT, handle_sigterm
@@ -177,6 +178,7 @@ def main(argv: list[str]) -> int:
     if task == "point" and not World.from_env().is_main:
         return follow()
     handoff = Handoff.read(folder, task)
+    logs.configure(handoff.job.logging)  # this point's run.log, as the job process's
     spec = handoff.spec
     if task in ("max-batch", "calibrate"):
         device = torch.device(spec.bench.device)  # the exact device (Handoff.for_task)

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from nanogpt.config import RunSpec
 from nanogpt.devices import synchronize
@@ -36,6 +35,7 @@ from nanogpt.measure import memory
 from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
+from nanogpt.measure.progress import Progress
 from nanogpt.measure.setup import describe_setup
 from nanogpt.measure.timing import StepTimer
 from nanogpt.measure.trainer import Trainer, build_trainer
@@ -100,7 +100,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
     energy = EnergyProbe(device)
     warmup = warmup_steps(bench.warmup_steps, _graph_mode(spec), device.type == "cuda")
     timed = bench.warmup_s > 0 or bench.measure_s > 0  # then the step count is not known
-    bar = _progress(None if timed else warmup + bench.measure_steps, trainer.world.is_main)
+    bar = Progress(None if timed else warmup + bench.measure_steps, trainer.world.is_main)
 
     def emit(window: Window) -> dict:
         if window.phase == "measure":
@@ -108,11 +108,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         figures = window.close()
         figures.update(derive.window_rates(record.setup, figures["step_ms"], ceilings))
         figures.update(probe.sample())
-        bar.set_postfix(
-            step_ms=f"{figures['step_ms']:.1f}",
-            tok_s=f"{figures['tokens_per_s']:,.0f}",
-            loss=f"{figures['loss']:.3f}",
-        )
+        bar.window(figures)
         for sink in sinks:
             sink.window(figures)
         return figures
@@ -138,10 +134,6 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
 
 def _graph_mode(spec: RunSpec) -> str | None:
     return spec.perf.compile_mode if spec.perf.compile else None
-
-
-def _progress(total: int | None, main: bool) -> tqdm:
-    return tqdm(total=total, desc="steps", unit="step", disable=not main)
 
 
 def _diagnostics(energy: EnergyProbe, sinks: list) -> list[str]:

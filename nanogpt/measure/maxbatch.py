@@ -29,6 +29,7 @@ The budget is bench.max_batch_memory_gib, or else all the memory that is free:
 
 from __future__ import annotations
 
+import logging
 import resource
 from collections.abc import Callable
 
@@ -41,6 +42,8 @@ from nanogpt.distributed import World
 from nanogpt.faults import describe, is_out_of_memory
 from nanogpt.measure.memory import release
 from nanogpt.measure.trainer import Trainer, data_source
+
+log = logging.getLogger(__name__)
 
 GIB = 2**30
 # glibc malloc settings that make address space track live memory, for the CPU budget (mallopt(3)):
@@ -99,7 +102,9 @@ class Prober:
         trainer.optimizer.zero_grad(set_to_none=True)
         release(trainer.device)
         self.probes.append({"batch_size": batch_size, "fits": error is None, "error": error})
-        print(f"[max-batch] batch {batch_size}: {'fits' if error is None else 'out of memory'}")
+        log.info(
+            "[max-batch] batch %d: %s", batch_size, "fits" if error is None else "out of memory"
+        )
         return error is None
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import resource
 import sys
@@ -26,6 +27,8 @@ import psutil
 import torch
 
 from nanogpt.devices import nvml_handle
+
+log = logging.getLogger(__name__)
 
 # proc(5): writing "5" to clear_refs resets the process's peak RSS (VmHWM) to its current RSS.
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -125,7 +128,7 @@ def release(device: torch.device) -> None:
         except RuntimeError as exc:
             # After a sticky CUDA error (an illegal access, a device assert) every CUDA call
             # raises again; the point's figures are already in its record, so say so and go on.
-            print(f"warning: releasing {device} failed ({type(exc).__name__}: {exc})")
+            log.warning("releasing %s failed (%s: %s)", device, type(exc).__name__, exc)
     _trim_c_heap()
 
 
@@ -139,7 +142,7 @@ def save_snapshot(out_dir: Path) -> str | None:
         os.replace(partial, path)
     except Exception as exc:  # the record matters more than the snapshot
         partial.unlink(missing_ok=True)
-        print(f"warning: no memory snapshot ({type(exc).__name__}: {exc})")
+        log.warning("no memory snapshot (%s: %s)", type(exc).__name__, exc)
         return None
     return path.name
 

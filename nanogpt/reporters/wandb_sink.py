@@ -38,23 +38,23 @@ variable NANOGPT_WANDB_FAULT=init|log (TESTING ONLY) makes real wandb fail at th
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
 import shutil
 import string
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-
-from tqdm import tqdm
 
 from nanogpt.config import LoggerConfig
 from nanogpt.faults import RESULT_STATUSES, describe
 from nanogpt.reporters.wandb_mode import resolve_mode
 from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
 from nanogpt.results.store import sweep_id
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -194,7 +194,7 @@ def start_run(
     except Exception as exc:  # any wandb failure costs W&B only, never the result
         _warn(f"wandb.init failed ({describe(exc)}); this run goes on without W&B")
         return None
-    print(_where(run, mode, reason))
+    log.info(_where(run, mode, reason))
     if mode == "online" and supersedes:
         tag_superseded(run, supersedes, FINISH_TIMEOUT_S)
     return GuardedRun(run)
@@ -227,8 +227,7 @@ def _injected(point: str) -> bool:
 
 
 def _warn(message: str) -> None:
-    # tqdm.write: a line of its own even while the step bar is drawn on stderr.
-    tqdm.write(f"warning: W&B: {message}", file=sys.stderr)
+    log.warning("W&B: %s", message)  # "warning: W&B: ..." on stderr, and in the job's run.log
 
 
 class GuardedRun:

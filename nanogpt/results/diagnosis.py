@@ -37,8 +37,9 @@ BIGGER_BATCH_HEADROOM = 0.5
 
 @dataclass
 class Diagnosis:
-    """The diagnosis of one point: verdict, hint and the figures behind them (README, Diagnosis).
-    All shares are fractions; null everywhere, with `diag_error` saying why, when not run."""
+    """The diagnosis of one point: verdict, hint and the figures behind them
+    (docs/measurement.md, Diagnosis). All shares are fractions; null everywhere, with
+    `diag_error` saying why, when not run."""
 
     bottleneck: str | None = None  # host-bound | device-bound | data-bound | communication-bound
     bottleneck_hint: str | None = None

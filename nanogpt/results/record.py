@@ -15,7 +15,7 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
 
 Every field name is unique across the parts, so result.json, summary.csv, the W&B summary and the
 notebook all read one flat namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a
-flat dict back. Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); README.md
+flat dict back. Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); docs/record.md
 documents each. Provenance travels with the figures: `clock` (which clock timed the steps),
 `flops_formula`, `peak_source` and `calibration` (where a peak came from).
 """
@@ -28,6 +28,7 @@ from typing import Any
 
 from nanogpt.config import RunSpec
 from nanogpt.results.diagnosis import Diagnosis
+from nanogpt.results.identity import measured_config, point_id
 
 # The table's columns, in order: the scalar fields (and one list) of a record. Nested values
 # (env, mem_estimate, calibration, profile_top_ops, max_batch_search, step_ms_per_rank) stay in
@@ -165,10 +166,13 @@ class Asked:
     grad_accum: int | None = None
     warmup_steps: int | None = None
     job_dir: str | None = None
+    point_id: str | None = None  # the point's identity: a digest of measured_config
+    measured_config: dict | None = None  # the resolved keys it measures (results/identity.py)
 
     @classmethod
     def of(cls, spec: RunSpec, overrides: list[str], job_dir: str) -> Asked:
         perf = spec.perf
+        measured = measured_config(spec)
         return cls(
             overrides=list(overrides),
             overrides_str=" ".join(overrides) or "defaults",
@@ -193,6 +197,8 @@ class Asked:
             grad_accum=perf.grad_accum,
             warmup_steps=spec.bench.warmup_steps,
             job_dir=job_dir,
+            point_id=point_id(measured),
+            measured_config=measured,
         )
 
 

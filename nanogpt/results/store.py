@@ -1,13 +1,16 @@
 """A point's files in its job dir: `result.json` (the record) and `steps.csv` (its steps).
 
 Both are written atomically (nanogpt/files.py), by the job process alone. A sweep dir is found
-point by point: a point's identity is its overrides, order-free, not its job number.
+point by point: a point's identity is what it measures (`point_id`, results/identity.py), not
+its job number nor the text of its overrides. Records written before point_id existed are
+matched by their overrides, order-free.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import os
 from pathlib import Path
 
 from nanogpt.files import read_json, write_atomic, write_json
@@ -15,6 +18,7 @@ from nanogpt.results.record import Record
 
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
+MOVED_DIR = "moved"  # SWEEP_DIR/moved/POINT_ID: a record whose job dir another point now uses
 STEPS_COLUMNS = ("step", "phase", "step_ms", "data_ms", "loss", "repeat")
 
 
@@ -59,10 +63,33 @@ def iter_records(sweep_dir: Path):
         yield path, read_result(path)
 
 
-def find_ok(sweep_dir: Path, overrides: list[str]) -> Path | None:
+def same_point(record: dict, pid: str, overrides: list[str]) -> bool:
+    """Whether a record measured the point `pid` (a record without a point_id: the same
+    overrides)."""
+    if record.get("point_id"):
+        return record["point_id"] == pid
+    return point_key(record.get("overrides") or []) == point_key(overrides)
+
+
+def find_ok(sweep_dir: Path, pid: str, overrides: list[str]) -> Path | None:
     """The job dir of an earlier `ok` record of the same point, if any."""
-    key = point_key(overrides)
     for path, record in iter_records(sweep_dir):
-        if record and record.get("status") == "ok" and point_key(record["overrides"]) == key:
+        if record and record.get("status") == "ok" and same_point(record, pid, overrides):
             return path.parent
     return None
+
+
+def move_other_point(sweep_dir: Path, job_dir: Path, pid: str, overrides: list[str]) -> None:
+    """Before a point writes its record into job_dir: an ok record of another point there (job
+    dirs are numbered by position, and a resumed sweep's list of points may have changed) moves
+    to SWEEP_DIR/moved/ID/, where a later point of the sweep still finds it. Renames only: the
+    record is never half in one place."""
+    record = read_result(job_dir / RESULT_FILE)
+    if not record or record.get("status") != "ok" or same_point(record, pid, overrides):
+        return
+    other = record.get("point_id") or point_key(record.get("overrides") or []).replace("/", "_")
+    target = sweep_dir / MOVED_DIR / other
+    target.mkdir(parents=True, exist_ok=True)
+    if (job_dir / STEPS_FILE).is_file():
+        os.replace(job_dir / STEPS_FILE, target / STEPS_FILE)
+    os.replace(job_dir / RESULT_FILE, target / RESULT_FILE)

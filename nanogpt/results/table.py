@@ -60,7 +60,7 @@ def load_records(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
             continue
         record["job_dir"] = str(path.parent.resolve())
         record["_mtime"] = path.stat().st_mtime
-        key = store.point_key(record.get("overrides") or [])
+        key = record.get("point_id") or store.point_key(record.get("overrides") or [])
         if _better(record, by_point.get(key)):
             by_point[key] = record
     rows = sorted(by_point.values(), key=lambda r: _natural(r["job_dir"]))

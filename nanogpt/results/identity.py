@@ -1,0 +1,62 @@
+"""A point's identity: what it measures, not how it was asked for.
+
+Two runs measure the same point when their resolved specs agree on every key that can change a
+figure of the record: the model, the optimizer, perf, data, bench, dist, the ceilings MFU is
+divided by (hardware) and how often the loop reads the device (logger.log_interval: a sync per
+window). Keys that only say where the figures go or how they are shown never make a point
+another one, so a resume with one more of them skips the points already recorded ok:
+
+  logger.* (but log_interval)   where the figures go (W&B or none, online or offline)
+  report.*, cost.*              how the table is built, priced and plotted
+  hydra.*                       where the files go, the launcher (not part of the spec at all)
+  bench.rerun                   whether to measure again, not what
+  data.cache_dir                where the tokenized text is cached
+  model.chosen_by               model=auto's explanation, not a setting
+
+`hardware` stays in: a record's mfu and mfu_achievable are divided by the peak and the
+calibration resolved when it was measured, and resolving them again for a kept record would
+take the calibration cache (or a calibration) in the job process, which must not touch CUDA
+before a fork (launch/forkserver.py). `hardware.recalibrate` counts as `hardware.calibrate`.
+`bench.repeats` stays in: the pooled figures and their interval depend on it.
+
+The resolved keys are recorded in result.json as `measured_config`, their digest as `point_id`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from nanogpt.config import RunSpec, spec_to_dict
+
+MEASURED_GROUPS = ("model", "optimizer", "perf", "data", "bench", "dist", "hardware")
+NOT_MEASURED = {
+    "model": ("chosen_by",),
+    "data": ("cache_dir",),
+    "bench": ("rerun",),
+    "hardware": ("recalibrate",),
+}
+ALSO_MEASURED = {"logger": ("log_interval",)}
+
+
+def measured_config(spec: RunSpec) -> dict:
+    """The resolved keys that make up the point: every key that can change a figure."""
+    plain = spec_to_dict(spec)
+    measured = {}
+    for group in MEASURED_GROUPS:
+        skip = NOT_MEASURED.get(group, ())
+        measured[group] = {k: v for k, v in plain[group].items() if k not in skip}
+    for group, keys in ALSO_MEASURED.items():
+        measured[group] = {k: plain[group][k] for k in keys}
+    measured["hardware"]["calibrate"] = spec.hardware.calibrate or spec.hardware.recalibrate
+    return measured
+
+
+def point_id(measured: dict) -> str:
+    """A short digest of the measured config: equal exactly when the configs are."""
+    text = json.dumps(measured, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def point_id_of(spec: RunSpec) -> str:
+    return point_id(measured_config(spec))

@@ -1,0 +1,92 @@
+"""The documentation: a README read in two minutes, and the reference in docs/ complete.
+
+Every key of the schema (nanogpt/config.py), every field of the record and every column of a
+real sweep table is named in docs/; every preset too. A key or a column added without its line
+fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from nanogpt.config import RunSpec
+from nanogpt.results import table
+from nanogpt.results.record import RESULT_COLUMNS, Record
+from nanogpt.results.store import write_record
+
+from .conftest import REPO
+
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+
+
+def documented(text: str, name: str) -> bool:
+    return f"`{name}`" in text
+
+
+def schema_keys() -> list[str]:
+    return [
+        f"{group.name}.{key.name}"
+        for group in dataclasses.fields(RunSpec)
+        for key in dataclasses.fields(group.default_factory)
+    ]
+
+
+def test_every_config_key_is_documented():
+    text = (DOCS / "config.md").read_text()
+    assert [key for key in schema_keys() if not documented(text, key)] == []
+
+
+def test_every_record_field_is_documented():
+    text = (DOCS / "record.md").read_text()
+    fields = [*Record().to_dict(), *RESULT_COLUMNS]
+    assert [name for name in fields if not documented(text, name)] == []
+
+
+def test_every_column_of_a_real_table_is_documented(tmp_path):
+    # Two ok records written as a sweep writes them, then the table the report builds.
+    for number, step_ms in enumerate((100.0, 80.0)):
+        record = Record(status="ok")
+        record.asked.overrides = [f"perf.batch_size={number + 1}"]
+        record.asked.compile, record.asked.dtype = False, "fp32"
+        record.setup.tokens_per_step, record.setup.world_size = 64, 1
+        record.timing.step_ms_median = step_ms
+        record.timing.step_ms_measured = [[step_ms * (1 + i / 100) for i in range(8)]]
+        record.rates.tokens_per_s = 64 / (step_ms / 1e3)
+        write_record(tmp_path / str(number), record)
+    built, _ = table.build_table(tmp_path)
+    text = (DOCS / "record.md").read_text()
+    config = (DOCS / "config.md").read_text()
+    # a swept key's column is named after the key: documented with the keys, in config.md
+    swept = [c for c in built.columns if c in schema_keys()]
+    assert swept == ["perf.batch_size"] and all(documented(config, c) for c in swept)
+    assert [c for c in built.columns if c not in swept and not documented(text, c)] == []
+
+
+def test_every_preset_is_documented():
+    text = (DOCS / "presets.md").read_text()
+    presets = [path.stem for path in (REPO / "sweeps").glob("*.yaml")]
+    assert presets and [name for name in presets if not documented(text, name)] == []
+
+
+def test_the_readme_is_short_and_keeps_the_two_commands():
+    text = README.read_text()
+    assert len(text) < 8000  # a two-minute read; the reference lives in docs/
+    assert "make sweep" in text and "make test" in text
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"(?m)^sweep:", makefile) and re.search(r"(?m)^test:", makefile)
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+def test_every_docs_page_is_linked_from_the_readme(page):
+    assert f"](docs/{page})" in README.read_text()
+
+
+def test_every_link_resolves():
+    for page in [README, *DOCS.glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name}: {target}"
