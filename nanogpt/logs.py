@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import logging.config
 import sys
+import warnings
 
 PROGRESS = "progress"  # a record's attribute: a progress line (extra={PROGRESS: True})
 
@@ -53,7 +54,18 @@ def configure(config: dict | None) -> None:
         logging.config.dictConfig(config)
     else:
         console()
+    capture_warnings()
+
+
+def capture_warnings() -> None:
+    """Python warnings into the log, as one line each: the message alone (the handlers add
+    `warning:` and, in run.log, the time), not the file, line number and source line."""
+    warnings.formatwarning = _one_line
     logging.captureWarnings(True)
+
+
+def _one_line(message, category, filename, lineno, line=None) -> str:
+    return str(message)
 
 
 def sweep_console() -> None:

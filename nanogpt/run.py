@@ -35,6 +35,7 @@ from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import run_point
 from nanogpt.launch.worker import follow, release_followers
+from nanogpt.logs import capture_warnings
 from nanogpt.results.store import sweep_id
 
 
@@ -92,7 +93,7 @@ def refuse_a_preset_without_multirun() -> None:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> str | int:
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
-    logging.captureWarnings(True)  # warnings into the job's log too (conf/hydra/job_logging)
+    capture_warnings()  # warnings into the job's log too (conf/hydra/job_logging), one line each
     by_submitit = adopt_submitit_tasks()
     world = World.from_env()
     if not world.is_main:  # a submitit task of rank > 0 (under torchrun: see __main__ below)
