@@ -73,6 +73,7 @@ def sweep_console() -> None:
     on stdout, `warning: ...` on stderr, as in a job."""
     out = logging.StreamHandler(sys.stdout)
     out.addFilter(BelowWarning())
+    out.setFormatter(logging.Formatter("%(message)s"))  # basicConfig's default adds LEVEL:name:
     err = logging.StreamHandler(sys.stderr)
     err.setLevel(logging.WARNING)
     err.setFormatter(LevelFormatter("%(message)s"))
