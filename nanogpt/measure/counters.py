@@ -126,6 +126,10 @@ class CounterSampler:
         error = 2 * self.poll_s / span * 100
         return Reading(power * window_s, window_s, len(edges), update_ms, error, None)
 
+    def halt(self) -> None:
+        """Stop polling without a reading (a failed point); harmless after stop()."""
+        self._stop.set()
+
     def _poll_once_more(self) -> None:
         """A last look (the thread has stopped), so an edge after its last poll counts."""
         value = self.counter.read()

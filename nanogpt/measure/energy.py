@@ -86,6 +86,11 @@ class EnergyProbe:
         if self._sampler is not None:
             self._sampler.start()
 
+    def halt(self) -> None:
+        """A point that failed mid-window: the sampler thread stops polling."""
+        if self._sampler is not None:
+            self._sampler.halt()
+
     def sample(self) -> None:
         if self._handle is None:
             return

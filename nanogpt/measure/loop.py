@@ -124,6 +124,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         if bench.profile:  # after the measured steps: the profiler cannot touch them
             _profile(spec, trainer, record, log, out_dir)
     finally:
+        energy.halt()  # a failure mid-window leaves no thread polling
         bar.close()
         for key, value in probe.result().items():
             setattr(record.memory, key, value)
