@@ -189,12 +189,11 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.grad_clip)
         self.scaler.step(self.optimizer)
-        if self.scaler.is_enabled():
-            before = self.scaler._scale.clone()  # update() lowers it after a skipped step
-            self.scaler.update()
-            self.skipped_steps += (self.scaler._scale < before).squeeze()
-        else:
-            self.scaler.update()
+        # update() lowers the scale after a step it skipped: compared on the device, no sync.
+        before = self.scaler._scale.clone() if self.scaler.is_enabled() else None
+        self.scaler.update()
+        if before is not None:
+            self.skipped_steps += self.scaler._scale < before
         self.optimizer.zero_grad(set_to_none=True)
         self.last_data_ms = data_s * 1e3
         return total
