@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.config import OptimizerConfig
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer
 from nanogpt.results.table import build_table
+from nanogpt.spec import OptimizerConfig
 
 # Small enough to be quick, large enough that a step is tens of ms (overhead would show).
 MODEL = dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=4096)

@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.config import OptimizerConfig
 from nanogpt.devices import synchronize
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer
 from nanogpt.results.store import RESULT_FILE
+from nanogpt.spec import OptimizerConfig
 
 REPO = Path(__file__).resolve().parent.parent
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16}

@@ -18,11 +18,11 @@ from hydra.errors import CompactHydraException, MissingConfigException, Override
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nanogpt.config import RunSpec
 from nanogpt.configs import CONF_DIR, register_presets
 from nanogpt.errors import ConfigError
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
 from nanogpt.results.baseline import names_baseline
+from nanogpt.spec import RunSpec
 from nanogpt.validate import check
 
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"

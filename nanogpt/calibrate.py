@@ -18,13 +18,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
 from nanogpt.app import hydra_error_line, to_spec
-from nanogpt.config import Dtype
 from nanogpt.configs import CONF_DIR
 from nanogpt.devices import precision_unavailable, resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name
 from nanogpt.hardware.peaks import resolve_peak
+from nanogpt.spec import Dtype
 
 
 def format_table(

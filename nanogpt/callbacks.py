@@ -24,7 +24,7 @@ from nanogpt.configs import runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
 from nanogpt.launch.job import skipped_since
-from nanogpt.reporters import dashboard, wandb_sink
+from nanogpt.reporters import wandb_sink, wandb_view
 from nanogpt.results import table as sweep_table
 
 
@@ -66,7 +66,7 @@ class SweepReport(Callback):
         logger = OmegaConf.to_object(config.logger)
         summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
         wandb_sink.log_sweep_table(logger, sweep_dir, table, summary_csv)
-        dashboard.save_and_publish(logger, sweep_dir)  # the sweep's ready W&B view
+        wandb_view.save_and_publish(logger, sweep_dir)  # the sweep's ready W&B view
         failed = sweep_table.failed_points(table)
         if failed:
             print(f"{len(failed)} point(s) failed: {'; '.join(failed)}", file=sys.stderr)

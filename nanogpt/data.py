@@ -27,9 +27,9 @@ import numpy as np
 import tiktoken
 import torch
 
-from nanogpt.config import DataConfig, DataKind
 from nanogpt.errors import ConfigError
 from nanogpt.files import user_cache_dir, write_atomic
+from nanogpt.spec import DataConfig, DataKind
 
 # nanoGPT's on-disk format: token ids as uint16, little-endian ("<"), no header.
 # uint16 holds ids up to 65535, enough for GPT-2's 50257-token vocabulary.

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from nanogpt.config import Attention, Dtype
+from nanogpt.spec import Attention, Dtype
 
 # bf16/fp16 train under torch.autocast to these dtypes; fp32/tf32 keep fp32 tensors.
 AUTOCAST_DTYPES = {Dtype.bf16: torch.bfloat16, Dtype.fp16: torch.float16}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from nanogpt.config import Fp8
+from nanogpt.spec import Fp8
 
 HEAD = "lm_head"
 FP8_DIM_MULTIPLE = 16

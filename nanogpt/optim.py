@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nanogpt.config import OptimizerConfig, OptimizerImpl
+from nanogpt.spec import OptimizerConfig, OptimizerImpl
 
 # torch.optim's implementation switches: fused (one kernel for all params), foreach
 # (multi-tensor ops), for_loop (one param at a time). auto leaves torch to choose.

@@ -2,7 +2,7 @@
 
 An entry point: with the other entry points (calibrate, report, callbacks) and nanogpt/app.py,
 the only modules that know Hydra. Hydra composes the config from conf/ against the schema in
-nanogpt/config.py; from here on the library sees a plain RunSpec, and nanogpt/launch runs the
+nanogpt/spec.py; from here on the library sees a plain RunSpec, and nanogpt/launch runs the
 point (ARCHITECTURE.md follows one point through the layers).
 
 Data parallelism (nanogpt/distributed.py): under `torchrun --nproc_per_node=N -m nanogpt.run`,
@@ -27,7 +27,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.app import hydra_error_line, to_spec
-from nanogpt.config import RunSpec
 from nanogpt.configs import CONF_DIR, SWEEP_GROUP
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
@@ -37,6 +36,7 @@ from nanogpt.launch.job import run_point
 from nanogpt.launch.worker import follow, release_followers
 from nanogpt.logs import capture_warnings
 from nanogpt.results.store import sweep_id
+from nanogpt.spec import RunSpec
 
 
 def job_from_hydra(cfg: DictConfig) -> Job:

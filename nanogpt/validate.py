@@ -10,13 +10,13 @@ import os
 
 import torch
 
-from nanogpt.config import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
 from nanogpt.data import check_data
 from nanogpt.devices import attention_unavailable, precision_unavailable, resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
 from nanogpt.float8 import torchao_missing
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
+from nanogpt.spec import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
 
 
 def check(spec: RunSpec, here: bool = True) -> None:

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from nanogpt import calibrate as calibrate_command
-from nanogpt.config import Dtype
 from nanogpt.devices import precision_unavailable
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import calibration as calibrate
@@ -24,6 +23,7 @@ from nanogpt.hardware.peaks import resolve_peak
 from nanogpt.results import derive
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import Rates, Setup
+from nanogpt.spec import Dtype
 from tests.conftest import run_cli
 
 CPU = torch.device("cpu")

@@ -11,10 +11,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from nanogpt.app import to_spec
-from nanogpt.config import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
 from nanogpt.configs import CONF_DIR, runs_here
 from nanogpt.devices import resolve_device
 from nanogpt.errors import ConfigError
+from nanogpt.spec import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
 from nanogpt.validate import check
 
 from .conftest import with_micro

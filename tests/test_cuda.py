@@ -19,7 +19,6 @@ import time
 import pytest
 import torch
 
-from nanogpt.config import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
 from nanogpt.devices import (
     attention_unavailable,
     nvml_handle,
@@ -34,6 +33,7 @@ from nanogpt.hardware.env import device_name
 from nanogpt.measure.loop import measure
 from nanogpt.measure.timing import StepTimer
 from nanogpt.results.record import Record
+from nanogpt.spec import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
 from nanogpt.validate import check
 
 from .conftest import run_cli, with_micro

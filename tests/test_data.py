@@ -9,7 +9,6 @@ import pytest
 import tiktoken
 import torch
 
-from nanogpt.config import DataConfig, DataKind
 from nanogpt.data import (
     SYNTHETIC_POOL,
     BatchSource,
@@ -18,6 +17,7 @@ from nanogpt.data import (
     tokenize_text,
 )
 from nanogpt.errors import ConfigError
+from nanogpt.spec import DataConfig, DataKind
 
 from .conftest import SHAKESPEARE, TIKTOKEN_CACHE, needs_shared
 

@@ -18,20 +18,20 @@ import pandas as pd
 import pytest
 import torch
 
-from nanogpt.config import Dtype, RunSpec
 from nanogpt.distributed import World
 from nanogpt.hardware.cpu import matmul_emulated
 from nanogpt.measure import diagnose
 from nanogpt.measure.trainer import build_trainer
 from nanogpt.reporters.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
-from nanogpt.results import diagnosis
+from nanogpt.results import bottleneck as rules
 from nanogpt.results import table as report
-from nanogpt.results.diagnosis import Diagnosis, Setting, judge
+from nanogpt.results.bottleneck import Diagnosis, Setting, judge
+from nanogpt.spec import Dtype, RunSpec
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
 
 SHARES = ("diag_device_frac", "diag_comm_frac", "diag_data_frac", "diag_host_frac")
-KIND_SHARES = tuple(f"diag_{kind}_frac" for kind in diagnosis.KINDS)
+KIND_SHARES = tuple(f"diag_{kind}_frac" for kind in rules.KINDS)
 
 # ------------------------------------------------------------------------------------------
 # Interval arithmetic (kernels on several streams overlap)
@@ -146,7 +146,7 @@ def test_shares_of_the_step_and_of_device_time_each_sum_to_one(diagnosed):
 
 
 def test_tiny_model_is_host_bound_and_wide_one_device_bound(diagnosed):
-    verdicts = {name: diagnosis.verdict(Diagnosis(**f)) for name, (_, f, _) in diagnosed.items()}
+    verdicts = {name: rules.verdict(Diagnosis(**f)) for name, (_, f, _) in diagnosed.items()}
     assert verdicts == {"tiny": "host-bound", "wide": "device-bound"}
     tiny, wide = diagnosed["tiny"][1], diagnosed["wide"][1]
     assert tiny["diag_ops_per_step"] > wide["diag_ops_per_step"]  # 4 layers against 1
@@ -256,11 +256,11 @@ def setting(**changes) -> Setting:
 )
 def test_the_verdict_is_the_largest_share(shares, expected):
     device, comm, data, host = shares
-    assert diagnosis.verdict(figures(device, comm, data, host)) == expected
+    assert rules.verdict(figures(device, comm, data, host)) == expected
 
 
 def test_no_figures_no_verdict():
-    assert diagnosis.verdict(Diagnosis()) is None
+    assert rules.verdict(Diagnosis()) is None
     assert judge(Diagnosis(diag_error="off"), setting()).bottleneck_hint is None
 
 
@@ -359,7 +359,7 @@ def test_diagnosed_steps_are_logged_apart_and_enter_no_statistic(diagnosed_sweep
     assert record["step_ms_measured"] == [pytest.approx(measured.to_list())]
     diagnosed = steps.loc[steps["phase"] == "diagnose", "step_ms"].to_list()
     assert record["diag_step_ms"] == pytest.approx(statistics.median(diagnosed[1:]))
-    assert record["bottleneck"] in diagnosis.VERDICTS.values()
+    assert record["bottleneck"] in rules.VERDICTS.values()
     assert sum(record[key] for key in SHARES) == pytest.approx(1.0)
     assert record["diag_mem_headroom_bytes"] > 0 and 0 < record["diag_mem_headroom_frac"] < 1
     assert record["diag_error"] is None and record["diag_method"].startswith("torch.profiler")
@@ -441,7 +441,7 @@ def test_cuda_small_batch_is_host_bound_and_large_matmuls_device_bound():
         found, _, _ = diagnose.profile_diagnosis(trainer, 3)
         assert sum(found[key] for key in SHARES) == pytest.approx(1.0)
         assert found["diag_ops_per_step"] > 50  # kernels were seen and tied to the steps
-        assert diagnosis.verdict(Diagnosis(**found)) == expected, found
+        assert rules.verdict(Diagnosis(**found)) == expected, found
         if expected == "device-bound":
             kinds = {key: found[key] for key in KIND_SHARES}
             assert max(kinds, key=kinds.get) == "diag_matmul_frac"

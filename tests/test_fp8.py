@@ -8,8 +8,8 @@ import pytest
 import torch.nn as nn
 
 from nanogpt import float8
-from nanogpt.config import Fp8
 from nanogpt.model import GPT, GPTConfig
+from nanogpt.spec import Fp8
 
 needs_torchao = pytest.mark.skipif(float8.torchao_missing() is not None, reason="needs torchao")
 

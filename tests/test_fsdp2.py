@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from nanogpt.config import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
 from nanogpt.distributed import World
 from nanogpt.measure.trainer import Trainer, data_source, gpt_config
 from nanogpt.model import GPT
 from nanogpt.optim import build_optimizer
+from nanogpt.spec import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
 
 
 def _spec(**perf) -> RunSpec:

@@ -18,7 +18,6 @@ from omegaconf import OmegaConf
 
 from nanogpt import protocol
 from nanogpt.app import CONF_DIR
-from nanogpt.config import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.distributed import World
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import matmul
@@ -27,6 +26,7 @@ from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import compare, derive
 from nanogpt.results.record import Energy, Setup
+from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.validate import check_cuda_graph_warmup
 
 from .conftest import MICRO

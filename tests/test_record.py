@@ -9,16 +9,6 @@ import pandas as pd
 import pytest
 import torch
 
-from nanogpt.config import (
-    Attention,
-    BenchConfig,
-    Dtype,
-    ModelConfig,
-    OptimizerConfig,
-    OptimizerImpl,
-    PerfConfig,
-    RunSpec,
-)
 from nanogpt.distributed import World
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
@@ -35,6 +25,16 @@ from nanogpt.results.record import (
     Timing,
 )
 from nanogpt.results.table import ReportError, baseline_row
+from nanogpt.spec import (
+    Attention,
+    BenchConfig,
+    Dtype,
+    ModelConfig,
+    OptimizerConfig,
+    OptimizerImpl,
+    PerfConfig,
+    RunSpec,
+)
 
 TINY = RunSpec(
     model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256),

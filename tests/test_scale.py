@@ -16,9 +16,9 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from nanogpt.config import ModelConfig, PerfConfig, RunSpec
 from nanogpt.distributed import World
 from nanogpt.measure.trainer import Trainer
+from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
 from .conftest import run_cli, run_patched, with_micro
 

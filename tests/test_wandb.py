@@ -19,11 +19,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanogpt.config import LoggerMode
 from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
 from nanogpt.reporters.wandb_sink import FAULT_ENV
 from nanogpt.results import store as records
 from nanogpt.results import table as report
+from nanogpt.spec import LoggerMode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
 from .conftest import run_without_a_key, with_micro

@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanogpt.config import Dtype
 from nanogpt.devices import precision_unavailable
 from nanogpt.files import user_cache_dir, write_json
 from nanogpt.hardware.cpu import matmul_emulated
@@ -37,6 +36,7 @@ from nanogpt.hardware.matmul import BUDGET_S, Shape, default_shapes, measure
 from nanogpt.hardware.peaks import resolve_peak
 from nanogpt.logs import bar_drawn
 from nanogpt.results.derive import Ceilings
+from nanogpt.spec import Dtype
 
 CACHE_ENV = "NANOGPT_CALIBRATION_CACHE"  # path of the cache file (tests point it at a tmp dir)
 CACHE_VERSION = 1

@@ -24,9 +24,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nanogpt.config import Dtype
 from nanogpt.devices import AUTOCAST_DTYPES, matmul_precision, synchronize
 from nanogpt.errors import ConfigError
+from nanogpt.spec import Dtype
 
 SHAPES_ENV = "NANOGPT_CALIBRATION_SHAPES"  # e.g. "256x256x256,512x512x512": a smaller search
 OP = "F.linear(x[M,K], W[N,K]) in the compute dtype, as nn.Linear under autocast; 2*M*N*K FLOPs"

@@ -27,10 +27,10 @@ from __future__ import annotations
 import re
 import warnings
 
-from nanogpt.config import Dtype
 from nanogpt.errors import ConfigError
 from nanogpt.hardware.cpu import cpu_peak_estimate
 from nanogpt.results.derive import Peak
+from nanogpt.spec import Dtype
 
 # --------------------------------------------------------------------------------------------
 # GPU datasheet table

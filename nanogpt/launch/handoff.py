@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nanogpt.config import RunSpec, spec_from_dict, spec_to_dict
 from nanogpt.files import read_json, write_json
+from nanogpt.spec import RunSpec, spec_from_dict, spec_to_dict
 
 # (handoff file, answer file) per task, in the dir the child is given. The point's own names
 # are the job dir's job.json and measurement.json.

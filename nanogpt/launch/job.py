@@ -16,7 +16,6 @@ import logging
 import time
 from pathlib import Path
 
-from nanogpt.config import RunSpec
 from nanogpt.files import read_json, write_atomic, write_json
 from nanogpt.launch import forkserver
 from nanogpt.launch.handoff import Handoff, Job
@@ -26,6 +25,7 @@ from nanogpt.reporters import wandb_point
 from nanogpt.results import repeats, store
 from nanogpt.results.identity import point_id_of
 from nanogpt.results.record import Record
+from nanogpt.spec import RunSpec
 
 log = logging.getLogger(__name__)
 SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when

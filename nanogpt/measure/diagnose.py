@@ -1,5 +1,5 @@
 """The diagnosis phase: a few steps under torch.profiler, after the measured steps, that say
-where a step's time goes (results/diagnosis.py turns the figures into a verdict and a hint).
+where a step's time goes (results/bottleneck.py turns the figures into a verdict and a hint).
 
 It runs after the measured window, never before or inside it: Kineto (torch.profiler) can stay
 attached to the device after profiling (PyTorch issue 144455) and slow the steps that follow,
@@ -42,7 +42,7 @@ from torch.autograd.profiler import profile, record_function
 
 from nanogpt.devices import synchronize
 from nanogpt.faults import describe
-from nanogpt.results.diagnosis import KINDS, Diagnosis, Setting, judge
+from nanogpt.results.bottleneck import KINDS, Diagnosis, Setting, judge
 
 STEP_MARK = "nanogpt::step"
 DATA_MARK = "nanogpt::data"

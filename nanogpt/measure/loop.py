@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.config import RunSpec
 from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import classify, describe
@@ -43,6 +42,7 @@ from nanogpt.measure.window import StepLog, Window
 from nanogpt.protocol import SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
 from nanogpt.results.record import Record, Setup
+from nanogpt.spec import RunSpec
 
 
 def measure(

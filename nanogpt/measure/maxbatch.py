@@ -36,12 +36,12 @@ from collections.abc import Callable
 import psutil
 import torch
 
-from nanogpt.config import RunSpec
 from nanogpt.devices import synchronize
 from nanogpt.distributed import World
 from nanogpt.faults import describe, is_out_of_memory
 from nanogpt.measure.memory import release
 from nanogpt.measure.trainer import Trainer, data_source
+from nanogpt.spec import RunSpec
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nanogpt.config import RunSpec
 from nanogpt.measure import flops, memory
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results.record import Setup
+from nanogpt.spec import RunSpec
 
 
 def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:

@@ -16,7 +16,6 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nanogpt import float8
-from nanogpt.config import Attention, Dtype, Fp8, RunSpec, Strategy
 from nanogpt.data import open_source
 from nanogpt.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.distributed import World
@@ -24,6 +23,7 @@ from nanogpt.faults import Fault
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer, implementation
 from nanogpt.sharding import apply_fsdp2, set_gradient_sync
+from nanogpt.spec import Attention, Dtype, Fp8, RunSpec, Strategy
 
 SDPA_BACKENDS = {
     Attention.flash: SDPBackend.FLASH_ATTENTION,

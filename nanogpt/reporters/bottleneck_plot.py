@@ -1,4 +1,4 @@
-"""bottleneck.png: where each point's step goes, from its diagnosis (results/diagnosis.py).
+"""bottleneck.png: where each point's step goes, from its diagnosis (results/bottleneck.py).
 
 Two stacked horizontal bars a point: on the left the step's wall time split into device,
 communication, data and host shares (they sum to 100 %), with the verdict written after the bar;
@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from nanogpt.reporters.plot_parts import NoData, new_figure, tagged_labels
-from nanogpt.results.diagnosis import KINDS
+from nanogpt.results.bottleneck import KINDS
 
 STEP_PARTS = (
     ("diag_device_frac", "device"),

@@ -10,7 +10,7 @@ of the sweep table and each point's own files:
 - memory_anatomy.png  the analytic memory estimate by component (result.json's mem_estimate)
                       beside the measured peak
 - bottleneck.png      each point's step split into device, communication, data and host time,
-                      and its device time by kind (the diagnosis, results/diagnosis.py)
+                      and its device time by kind (the diagnosis, results/bottleneck.py)
 A plot that has nothing to show (batch size does not vary, no MFU without a peak) is skipped
 with a message. Points are labelled by the overrides that differ between them.
 

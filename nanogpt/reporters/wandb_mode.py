@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from nanogpt.config import LoggerMode
+from nanogpt.spec import LoggerMode
 
 DEFAULT_HOST = "https://api.wandb.ai"
 

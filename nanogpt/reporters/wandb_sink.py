@@ -48,11 +48,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from nanogpt.config import LoggerConfig
 from nanogpt.faults import RESULT_STATUSES, describe
 from nanogpt.reporters.wandb_mode import resolve_mode
 from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
 from nanogpt.results.store import sweep_id
+from nanogpt.spec import LoggerConfig
 
 log = logging.getLogger(__name__)
 

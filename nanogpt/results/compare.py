@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from nanogpt.results import stats
-from nanogpt.results.diagnosis import fastest_line
+from nanogpt.results.bottleneck import fastest_line
 
 COMPILE = "perf.compile="
 
@@ -135,7 +135,7 @@ def recommend(
     table: pd.DataFrame, steps: list, names: list[str], memory_budget_gib: float | None
 ) -> list[str]:
     """A few lines under the table: the fastest point, and its bottleneck with what to try
-    (results/diagnosis.py); the fastest within the memory budget;
+    (results/bottleneck.py); the fastest within the memory budget;
     the most tokens per kWh; the cheapest per 1M tokens. Each says whether its lead over the
     runner-up is significant."""
     ok = [i for i in range(len(table)) if comparable(table, steps, i)]

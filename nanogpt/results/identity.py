@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from nanogpt.config import RunSpec, spec_to_dict
+from nanogpt.spec import RunSpec, spec_to_dict
 
 MEASURED_GROUPS = ("model", "optimizer", "perf", "data", "bench", "dist", "hardware")
 NOT_MEASURED = {

@@ -10,7 +10,7 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
   Rates     the derived figures: tokens/s, achieved FLOP/s, MFU, HFU, mfu_achievable
             (computed in one function, results/derive.py), with their peak and its source
   Profile   torch.profiler's trace and top ops, when asked for
-  Diagnosis the bottleneck verdict, its hint and the figures behind them (results/diagnosis.py)
+  Diagnosis the bottleneck verdict, its hint and the figures behind them (results/bottleneck.py)
   MaxBatch  the largest batch that fits, when asked for
 
 Every field name is unique across the parts, so result.json, summary.csv, the W&B summary and the
@@ -26,9 +26,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from nanogpt.config import RunSpec
-from nanogpt.results.diagnosis import Diagnosis
+from nanogpt.results.bottleneck import Diagnosis
 from nanogpt.results.identity import measured_config, point_id
+from nanogpt.spec import RunSpec
 
 # The table's columns, in order: the scalar fields (and one list) of a record. Nested values
 # (env, mem_estimate, calibration, profile_top_ops, max_batch_search, step_ms_per_rank) stay in

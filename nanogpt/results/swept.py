@@ -3,7 +3,7 @@
 A point is its Hydra overrides (`perf.dtype=bf16 +sweep/accum_split=8x2`). A key is *swept*
 when the points do not all set it to one value; with one point, every key it sets is. The
 table has one column per swept key (results/table.py), the W&B view one axis per swept key
-(reporters/dashboard.py), the notebook one grid axis per swept key.
+(reporters/wandb_view.py), the notebook one grid axis per swept key.
 
 Values are typed as Hydra's override grammar types them (https://hydra.cc/docs/advanced/
 override_grammar/basic/): null, true/false (any case), integers, floats (1e-3, inf, nan),

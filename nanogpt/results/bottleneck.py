@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanogpt.config import RunSpec
+from nanogpt.spec import RunSpec
 
 VERDICTS = {
     "device": "device-bound",

@@ -1,4 +1,4 @@
-"""The sweep's W&B view (nanogpt/reporters/dashboard.py), without network.
+"""The sweep's W&B view (nanogpt/reporters/wandb_view.py), without network.
 
 The view spec names every key a panel reads; a real offline multirun is read back from its run
 files (tests/wandb_reader.py) and every one of those keys must be among the keys the runs
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from nanogpt.dashboard import main as dashboard_main
-from nanogpt.reporters import dashboard
-from nanogpt.reporters.dashboard import VIEW_FILE, swept_keys, view_spec, write_view
+from nanogpt.reporters import wandb_view
+from nanogpt.reporters.wandb_view import VIEW_FILE, swept_keys, view_spec, write_view
 from tests.conftest import run_without_a_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
@@ -139,7 +139,7 @@ def test_the_workspaces_read_exactly_the_spec_keys():
     pytest.importorskip("wandb_workspaces")
     group = "2026-01-01/10-00-00"
     spec = view_spec("proj", group, ["perf.batch_size", "model.name"], points=12)
-    workspaces = dashboard.build_views(spec, entity="someone")
+    workspaces = wandb_view.build_views(spec, entity="someone")
     assert [w.name for w in workspaces] == [view["name"] for view in spec["views"]]
     for workspace, view in zip(workspaces, spec["views"], strict=True):
         assert (workspace.entity, workspace.project) == ("someone", "proj")
@@ -183,7 +183,7 @@ def test_every_panel_key_is_a_key_the_runs_logged(sweep):
         assert keys_of(spec, "summary") <= run.summary.keys()
         # Config paths as W&B shows them: nested keys joined with dots, no dot in any name.
         assert not [key for key in run.config if "." in key]
-        for path in [*keys_of(spec, "config"), *dashboard.GROUP_CHOICES.values()]:
+        for path in [*keys_of(spec, "config"), *wandb_view.GROUP_CHOICES.values()]:
             config_value(run.config, path)
     assert {config_value(run.config, "perf.batch_size") for run in points} == {1, 2}
     assert {config_value(run.config, SPLIT) for run in points} == {"8x2", "4x4"}
@@ -198,7 +198,7 @@ def test_every_panel_key_is_a_key_the_runs_logged(sweep):
     (line,) = offline.stderr.splitlines()
     assert line.startswith("warning: W&B view: not published (WANDB_MODE=offline)")
     assert (sweep_dir / VIEW_FILE).read_bytes() == saved
-    assert not (sweep_dir / dashboard.URL_FILE).exists()
+    assert not (sweep_dir / wandb_view.URL_FILE).exists()
     # --project rewrites the view from the records before trying.
     rewrite = run_dashboard([str(sweep_dir), "--project", "other"], sweep_dir.parent)
     assert rewrite.returncode == 1 and "written to" in rewrite.stdout

@@ -28,12 +28,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nanogpt.config import LoggerConfig, LoggerMode
 from nanogpt.faults import describe
 from nanogpt.files import read_json, write_atomic, write_json
 from nanogpt.reporters.wandb_mode import resolve_mode
 from nanogpt.results import swept
 from nanogpt.results.store import iter_records, sweep_id
+from nanogpt.spec import LoggerConfig, LoggerMode
 
 VIEW_FILE = "wandb_view.json"
 URL_FILE = "wandb_view_url.txt"
