@@ -17,10 +17,12 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 from nanogpt.distributed import World
 from nanogpt.hardware.cpu import matmul_emulated
-from nanogpt.measure import diagnose
+from nanogpt.measure import diagnose, step_split
 from nanogpt.measure.trainer import build_trainer
 from nanogpt.reporters.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
 from nanogpt.results import bottleneck as rules
@@ -45,10 +47,12 @@ def test_union_and_difference_of_intervals_match_a_count_of_covered_units():
         b = [(s, s + rng.randint(1, 12)) for s in rng.sample(range(60), rng.randint(0, 8))]
         covered_a = {t for start, end in a for t in range(start, end)}
         covered_b = {t for start, end in b for t in range(start, end)}
-        merged_a, merged_b = diagnose._merge(a), diagnose._merge(b)
-        assert diagnose._length(merged_a) == len(covered_a)
+        merged_a, merged_b = step_split._merge(a), step_split._merge(b)
+        assert step_split._length(merged_a) == len(covered_a)
         assert all(x[1] < y[0] for x, y in zip(merged_a, merged_a[1:], strict=False))
-        assert diagnose._length(diagnose._minus(merged_a, merged_b)) == len(covered_a - covered_b)
+        assert step_split._length(step_split._minus(merged_a, merged_b)) == len(
+            covered_a - covered_b
+        )
 
 
 def op(name: str, *callers: str) -> SimpleNamespace:
@@ -81,7 +85,83 @@ def op(name: str, *callers: str) -> SimpleNamespace:
     ],
 )
 def test_kinds_come_from_the_launching_operator_its_callers_or_the_name(name, launcher, kind):
-    assert diagnose._kind(name, launcher) == kind
+    assert step_split._kind(name, launcher) == kind
+
+
+# ------------------------------------------------------------------------------------------
+# The CUDA branch, on torch's own FunctionEvents built as Kineto builds them on a GPU
+# ------------------------------------------------------------------------------------------
+
+
+def cuda_step(annotations: bool = True) -> list[FunctionEvent]:
+    """One diagnosed CUDA step of 1,000 us as the profiler lays it out: the step's range on the
+    CPU, an aten::mm that launched a 200 us gemm (its runtime launch call linked to it), and,
+    when `annotations`, the GPU-timeline shadow Kineto emits of each record_function range (of
+    CUDA type, spanning the range's kernels and the idle time between them)."""
+
+    def event(id, name, start, end, device=DeviceType.CPU, link=0, user=False):
+        return FunctionEvent(
+            id=id,
+            name=name,
+            thread=1,
+            start_us=start,
+            end_us=end,
+            device_type=device,
+            linked_correlation_id=link,
+            is_user_annotation=user,
+        )
+
+    step = event(1, step_split.STEP_MARK, 0.0, 1000.0, user=True)
+    mm = event(2, "aten::mm", 100.0, 150.0)
+    launch = event(900, "cudaLaunchKernel", 120.0, 130.0, link=2)
+    gemm = event(900, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 200.0, 400.0, DeviceType.CUDA, 2)
+    for child in (mm,):
+        step.append_cpu_child(child)
+        child.set_cpu_parent(step)
+    mm.append_cpu_child(launch)
+    launch.set_cpu_parent(mm)
+    events = [step, mm, launch, gemm]
+    if annotations:  # the step's shadow, and an optimizer range's over an idle stretch
+        events.append(event(1, step_split.STEP_MARK, 10.0, 990.0, DeviceType.CUDA, 1, True))
+        events.append(event(3, "Optimizer.step#AdamW.step", 600.0, 900.0, DeviceType.CUDA, 3, True))
+    return events
+
+
+def test_user_annotations_on_the_gpu_timeline_are_not_kernels():
+    split = step_split.split_step(cuda_step(), cuda=True)
+    # The gemm alone computes: 200 of 1,000 us. Counting the step's shadow would make it 98 %.
+    assert split["diag_device_frac"] == pytest.approx(0.2)
+    assert split["diag_matmul_frac"] == pytest.approx(1.0) and split["diag_other_frac"] == 0
+    assert split["diag_ops_per_step"] == 1
+    assert rules.verdict(Diagnosis(**split)) == "host-bound"
+    # The check can fail: the same events with the shadows are what the defect counted.
+    assert step_split.split_step(cuda_step(annotations=False), cuda=True) == split
+
+
+def test_events_of_a_torch_without_the_cuda_attributes_are_null_with_the_reason():
+    events = cuda_step()
+    for e in events:
+        del e.linked_correlation_id  # as torch 2.11 builds them (pytorch/pytorch#177662)
+    with pytest.raises(step_split.ProfilerAttributeMissing, match="linked_correlation_id"):
+        step_split.split_step(events, cuda=True)
+    # The CPU branch needs neither attribute.
+    assert step_split.split_step(events, cuda=False)["diag_device_frac"] is not None
+
+
+def test_kineto_events_give_back_what_function_events_lack():
+    """A real profile on this CPU: strip the attributes torch 2.11 lacks from its
+    FunctionEvents; restore_from_kineto matches every one to its Kineto event again."""
+    with diagnose.profile(use_kineto=True) as prof:
+        with diagnose.record_function(step_split.STEP_MARK):
+            torch.nn.functional.linear(torch.randn(16, 8), torch.randn(4, 8)).sum()
+    events = list(prof.function_events)
+    truth = [(e.linked_correlation_id, e.is_user_annotation) for e in events]
+    for e in events:
+        del e.linked_correlation_id, e.is_user_annotation
+    restored = diagnose.restore_from_kineto(events, prof.kineto_results)
+    assert restored == len(events) > 3
+    assert [(e.linked_correlation_id, e.is_user_annotation) for e in events] == truth
+    assert any(flag for _, flag in truth)  # the step's range is a user annotation
 
 
 # ------------------------------------------------------------------------------------------
