@@ -113,8 +113,18 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = LayerNorm(config.n_embd, config.bias)
         self.mlp = MLP(config)
+        # Activation checkpointing inside the block's own call: `block.compile()` (FSDP2,
+        # nanogpt/sharding.py) then compiles the checkpointed block, as torchtitan wraps, then
+        # compiles; a checkpoint around the compiled block would recompute a compiled call.
+        self.checkpointed = config.activation_checkpointing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed and self.training:
+            # Keep only the block's input; recompute its activations in backward.
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -160,11 +170,7 @@ class GPT(nn.Module):
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
-            if self.config.activation_checkpointing and self.training:
-                # Keep only the block's input; recompute its activations in backward.
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+            x = block(x)  # checkpointed inside, with perf.activation_checkpointing
         x = self.ln_f(x)
         if targets is None:
             # Inference: only the last position's logits are needed.

@@ -8,8 +8,9 @@ gradients. The unit of gathering is what `fully_shard` was called on: here each 
 block, then the root (the embeddings, the tied head and the final LayerNorm), the layout
 torchtitan uses. `reshard_after_forward=True` frees a block's gathered parameters after its
 forward and gathers them again in backward (less memory, one more all-gather per block);
-False keeps them from forward to backward (ZeRO-2-like). The root is never resharded after
-forward: backward starts with it, so freeing it would only gather it again at once.
+False keeps them from forward to backward (ZeRO-2-like). Neither the root nor the last block
+is resharded after forward (torchtitan's rule): backward starts with them, so freeing them
+would only gather them again at once (one needless all-gather a step each).
 
 Mixed precision is FSDP2's own policy: parameters gathered in the compute dtype (bf16 for
 perf.dtype=bf16), gradients reduced in fp32, the sharded master weights and the optimizer in
@@ -19,10 +20,13 @@ Order with the other transformations, the one torchtitan documents for its paral
 functions (float8, then activation checkpointing, then torch.compile, then FSDP):
   1. float8 conversion (nanogpt/float8.py) on the whole, unsharded model, so FSDP2 shards the
      Float8Linear weights like any other;
-  2. activation checkpointing, inside each block's call (model.py);
-  3. torch.compile per block (`block.compile()`), so each compiled graph is one FSDP unit and
-     the all-gathers and reduce-scatters run between graphs, where FSDP2's hooks can overlap
-     them with compute;
+  2. activation checkpointing, inside each block's own forward (`Block.checkpointed`,
+     model.py), so that
+  3. torch.compile per block (`block.compile()`) compiles the checkpointed block (Dynamo
+     traces torch.utils.checkpoint as one region it recomputes in backward); each compiled
+     graph is one FSDP unit and the all-gathers and reduce-scatters run between graphs, where
+     FSDP2's hooks can overlap them with compute. CUDA-graph compile modes are refused with
+     fsdp2 (validate.py): a graph replays fixed addresses, FSDP2 gathers into fresh buffers;
   4. fully_shard on each block, then on the root.
 """
 
@@ -43,8 +47,10 @@ def apply_fsdp2(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for block in blocks:
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    last = len(blocks) - 1
+    for i, block in enumerate(blocks):
+        reshard = reshard_after_forward and i < last  # backward starts with the last block
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=policy, reshard_after_forward=False)
 
 

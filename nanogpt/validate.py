@@ -242,6 +242,14 @@ def check_fp8(spec: RunSpec, device: torch.device | None) -> None:
                 f"{fp8.value} runs the other ops under bf16 autocast, not {spec.perf.dtype.value}",
                 "set perf.dtype=bf16 with it",
             )
+        if not spec.perf.compile:
+            # Eager float8 casts and takes amaxes around every matmul unfused: it would compare
+            # that overhead with eager bf16, not float8 training (torchtitan: compile required).
+            raise ConfigError(
+                "perf.fp8",
+                f"{fp8.value} without torch.compile runs unfused casts around every matmul",
+                "set perf.compile=true with it",
+            )
         return
     if device.type != "cuda":
         raise ConfigError(
@@ -277,4 +285,12 @@ def check_strategy(spec: RunSpec) -> None:
             "dist.strategy",
             "fsdp2 here has no sharded gradient scaler for fp16",
             "use perf.dtype=bf16 (or fp32) with fsdp2",
+        )
+    if spec.perf.compile and spec.perf.compile_mode in CUDA_GRAPH_MODES:
+        # A CUDA graph replays fixed addresses, while FSDP2 all-gathers into fresh buffers and
+        # runs collectives from hooks between graphs: torchtitan compiles FSDP2 blocks without.
+        raise ConfigError(
+            "perf.compile_mode",
+            f"{spec.perf.compile_mode} captures CUDA graphs, which FSDP2's all-gathers break",
+            "use perf.compile_mode=default with fsdp2",
         )

@@ -66,7 +66,11 @@ def test_every_torchao_recipe_is_a_choice_and_back():
     ("overrides", "message"),
     [
         (["perf.fp8=tensorwise", "perf.dtype=fp32"], "set perf.dtype=bf16"),
-        (["perf.fp8=rowwise", "perf.dtype=bf16"], "float8 matmuls need a CUDA GPU, not cpu"),
+        (["perf.fp8=tensorwise", "perf.dtype=bf16"], "set perf.compile=true with it"),
+        (
+            ["perf.fp8=rowwise", "perf.dtype=bf16", "perf.compile=true"],
+            "float8 matmuls need a CUDA GPU, not cpu",
+        ),
     ],
 )
 def test_fp8_where_it_cannot_run_is_one_line_before_any_point(sweep, overrides, message):

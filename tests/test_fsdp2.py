@@ -14,11 +14,16 @@ import pandas as pd
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
+from nanogpt import validate
 from nanogpt.distributed import World
+from nanogpt.errors import ConfigError
+from nanogpt.measure.memory import estimate_memory
 from nanogpt.measure.trainer import Trainer, data_source, gpt_config
-from nanogpt.model import GPT
+from nanogpt.model import GPT, Block
 from nanogpt.optim import build_optimizer
+from nanogpt.protocol import CUDA_GRAPH_MODES
 from nanogpt.spec import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
 
 
@@ -63,6 +68,16 @@ def _train(rank: int, port: int, out_dir, perf: dict) -> None:
     local = {n: p.to_local().numel() for n, p in trainer.raw_model.named_parameters()}
     for _ in range(2):
         trainer.step()
+    # Which blocks stay gathered between forward and backward: their parameters are plain
+    # (unsharded) tensors then, not DTensor shards.
+    loss = trainer.loss(*trainer.source.next_batch())
+    gathered = [
+        i
+        for i, block in enumerate(trainer.raw_model.blocks)
+        if not isinstance(block.attn.qkv.weight, DTensor)
+    ]
+    loss.backward()
+    trainer.optimizer.zero_grad(set_to_none=True)
     full = {n: p.full_tensor() for n, p in trainer.raw_model.named_parameters()}
     ref = dict(_reference(spec, 2).named_parameters())
     error = max((full[n] - ref[n].detach()).abs().max().item() for n in ref)
@@ -71,6 +86,7 @@ def _train(rank: int, port: int, out_dir, perf: dict) -> None:
         "local": local,
         "global": {n: p.numel() for n, p in trainer.raw_model.named_parameters()},
         "max_error": error,
+        "gathered_after_forward": gathered,
         "state_local": sum(
             s.to_local().numel()
             for state in trainer.optimizer.state.values()
@@ -106,6 +122,47 @@ def test_fsdp2_shards_every_parameter_and_trains_like_one_model_on_the_mean_grad
     assert ranks[0]["wrapping"] == "fsdp2(model, block x 2)"
     for r in ranks:
         assert r["max_error"] < 1e-5
+        # reshard_after_forward frees every block but the last, which backward starts with.
+        assert r["gathered_after_forward"] == [1]
+
+
+@pytest.mark.parametrize("mode", CUDA_GRAPH_MODES)
+def test_fsdp2_refuses_compile_modes_that_capture_cuda_graphs(mode):
+    spec = _spec(compile=True, compile_mode=mode)
+    with pytest.raises(ConfigError, match="perf.compile_mode: .*set|use perf.compile_mode=default"):
+        validate.check_strategy(spec)
+    validate.check_strategy(_spec(compile=True))  # default mode: no graphs, accepted
+
+
+def test_checkpointing_is_inside_the_blocks_own_call():
+    """What block.compile() compiles is the block's call: the recompute must be inside it, so a
+    block called once runs its forward twice (once more in backward), with no outside wrapper."""
+    config = gpt_config(_spec(activation_checkpointing=True))
+    block = Block(config)
+    calls = []
+    block.attn.register_forward_hook(lambda *_: calls.append(1))
+    block(torch.randn(2, 16, 32, requires_grad=True)).sum().backward()
+    assert len(calls) == 2
+    calls.clear()
+    plain = Block(gpt_config(_spec()))
+    plain.attn.register_forward_hook(lambda *_: calls.append(1))
+    plain(torch.randn(2, 16, 32, requires_grad=True)).sum().backward()
+    assert len(calls) == 1
+
+
+def test_fsdp2_estimate_counts_unsharded_gradients_kept_across_micro_steps():
+    common = dict(
+        n_params=1_000_000, n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=256,
+        batch_size=2, optimizer="adamw", dtype="bf16", attention="auto",
+        activation_checkpointing=False, world_size=2, strategy="fsdp2", n_block_params=800_000,
+    )  # fmt: skip
+    one = estimate_memory(**common, grad_accum=1)
+    two = estimate_memory(**common, grad_accum=2)
+    assert "unsharded_gradients" not in one
+    assert two["unsharded_gradients"] == 4 * 1_000_000  # every parameter's, fp32, unsharded
+    assert two["total"] - one["total"] == 4 * 1_000_000
+    ddp = estimate_memory(**(common | {"strategy": "ddp"}), grad_accum=2)
+    assert "unsharded_gradients" not in ddp  # DDP's gradients are whole anyway
 
 
 def test_a_sweep_point_under_torchrun_with_fsdp2_records_per_rank_memory_and_global_tokens(sweep):

@@ -186,6 +186,8 @@ def estimate_memory(
     strategy: str = "ddp",
     reshard_after_forward: bool = True,
     n_block_params: int = 0,
+    grad_accum: int = 1,
+    compiled: bool = False,
 ) -> dict[str, int]:
     """Analytic training memory in bytes, by component.
 
@@ -195,15 +197,20 @@ def estimate_memory(
     bytes with 16-bit activations; the 5*a*s/h term is the materialised attention matrix, which
     fused (flash / memory-efficient) kernels never store. fp32 activations double the 16-bit
     parts. With checkpointing each layer keeps only its input, plus one layer being recomputed.
-    Logits (b*s*vocab) are kept in the compute dtype plus an fp32 copy for the loss. With
-    loss=chunked (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, plus the
-    head's gradients it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32.
+    Logits (b*s*vocab) are kept in the compute dtype plus an fp32 copy for the loss; compiled,
+    Inductor fuses the upcast into the loss kernels and the fp32 copy is never built. With
+    loss=chunked (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, in the
+    compute dtype and in fp32 (the buffer the softmax gradient is built in, eager or compiled),
+    plus the head's gradients it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32.
+    (So compiled, at GPT-2's width, the chunked loss can hold more than the full one.)
 
     With strategy=fsdp2 over world_size ranks, the figures are per rank: weights, gradients and
     optimizer state are sharded (1/world_size each), and the parameters gathered for compute
     are added as "gathered_params" in the compute dtype: with reshard_after_forward, the
     root's (embeddings, final LayerNorm) plus two blocks' (the one computing and the one
-    prefetched); without it, all of them, held from forward to backward.
+    prefetched); without it, all of them, held from forward to backward. With grad_accum > 1,
+    FSDP2 skips the reduce-scatter on all but the last micro-step and keeps each parameter's
+    gradient unsharded, in fp32 (its reduce dtype), across them: "unsharded_gradients".
     """
     act_bytes = 2 if dtype in ("bf16", "fp16") else 4
     tokens = batch_size * block_size
@@ -221,7 +228,7 @@ def estimate_memory(
             chunk * vocab_size * (act_bytes + 4) + 4 * tokens * n_embd + 4 * vocab_size * n_embd
         )
     else:
-        logits = tokens * vocab_size * (act_bytes + 4)
+        logits = tokens * vocab_size * (act_bytes + (0 if compiled else 4))
     shards = world_size if strategy == "fsdp2" else 1
     parts = {
         "weights": 4 * n_params // shards,
@@ -236,5 +243,7 @@ def estimate_memory(
         if reshard_after_forward:
             gathered = n_params - n_block_params + 2 * min(per_block, n_block_params)
         parts["gathered_params"] = act_bytes * gathered
+        if grad_accum > 1:
+            parts["unsharded_gradients"] = 4 * n_params
     parts["total"] = sum(parts.values())
     return parts

@@ -33,6 +33,8 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
         strategy="fsdp2" if trainer.fsdp else "ddp",
         reshard_after_forward=spec.dist.reshard_after_forward,
         n_block_params=sum(p.numel() for p in model.blocks.parameters()),
+        grad_accum=perf.grad_accum,
+        compiled=perf.compile,
     )
     fp8 = trainer.fp8_layers
     return Setup(

@@ -130,7 +130,8 @@ class Trainer:
 
     def _shard(self, spec: RunSpec, mode: str | None) -> str:
         """FSDP2 in torchtitan's order: compile each block (activation checkpointing is inside
-        the block's call), then fully_shard each block and the root."""
+        the block's forward, so it is compiled with it), then fully_shard each block and the
+        root."""
         perf = spec.perf
         wrapping = "block"
         if perf.compile:
