@@ -7,8 +7,9 @@ shape in backward. `perf.loss=chunked` computes them `chunk` tokens at a time in
     for each chunk c of the N = B*T tokens:
         z_c   = x_c @ W^T                        (chunk x V logits, the autocast dtype)
         loss += sum(logsumexp(z_c) - z_c[target])            (in fp32)
-        g_c   = (softmax(z_c) - onehot(target)) / n_valid    d(mean loss)/d z_c
-        dx_c  = g_c @ W ;  dW += g_c^T @ x_c                  (the head's backward, done now)
+        g_c   = softmax(z_c) - onehot(target)            n_valid * d(mean loss)/d z_c
+        dx_c  = g_c @ W / n_valid ;  dW += g_c^T @ x_c    (the head's backward, done now)
+    dW /= n_valid                                         (in fp32, after the 16-bit matmuls)
 
 The gradient is taken in the forward, chunk by chunk, while z_c is at hand (the scheme of
 Liger-Kernel's fused linear cross-entropy, written here in plain PyTorch): backward then only
@@ -56,15 +57,21 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             loss += ((lse - picked) * valid).sum()
             if not (want_dx or want_dw):
                 continue
-            # d loss / d z = softmax(z) - onehot(target), for valid rows; in place over z.
+            # d loss / d z = softmax(z) - onehot(target), for valid rows; in place over z. The
+            # 1/n_valid of the mean is applied after the matmuls, in fp32: divided first, the
+            # entries (about 1/(V * n_valid)) would round to zero in fp16 before the loss
+            # scale arrives in backward. Undivided they lie in [-1, 1], and each row of g
+            # sums to 0, so g @ W and g^T @ x stay far inside fp16's range.
             g = z.sub_(lse[:, None]).exp_()
             g.scatter_add_(1, safe[:, None], -valid[:, None].to(g.dtype))
-            g.mul_(valid[:, None] / n_valid)
+            g.mul_(valid[:, None])
             g = g.to(dtype)
             if want_dx:
-                dx[start : start + chunk] = (g @ w).to(x.dtype)
+                dx[start : start + chunk] = ((g @ w).float() / n_valid).to(x.dtype)
             if want_dw:
                 dw.add_(g.t() @ x_c)
+        if dw is not None:
+            dw.div_(n_valid)
         ctx.save_for_backward(dx, dw)
         return loss / n_valid
 

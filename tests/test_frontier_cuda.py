@@ -30,7 +30,7 @@ def test_a_float8_point_records_its_layers_and_the_bf16_peak(single):
     assert record["model_wrapping"] == "compile(float8(model))"
 
 
-def test_the_chunked_loss_holds_less_memory_at_gpt2_vocabulary_compiled_or_not(sweep):
+def test_the_chunked_loss_saves_what_the_estimate_predicts_compiled_or_not(sweep):
     proc, sweep_dir = sweep(
         *GPU_POINT,
         "model.vocab_size=50304",
@@ -42,10 +42,17 @@ def test_the_chunked_loss_holds_less_memory_at_gpt2_vocabulary_compiled_or_not(s
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
     assert [r["status"] for r in records] == ["ok"] * 4
-    peak = {(r["loss"], r["compile"]): r["mem_peak_allocated_bytes"] for r in records}
+    by = {(r["loss"], r["compile"]): r for r in records}
+    tokens = 16 * 256
     for compiled in (False, True):
-        # 4096 tokens x 50,304 x (2 + 4) bytes is 1.2 GB of logits the chunked loss never holds.
-        assert peak[("chunked", compiled)] < peak[("full", compiled)] - 500e6
+        full, chunked = by[("full", compiled)], by[("chunked", compiled)]
+        measured = full["mem_peak_allocated_bytes"] - chunked["mem_peak_allocated_bytes"]
+        predicted = full["mem_estimate"]["total"] - chunked["mem_estimate"]["total"]
+        # Eager: 4096 tokens x 50,304 x (2 + 4) bytes of logits the chunked loss never holds.
+        # Compiled: the full loss builds no fp32 logits, and the chunked one keeps its fp32
+        # chunk, so the estimate may well predict no saving at all (measure/memory.py).
+        slack = 0.25 * tokens * 50304 * (2 + 4)
+        assert abs(measured - predicted) < slack, (compiled, measured, predicted)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one rank each)")
