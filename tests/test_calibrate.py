@@ -204,3 +204,44 @@ def test_a_run_faster_than_the_achievable_peak_is_flagged(cache, sweep):
     assert "mfu_achievable" in proc.stderr
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert bool(table["mfu_flag"].iloc[0]) is True
+
+
+# bf16 TFLOP/s by shape as an H100 measured them (2026-11-23; 12288 and 16384 assumed flat):
+# 6144^3 within 1 % of 4096^3, then 8192^3 about 3 % above both.
+H100_BF16 = {4096: 770.0, 6144: 772.7, 8192: 798.0, 12288: 797.5, 16384: 796.0}
+
+
+def test_the_ladder_climbs_past_one_flat_step_to_the_plateau():
+    seen = []
+
+    def h100(device, dtype, shape, seconds):
+        seen.append(shape[0])
+        return H100_BF16[shape[0]] * 1e12
+
+    entry = matmul.measure(torch.device("cpu"), Dtype.bf16, matmul.CUDA_SHAPES, 60.0, rate=h100)
+    assert entry["shape"] == "8192x8192x8192" and entry["tflops"] == pytest.approx(
+        799.0 / 1.0, rel=2e-3
+    )
+    # 12288 and 16384 are the two flat steps in a row that end the climb, not 6144.
+    assert seen == [4096, 6144, 8192, 12288, 16384]
+    assert entry["stopped_at"].startswith("a plateau")
+
+
+def test_two_flat_steps_in_a_row_stop_before_the_last_shape():
+    rates = iter([100.0, 100.5, 100.2, 150.0])  # the 4th would be faster, but is never timed
+    entry = matmul.measure(
+        torch.device("cpu"),
+        Dtype.fp32,
+        ((64, 64, 64), (96, 96, 96), (128, 128, 128), (256, 256, 256)),
+        60.0,
+        rate=lambda *_: next(rates) * 1e9,
+    )
+    assert list(entry["by_shape_tflops"]) == ["64x64x64", "96x96x96", "128x128x128"]
+    assert entry["stopped_at"].startswith("a plateau")
+
+
+def test_the_real_timer_climbs_a_cpu_ladder():
+    entry = matmul.measure(
+        torch.device("cpu"), Dtype.fp32, ((32, 32, 32), (64, 64, 64), (128, 128, 128)), 2.0
+    )
+    assert entry["tflops"] > 0 and len(entry["by_shape_tflops"]) >= 1

@@ -34,8 +34,8 @@ CLOCK = "perf_counter+synchronize, fastest trial"
 
 Shape = tuple[int, int, int]  # (M, N, K): an (M, K) input times an (N, K) weight
 
-# The searches: ladders of growing shapes, climbed while the rate still rises (by more than
-# PLATEAU) and the operands fit in memory, within BUDGET_S. On 2 CPU cores a 2048^3 fp32
+# The searches: ladders of growing shapes, climbed until the rate has stopped rising (by more
+# than PLATEAU) for PATIENCE shapes in a row, the operands no longer fit, or BUDGET_S is spent. On 2 CPU cores a 2048^3 fp32
 # matmul takes ~50 ms. On an H100 bf16 reached 772.7 TFLOP/s at 6144^3 and about 798 at 8192^3
 # (2026-11-23): the plateau lies at 8192 or beyond, so the ladder goes on to 16384^3 while
 # the rate rises.
@@ -47,7 +47,11 @@ CUDA_SHAPES: tuple[Shape, ...] = (
     (12288, 12288, 12288),
     (16384, 16384, 16384),
 )
-PLATEAU = 0.01  # a shape less than 1 % faster than the best so far ends the climb
+PLATEAU = 0.01  # a shape less than 1 % faster than the best so far is a flat step
+# Flat steps in a row that end the climb. One is not a plateau: on an H100, 6144^3 ran within
+# 1 % of 4096^3 and 8192^3 about 3 % above both, so stopping at the first flat step read the
+# ceiling 3 % low (and mfu_achievable 3 % high).
+PATIENCE = 2
 MEMORY_SHARE = 0.5  # a shape's operands (and their fp32 sources) may take this much free memory
 BUDGET_S = 8.0  # per dtype, warm-ups included
 MAX_TRIALS = 10
@@ -87,12 +91,19 @@ def linear_flops(device: torch.device, dtype: Dtype, shape: Shape, seconds: floa
 
 
 def measure(
-    device: torch.device, dtype: Dtype, shapes: tuple[Shape, ...], budget_s: float, bar=None
+    device: torch.device,
+    dtype: Dtype,
+    shapes: tuple[Shape, ...],
+    budget_s: float,
+    bar=None,
+    rate=linear_flops,
 ) -> dict:
-    """The cache entry of one dtype: the best rate over `shapes`, and every shape's rate."""
+    """The cache entry of one dtype: the best rate over `shapes`, and every shape's rate.
+    `rate(device, dtype, shape, seconds)` is the FLOP/s of one shape (linear_flops)."""
     started = time.perf_counter()
     by_shape: dict[str, float] = {}
     stopped = "the last shape"
+    flat = 0  # flat steps in a row
     for i, shape in enumerate(shapes):
         if by_shape and not fits(device, shape):
             stopped = f"{shape_name(shape)} does not fit in memory"
@@ -102,12 +113,15 @@ def measure(
             stopped = "the time budget"
             break
         best_so_far = max(by_shape.values(), default=0.0)
-        by_shape[shape_name(shape)] = linear_flops(device, dtype, shape, left / (len(shapes) - i))
+        by_shape[shape_name(shape)] = rate(device, dtype, shape, left / (len(shapes) - i))
         if bar is not None:
             bar.set_postfix(dtype=dtype.value, best_tflops=f"{max(by_shape.values()) / 1e12:.3f}")
             bar.update(1)
-        if len(by_shape) >= 2 and by_shape[shape_name(shape)] < best_so_far * (1 + PLATEAU):
-            stopped = f"a plateau: {shape_name(shape)} was not {PLATEAU:.0%} faster"
+        if len(by_shape) < 2:
+            continue
+        flat = flat + 1 if by_shape[shape_name(shape)] < best_so_far * (1 + PLATEAU) else 0
+        if flat >= PATIENCE:
+            stopped = f"a plateau: {PATIENCE} shapes in a row not {PLATEAU:.0%} faster"
             break
     best = max(by_shape, key=by_shape.get)
     return {
