@@ -42,6 +42,15 @@ class DataKind(enum.Enum):
     text = "text"
 
 
+class Exclusive(enum.Enum):
+    """bench.exclusive: what becomes of a point measured beside other processes
+    (measure/contention.py)."""
+
+    warn = "warn"  # flag it contended and say so
+    fail = "fail"  # fail it (status error), its figures kept
+    off = "off"  # do not look
+
+
 class LoggerMode(enum.Enum):
     auto = "auto"
     online = "online"
@@ -133,7 +142,7 @@ class BenchConfig:
     repeats: int = 1  # measure the point this many times, each in a fresh process
     isolate: bool = True  # measure in a fresh child process
     cold_compile_cache: bool = False  # give this point its own, empty Inductor cache
-    profile: bool = False  # torch.profiler over a window after warmup
+    profile: bool = False  # torch.profiler over profile_steps steps after the measured ones
     profile_steps: int = 3
     diagnose: bool = True  # after the measured steps: why the point is as fast as it is
     diagnose_steps: int = 2  # profiled steps of the diagnosis (after one unrecorded one)
@@ -142,6 +151,7 @@ class BenchConfig:
     max_batch_memory_gib: float | None = None  # the search's memory budget (default: all free)
     rerun: bool = False  # rerun points that already have an ok record
     inject_fault: str | None = None  # TESTING ONLY: oom@N | nan@N | raise@N | kill@N
+    exclusive: Exclusive = Exclusive.warn  # other processes on the device while measuring
 
 
 @dataclass

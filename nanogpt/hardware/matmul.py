@@ -35,10 +35,10 @@ CLOCK = "perf_counter+synchronize, fastest trial"
 Shape = tuple[int, int, int]  # (M, N, K): an (M, K) input times an (N, K) weight
 
 # The searches: ladders of growing shapes, climbed until the rate has stopped rising (by more
-# than PLATEAU) for PATIENCE shapes in a row, the operands no longer fit, or BUDGET_S is spent. On 2 CPU cores a 2048^3 fp32
-# matmul takes ~50 ms. On an H100 bf16 reached 772.7 TFLOP/s at 6144^3 and about 798 at 8192^3
-# (2026-11-23): the plateau lies at 8192 or beyond, so the ladder goes on to 16384^3 while
-# the rate rises.
+# than PLATEAU) for PATIENCE shapes in a row, the operands no longer fit, or BUDGET_S is spent.
+# On 2 CPU cores a 2048^3 fp32 matmul takes ~50 ms. On an H100 bf16 reached 772.7 TFLOP/s at
+# 6144^3 and about 798 at 8192^3 (2026-11-23): the plateau lies at 8192 or beyond, so the
+# ladder goes on to 16384^3 while the rate rises.
 CPU_SHAPES: tuple[Shape, ...] = ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 1024, 4096))
 CUDA_SHAPES: tuple[Shape, ...] = (
     (4096, 4096, 4096),

@@ -31,6 +31,7 @@ from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import classify, describe
 from nanogpt.measure import memory
+from nanogpt.measure.contention import ContentionProbe
 from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
@@ -115,12 +116,18 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
 
     try:
         _warmup(spec, trainer, record, log, bar, emit, warmup)
+        probe.split()  # warmup's peaks apart: mem_peak_* are the measured steps' own
         if history:  # the snapshot keeps what warmup recorded; measured steps run without it
             torch.cuda.memory._record_memory_history(enabled=None)
         record.timing.diagnostics_active = _diagnostics(energy, sinks)
+        contention = ContentionProbe(device, spec.bench.exclusive.value, trainer.world)
+        contention.start()
         energy.start()
         _measured_steps(spec, trainer, record, log, bar, emit)
         record.energy = energy.stop()  # the last window's close synced the device
+        for key, value in contention.stop().items():
+            setattr(record.timing, key, value)
+        contention.enforce()  # bench.exclusive=fail: the point fails, its figures kept
         if bench.profile:  # after the measured steps: the profiler cannot touch them
             _profile(spec, trainer, record, log, out_dir)
     finally:

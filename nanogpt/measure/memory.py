@@ -1,7 +1,9 @@
 """Memory: what the allocator, the driver and the OS saw, and an analytic estimate beside it.
 
 - CUDA caching allocator: peak bytes held by tensors (allocated) and peak bytes the allocator
-  took from the driver (reserved), reset when the probe starts.
+  took from the driver (reserved), over the measured steps: reset when the probe starts and
+  again between warmup and the measured steps (`split`), which keeps warmup's peaks apart
+  (mem_warmup_peak_*: compilation, autotuning and CUDA-graph recording transients).
 - NVML (nvidia-ml-py): device memory in use as the driver sees it, all processes included;
   sampled at each window, the largest sample kept.
 - Process peak RSS (resident host memory). On Linux the kernel's peak (VmHWM) is reset when the
@@ -42,6 +44,7 @@ class MemoryProbe:
         self._nvml_handle, self._nvml_device = nvml_handle(device) if self.cuda else (None, None)
         self._nvml_peak: int | None = None
         self.rss_method = "ru_maxrss"
+        self.warmup: dict[str, int | None] = {}  # warmup's peaks, once split() has run
 
     def start(self) -> None:
         self.rss_method = reset_peak_rss()
@@ -60,9 +63,35 @@ class MemoryProbe:
                 self._nvml_peak = max(used, self._nvml_peak or 0)
         return sample
 
+    def split(self) -> None:
+        """Between warmup and the measured steps: keep warmup's peaks apart (first-step
+        compilation, autotuner clones and benchmark buffers, CUDA-graph recording) and start
+        the peaks again, so that mem_peak_* are the measured steps' own. No empty_cache: the
+        blocks warmup cached stay reserved (the measured steps reuse them), so the reserved
+        peak can still hold warmup's; the allocated peak is the measured steps' tensors."""
+        self.sample()
+        self.warmup = {
+            "mem_warmup_peak_allocated_bytes": None,
+            "mem_warmup_peak_reserved_bytes": None,
+            "mem_warmup_peak_rss_bytes": peak_rss_bytes(self.rss_method),
+        }
+        if self.cuda:
+            self.warmup["mem_warmup_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(
+                self.device
+            )
+            self.warmup["mem_warmup_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(
+                self.device
+            )
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._nvml_peak = None
+        # Only a resettable peak (VmHWM) can be the measured steps' own; ru_maxrss stays the
+        # process's whole life, warmup included (mem_peak_rss_method says which).
+        self.rss_method = reset_peak_rss() if self.rss_method == "vmhwm" else self.rss_method
+
     def result(self) -> dict[str, int | None]:
         self.sample()
         out = {
+            **self.warmup,
             "mem_peak_allocated_bytes": None,
             "mem_peak_reserved_bytes": None,
             "mem_nvml_used_bytes": self._nvml_peak,

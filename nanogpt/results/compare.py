@@ -186,6 +186,7 @@ def _best(
         return f"{title}: no ok point" if title.startswith("fastest within") else None
     best = ranked[0]
     line = f"{title}: {names[best]} ({column} {table[column].iloc[best]:.4g})"
+    line += _contended_note(table, best)
     if len(ranked) == 1:
         return line + "; no runner-up"
     second = ranked[1]
@@ -194,6 +195,17 @@ def _best(
     ratio, low, high, verdict = speedup(table, steps, second, best)
     lead = "significant" if verdict != stats.NOT_SIGNIFICANT else "not significant (~)"
     return line + f"; {ratio:.3g}x the tokens/s of {names[second]} [{low:.3g}-{high:.3g}], {lead}"
+
+
+def _contended_note(table: pd.DataFrame, i: int) -> str:
+    """A point measured beside another process (measure/contention.py) says so."""
+    if "contended" not in table or not _true(table["contended"].iloc[i]):
+        return ""
+    return " [contended: another process used the device while it was measured]"
+
+
+def _true(value) -> bool:
+    return value is not None and not pd.isna(value) and bool(value)
 
 
 def _energy_lead(table: pd.DataFrame, best: int, second: int, name: str) -> str:

@@ -10,6 +10,7 @@ another one, so a resume with one more of them skips the points already recorded
   report.*, cost.*              how the table is built, priced and plotted
   hydra.*                       where the files go, the launcher (not part of the spec at all)
   bench.rerun                   whether to measure again, not what
+  bench.exclusive               what to do when another process shared the device, not what
   data.cache_dir                where the tokenized text is cached
   model.chosen_by               model=auto's explanation, not a setting
 
@@ -33,7 +34,7 @@ MEASURED_GROUPS = ("model", "optimizer", "perf", "data", "bench", "dist", "hardw
 NOT_MEASURED = {
     "model": ("chosen_by",),
     "data": ("cache_dir",),
-    "bench": ("rerun",),
+    "bench": ("rerun", "exclusive"),
     "hardware": ("recalibrate",),
 }
 ALSO_MEASURED = {"logger": ("log_interval",)}

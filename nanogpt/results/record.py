@@ -71,6 +71,8 @@ RESULT_COLUMNS = (
     "steady_note",
     "drift_pct",
     "diagnostics_active",  # a list: what else ran during the measured steps
+    "contended",  # another process used the device in the measured window (bench.exclusive)
+    "contention",
     "clock",
     "compile_s",
     "inductor_cache",
@@ -245,6 +247,13 @@ class Timing:
     drift_ci_low: float | None = None  # its 95 % interval (stats.speedup of the thirds)
     drift_ci_high: float | None = None
     diagnostics_active: list | None = None  # what ran beside the measured steps ([]: nothing)
+    # What else used the device in the measured window (measure/contention.py, bench.exclusive)
+    contended: bool | None = None  # null: not probed (contention says why)
+    contention: str | None = None  # what was seen, in words
+    contention_window_s: float | None = None
+    own_cpu_s: float | None = None  # the point's CPU time in the window (all ranks)
+    others_cpu_s: float | None = None  # CPU: other processes' CPU time in the window
+    others_gpu_processes: list | None = None  # CUDA: pids of other compute processes (NVML)
     scaler_skipped_steps: int | None = None  # fp16: measured steps the GradScaler skipped
     scaler_settled: bool | None = None  # fp16: warmup ended with a step it did not skip
     step_ms_median: float | None = None
@@ -279,6 +288,11 @@ class Memory:
     mem_peak_rss_bytes: int | None = None  # the measuring process
     mem_peak_rss_method: str | None = None  # vmhwm | ru_maxrss
     memory_snapshot: str | None = None  # file name, written on a CUDA OOM when asked
+    # The peaks above are the measured steps' (measure/memory.py, MemoryProbe.split); warmup's,
+    # first-step compilation and autotuning included, apart:
+    mem_warmup_peak_allocated_bytes: int | None = None
+    mem_warmup_peak_reserved_bytes: int | None = None
+    mem_warmup_peak_rss_bytes: int | None = None
 
 
 @dataclass

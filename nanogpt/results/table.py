@@ -181,7 +181,7 @@ def failed_points(table: pd.DataFrame) -> list[str]:
 def printable(table: pd.DataFrame) -> str:
     shown = table[list(PRINTED_COLUMNS)].fillna(float("nan"))  # None prints as "-" too
     shown["speedup"] = [speedup_text(row) for _, row in table.iterrows()]
-    shown["steady"] = [steady_text(row) for _, row in table.iterrows()]
+    shown["steady"] = [steady_text(row) + contended_text(row) for _, row in table.iterrows()]
     for col in ("mem_peak_rss_bytes", "mem_peak_allocated_bytes"):
         shown[col] = shown[col].astype("float64") / 2**20
     shown = shown.rename(
@@ -207,6 +207,12 @@ def steady_text(row: pd.Series) -> str:
     if "third" in note and pd.notna(row["drift_pct"]):
         marks.append(f"drift{row['drift_pct']:+.1f}%")
     return ",".join(marks) or "no"
+
+
+def contended_text(row: pd.Series) -> str:
+    """ ",contended" when another process used the device in the measured window, else ""."""
+    flag = row.get("contended")
+    return ",contended" if flag is not None and not pd.isna(flag) and bool(flag) else ""
 
 
 def speedup_text(row: pd.Series) -> str:
