@@ -1,8 +1,9 @@
 """torch.profiler over a window of steps: a Chrome trace and the top ops by self time.
 
-`bench.profile=true` runs bench.profile_steps extra steps between warmup and the measured steps
-under torch.profiler (PyTorch docs, "PyTorch Profiler" recipe). The profiler adds its own
-overhead, so these steps are logged with phase "profile" and never enter a timing statistic.
+`bench.profile=true` runs bench.profile_steps extra steps after the measured steps, never before
+or among them (Kineto can stay attached and slow the steps that follow it, PyTorch issue
+144455), under torch.profiler (PyTorch docs, "PyTorch Profiler" recipe). The profiler adds its
+own overhead, so these steps are logged with phase "profile" and never enter a timing statistic.
 
 Written: trace.json in the job dir (under torchrun, each rank's own dir), for chrome://tracing
 or ui.perfetto.dev; and in the record `profile_top_ops`, the ops with the most self time on the
