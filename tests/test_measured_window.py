@@ -171,3 +171,23 @@ def test_exclusive_fail_fails_the_point_and_keeps_its_figures(crowded_sweep):
     # exclusive is a policy, not part of what a point measures (results/identity.py): the two
     # are one point, and the table keeps its ok record (a sweep of fail alone exits 1).
     assert proc.returncode == 0
+
+
+def test_a_point_is_contended_when_any_of_its_repeats_was():
+    from nanogpt.results import repeats
+    from nanogpt.results.record import Rates, Record, Setup, Timing
+
+    def measured(contended: bool | None, text: str) -> Record:
+        timing = Timing(step_ms_measured=[[10.0, 11.0, 12.0]], measured_steps=3)
+        timing.step_ms_median, timing.contended, timing.contention = 11.0, contended, text
+        rates = Rates(peak_source="unknown")
+        setup = Setup(
+            world_size=1, tokens_per_step=64, flops_per_token=1000, flops_per_token_hw=1000
+        )
+        return Record(setup=setup, timing=timing, rates=rates)
+
+    quiet = repeats.pool([measured(False, "calm"), measured(False, "calm")], False, False, "fp32")
+    assert quiet.timing.contended is False
+    mixed = [measured(False, "calm"), measured(True, "busy")]
+    pooled = repeats.pool(mixed, False, False, "fp32")
+    assert pooled.timing.contended is True and pooled.timing.contention == "repeat 2 of 2: busy"

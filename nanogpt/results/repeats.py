@@ -5,7 +5,8 @@ at. Repeats show it. The pooled record keeps each repeat's median (step_ms_media
 and its measured steps (step_ms_measured, a list per repeat); its step time is the median of
 the repeats' medians, with a hierarchical bootstrap interval (results/stats.py), and every
 derived figure is recomputed from it by results/derive.py. Peaks of memory are the largest of
-any repeat; energy is summed over all measured steps. The rest (the model's figures, the first
+any repeat; energy is summed over all measured steps; a point is `contended` if any repeat
+was. The rest (the model's figures, the first
 step, the profile, the diagnosis) is the first repeat's. steps.csv keeps every repeat's rows,
 numbered.
 """
@@ -31,6 +32,7 @@ def pool(records: list[Record], compiled: bool, checkpointing: bool, dtype: str)
     timing.step_ms_ci_low, timing.step_ms_ci_high = stats.median_ci(series)
     timing.measured_steps = sum(r.timing.measured_steps or 0 for r in records)
     timing.loss_last = records[-1].timing.loss_last
+    _any_contended(timing, records)
     pooled.timing = timing
     pooled.memory = _largest_peaks(records)
     pooled.energy = _summed_energy(records)
@@ -54,11 +56,29 @@ def pool(records: list[Record], compiled: bool, checkpointing: bool, dtype: str)
 
 def _largest_peaks(records: list[Record]):
     memory = dataclasses.replace(records[0].memory)
-    for field in ("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_nvml_used_bytes"):
+    for field in (
+        "mem_peak_allocated_bytes",
+        "mem_peak_reserved_bytes",
+        "mem_nvml_used_bytes",
+        "mem_warmup_peak_allocated_bytes",
+        "mem_warmup_peak_reserved_bytes",
+        "mem_warmup_peak_rss_bytes",
+    ):
         values = [getattr(r.memory, field) for r in records if getattr(r.memory, field)]
         setattr(memory, field, max(values) if values else None)
     memory.mem_peak_rss_bytes = max(r.memory.mem_peak_rss_bytes or 0 for r in records) or None
     return memory
+
+
+def _any_contended(timing, records: list[Record]) -> None:
+    """Contended when any repeat shared the device (measure/contention.py); what each saw."""
+    seen = [
+        f"repeat {i + 1} of {len(records)}: {r.timing.contention}"
+        for i, r in enumerate(records)
+        if r.timing.contended
+    ]
+    if seen:
+        timing.contended, timing.contention = True, "; ".join(seen)
 
 
 def _summed_energy(records: list[Record]):
