@@ -235,9 +235,11 @@ def test_fp16_warmup_ends_on_a_settled_scale_and_counts_measured_skips(single):
 
 
 def test_calibration_stops_climbing_at_a_plateau():
-    shapes = ((256, 256, 256), (4, 4, 4), (512, 512, 512))  # a tiny matmul is far slower
+    # Tiny matmuls are far slower: two of them in a row are a plateau (matmul.PATIENCE), and
+    # the shape after them is never timed.
+    shapes = ((256, 256, 256), (4, 4, 4), (8, 8, 8), (512, 512, 512))
     entry = matmul.measure(CPU, Dtype.fp32, shapes, budget_s=2.0)
-    assert list(entry["by_shape_tflops"]) == ["256x256x256", "4x4x4"]
+    assert list(entry["by_shape_tflops"]) == ["256x256x256", "4x4x4", "8x8x8"]
     assert entry["stopped_at"].startswith("a plateau") and entry["shape"] == "256x256x256"
 
 
