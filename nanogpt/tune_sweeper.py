@@ -64,11 +64,11 @@ def merged(*lists: list[str]) -> list[str]:
 
 
 def as_overrides(settings: Any) -> list[str]:
-    """A {key: value} mapping of the sweeper's config as override strings."""
+    """The sweeper's list of overrides (a DictConfig list from Hydra) as plain strings."""
     if not settings:
         return []
-    plain = OmegaConf.to_container(settings) if isinstance(settings, DictConfig) else settings
-    return [f"{k}={v}" for k, v in plain.items()]
+    plain = OmegaConf.to_container(settings) if not isinstance(settings, list) else settings
+    return [str(o) for o in plain]
 
 
 class JobNumbers:
@@ -112,7 +112,7 @@ class Search:
         self.finalists = finalists
         self.repeats = repeats
         self.memory_margin = memory_margin
-        self.baseline = list(baseline or [])
+        self.baseline = as_overrides(baseline)
         self.quality = dict(quality or {})
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
@@ -372,10 +372,11 @@ class Search:
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
         refused = {}
         for entry in repeated:
-            peak = entry.record.get("peak_memory_gib")
-            peak_bytes = None if peak is None else int(peak * fit.GIB)
-            if not fit.within_margin(peak_bytes, self.budget, self.memory_margin):
-                refused[entry.key] = f"peak leaves less than {self.memory_margin:.0%} of the budget"
+            used = objectives.footprint_bytes(entry.record)
+            if not fit.within_margin(used, self.budget, self.memory_margin):
+                refused[entry.key] = (
+                    f"leaves less than {self.memory_margin:.0%} of the memory budget free"
+                )
             verdict = (guard.get("verdicts") or {}).get(entry.key)
             if verdict and verdict.get("flagged"):
                 refused[entry.key] = "trains differently from the baseline (quality guard)"

@@ -110,8 +110,12 @@ THREADS = [
 
 @pytest.mark.slow
 def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
-    def sweep(name: str, threads: str):
-        args = ["-m", *with_micro(THREADS), f"hydra.sweep.dir={tmp_path / name}"]
+    def sweep(name: str, threads: str, repeats: int = 2):
+        args = [
+            "-m",
+            *with_micro([*THREADS, f"bench.repeats={repeats}"]),
+            f"hydra.sweep.dir={tmp_path / name}",
+        ]
         proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": threads})
         assert proc.returncode == 0, proc.stderr[-2000:]
         return tmp_path / name
@@ -140,6 +144,19 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
     )
     assert speedup.returncode == 0, speedup.stdout + speedup.stderr
     assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout
+    # measured in one process each: the gate says it cannot judge (not passed, not failed)
+    once = sweep("once", "1", repeats=1)
+    no_verdict = run_cli(
+        str(once),
+        "--compare",
+        str(two),
+        "--fail-if-slower",
+        "10",
+        cwd=tmp_path,
+        module="nanogpt.report",
+    )
+    assert no_verdict.returncode == 3, no_verdict.stdout + no_verdict.stderr
+    assert "no verdict" in no_verdict.stderr and "bench.repeats=" in no_verdict.stderr
 
 
 def test_repeats_are_measured_apart_and_pooled(single):

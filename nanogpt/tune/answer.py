@@ -77,7 +77,7 @@ def markdown(s: dict) -> str:
         f" Space: {', '.join(f'`{k}` {v or INTERVAL}' for k, v in s['space'].items())}"
         f" (full grid: {s['grid_size'] or 'continuous'} points). Fixed: "
         f"`{' '.join(s['fixed']) or 'nothing'}`. Memory budget: "
-        f"{_fmt((s['budget']['bytes'] or 0) / 2**30, '.2f')} GiB ({s['budget']['source']}), "
+        f"{_fmt((s['budget']['bytes'] or 0) / 2**30, '.3g')} GiB ({s['budget']['source']}), "
         f"margin {s['memory_margin']:.0%}.",
         "",
     ]

@@ -86,14 +86,15 @@ def misfit(estimate: int, budget: Budget) -> str | None:
     if budget.bytes is None or estimate <= budget.bytes:
         return None
     return (
-        f"estimated {estimate / GIB:.2f} GiB > budget {budget.bytes / GIB:.2f} GiB "
+        f"estimated {estimate / GIB:.3g} GiB > budget {budget.bytes / GIB:.3g} GiB "
         f"({budget.source})"
     )
 
 
-def within_margin(peak_bytes: int | None, budget: Budget, margin: float) -> bool:
-    """Whether a measured peak leaves `margin` (a fraction) of the budget free: the winner must,
-    so that a batch that only just fitted is never recommended."""
-    if peak_bytes is None or budget.bytes is None:
+def within_margin(used_bytes: int | None, budget: Budget, margin: float) -> bool:
+    """Whether a point's footprint (tune/objectives.footprint_bytes) leaves `margin` (a
+    fraction) of the budget free: the winner must, so that a batch that only just fitted is
+    never recommended."""
+    if used_bytes is None or budget.bytes is None:
         return True
-    return peak_bytes <= (1 - margin) * budget.bytes
+    return used_bytes <= (1 - margin) * budget.bytes

@@ -21,6 +21,7 @@ RECORD_FIELDS = {
     "j_per_token": "j_per_token",
     "peak_cuda": "mem_peak_allocated_bytes",
     "peak_rss": "mem_peak_rss_bytes",
+    "estimate": "mem_estimate_bytes",
     "bottleneck": "bottleneck",
     "hint": "bottleneck_hint",
     "point_id": "point_id",
@@ -48,6 +49,14 @@ def peak_memory_gib(record: dict) -> float | None:
     if peak is None:
         peak = field(record, "peak_rss")
     return None if peak is None else peak / GIB
+
+
+def footprint_bytes(record: dict) -> int | None:
+    """What the point's training takes, to hold against a memory budget: the CUDA allocator's
+    peak where there is one, else the analytic estimate (a CPU process's RSS also holds the
+    interpreter and torch, which no batch size changes)."""
+    peak = field(record, "peak_cuda")
+    return peak if peak is not None else field(record, "estimate")
 
 
 def value(
