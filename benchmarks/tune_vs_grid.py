@@ -50,7 +50,7 @@ SPACE = {  # 4 x 3 x 2 x 2 = 48 points
     "perf.loss": ["full", "chunked"],
     "optimizer.impl": ["for_loop", "foreach"],
 }
-SEARCH = [
+SEARCH = [  # 8 probes, then the 2 best measured again in 2 fresh processes each
     "hydra.sweeper.n_trials=8",
     "hydra.sweeper.leaders=2",
     "hydra.sweeper.finalists=2",

@@ -13,7 +13,7 @@ tokens/s old and new, the change with its 95 % interval and a verdict ("~": not 
 --fail-if-slower PCT exits 1 when any point is significantly slower by more than PCT %: a
 performance gate for a training repository's CI. Its verdict rests on the noise between
 processes: a point either sweep measured in one process only (bench.repeats < 2) gives no verdict
-(exit 3, naming the fix).
+(exit 5, naming the fix).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ SAVED_CONFIGS = ("multirun.yaml", ".hydra/config.yaml", "*/.hydra/config.yaml")
 # compare_significance.py), which one process's steps cannot show.
 MIN_REPEATS = 3
 GATE_REPEATS = 2  # --fail-if-slower gives a verdict only on points measured in 2+ processes
-NO_VERDICT_EXIT = 3  # --fail-if-slower could not judge: neither passed (0) nor failed (1)
+NO_VERDICT_EXIT = 5  # --fail-if-slower could not judge: neither passed (0) nor failed (1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ only); the search itself is here, and its plain logic in nanogpt/tune/ (docs/tun
                 memory estimated (tune/fit.py: one that cannot fit is pruned before it runs),
                 then measured over a short window (hydra.sweeper.probe). An `oom` or failed
                 candidate is told to Optuna as infeasible (a constraint), never a failed search.
-  2. full       the `leaders` best probes, measured with the configured protocol
+  2. full       the `leaders` best probes, measured with the configured protocol (left out
+                when every leader is a finalist)
   3. repeats    the `finalists` best of those, in `repeats` fresh processes, pooled
   4. quality    with real data: each finalist's loss against the baseline's (tune/quality.py)
   5. answer     best.yaml, tune.md, tune.json and a plot in the sweep dir (tune/answer.py)
@@ -166,8 +167,11 @@ class Search:
                 f"{self.sweep_dir / answer.TUNE_MD}",
             )
         leaders = ladder.climbers(probes, self.directions, self.leaders)
-        full = [self._measure(e.overrides, "full", []) for e in leaders]
-        finalists = ladder.climbers(full, self.directions, self.finalists)
+        if self.finalists < len(leaders):
+            full = [self._measure(e.overrides, "full", []) for e in leaders]
+            finalists = ladder.climbers(full, self.directions, self.finalists)
+        else:  # every leader is a finalist: one process each would decide nothing
+            full, finalists = [], leaders
         repeated = [
             self._measure(e.overrides, "repeats", [f"bench.repeats={self.repeats}"])
             for e in finalists
@@ -323,7 +327,7 @@ class Search:
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
         """Each finalist's loss against the baseline's over the same seeded tokens."""
-        kind = str(self.config.data.kind)
+        kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
         if kind not in quality.REAL_DATA:
             return {"checked": False, "note": quality.NOT_CHECKED}
         q = self.quality

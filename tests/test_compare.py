@@ -155,7 +155,7 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
         cwd=tmp_path,
         module="nanogpt.report",
     )
-    assert no_verdict.returncode == 3, no_verdict.stdout + no_verdict.stderr
+    assert no_verdict.returncode == 5, no_verdict.stdout + no_verdict.stderr
     assert "no verdict" in no_verdict.stderr and "bench.repeats=" in no_verdict.stderr
 
 

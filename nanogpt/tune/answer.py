@@ -124,7 +124,13 @@ def markdown(s: dict) -> str:
         )
     lines += ["", "## Leaders (the configured protocol, one process each)", ""]
     for e in s["full"]:
-        lines.append(f"- `{e['key']}`: {_outcome(e)}")
+        verdict = e["record"].get("bottleneck")
+        lines.append(
+            f"- `{e['key']}`: {_outcome(e)}"
+            + (f"; {verdict}: {e['record'].get('hint') or ''}" if verdict else "")
+        )
+    if not s["full"]:
+        lines.append("- left out: every leader was a finalist")
     lines += ["", "## Every candidate (probe: a short window)", ""]
     lines += ["| trial | candidate | outcome |", "|---|---|---|"]
     for e in sorted(s["probes"], key=lambda e: e["trial"] if e["trial"] is not None else -1):
