@@ -230,6 +230,15 @@ def test_bad_input_is_one_line_before_anything_runs(sweep, tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith("error: hydra.sweeper.params:")
     assert not list(sweep_dir.rglob("result.json"))
+    # nothing fits: every trial recorded (study, tune.md), one line naming the key, non-zero
+    proc, sweep_dir = sweep(TUNE, "perf.batch_size=choice(1,2)", "bench.max_batch_memory_gib=1e-6")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: hydra.sweeper.params: no candidate of 2 fits"), proc.stderr
+    trials = _study(sweep_dir).get_trials()
+    assert {t.params["perf.batch_size"] for t in trials} == {"1", "2"}
+    assert all(t.constraints == {"fits": 1.0} for t in trials)
+    assert "pruned before running" in (sweep_dir / "tune.md").read_text()
     proc, _ = sweep(TUNE, "perf.batch_size=choice(1,2)", "tune.objective=[speed]")
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()
