@@ -116,7 +116,7 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
             *with_micro([*THREADS, f"bench.repeats={repeats}"]),
             f"hydra.sweep.dir={tmp_path / name}",
         ]
-        proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": threads})
+        proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": threads}, timeout=900)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return tmp_path / name
 
