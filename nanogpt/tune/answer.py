@@ -112,8 +112,8 @@ def markdown(s: dict) -> str:
             f"| {rank} | `{e['key']}` | "
             + " | ".join(_fmt(x, ",.4g") for x in e["values"])
             + f" | {_interval(rec)} | {rec.get('repeats') or 1} | "
-            f"{_fmt(rec.get('peak_memory_gib'), '.2f')} | {rec.get('bottleneck') or '-'}: "
-            f"{rec.get('hint') or ''} | {q} | {'no: ' + refused if refused else 'yes'} |"
+            f"{_fmt(rec.get('peak_memory_gib'), '.2f')} | {_bottleneck(rec)} | {q} | "
+            f"{'no: ' + refused if refused else 'yes'} |"
         )
     lines += ["", f"Quality: {quality.get('note') or 'checked'}"]
     if quality.get("checked"):
@@ -139,6 +139,11 @@ def markdown(s: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _bottleneck(rec: dict) -> str:
+    verdict = rec.get("bottleneck")
+    return f"{verdict}: {rec.get('hint') or ''}" if verdict else "- (no diagnosis)"
+
+
 def _outcome(e: dict) -> str:
     if e["values"] is not None and not e["reason"]:
         return ", ".join(_fmt(v, ",.4g") for v in e["values"])
@@ -152,10 +157,14 @@ def cost_lines(s: dict) -> list[str]:
     spent = {r: sum(e["record"].get("wall_s") or 0 for e in es) for r, es in rungs.items()}
     ran = sum(1 for e in s["probes"] if e["record"])
     pruned = sum(1 for e in s["probes"] if not e["record"])
-    full_walls = [e["record"]["wall_s"] for e in s["full"] if e["record"].get("wall_s")]
+    full_walls = [e["record"]["wall_s"] for e in s["full"] if e["record"].get("wall_s")] or [
+        e["record"]["wall_s"] / (e["record"].get("repeats") or 1)  # a finalist's one process
+        for e in s["repeats"]
+        if e["record"].get("wall_s")
+    ]
     lines = [
-        f"- candidates probed: {ran}; pruned before running: {pruned}; leaders: "
-        f"{len(s['full'])}; finalists: {len(s['repeats'])}",
+        f"- candidates probed: {ran}; pruned before running: {pruned}; leaders measured once "
+        f"with the full protocol: {len(s['full'])}; finalists: {len(s['repeats'])}",
         f"- points' wall time: probe {spent['probes']:.0f} s, full {spent['full']:.0f} s, "
         f"repeats {spent['repeats']:.0f} s; the search's own wall time {s['search_wall_s']:.0f} s",
     ]
@@ -165,7 +174,8 @@ def cost_lines(s: dict) -> list[str]:
         total = sum(spent.values())
         lines.append(
             f"- the full grid, estimated: {s['grid_size']} points x {per_point:.1f} s (a leader's "
-            f"mean wall time) = {grid:.0f} s; the search's points took {total / grid:.2f}x that "
+            f"mean wall time a process) = {grid:.0f} s; the search's points took "
+            f"{total / grid:.2f}x that "
             "(benchmarks/tune_vs_grid.py measures both)"
         )
     return lines
