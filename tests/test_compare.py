@@ -193,3 +193,17 @@ def test_the_recommendation_names_the_best_points_and_their_leads(sweep):
     assert any(line.startswith("fastest within 64 GiB: ") for line in lines)
     assert any(line.startswith(f"cheapest: perf.batch_size={batch} ") for line in lines)
     assert any("significant" in line for line in lines)
+
+
+def test_the_gate_names_points_measured_in_one_process_only():
+    """--fail-if-slower's verdict needs the noise between processes: a compared point that
+    either sweep measured once is named (report._measured_once); a point in one sweep only is
+    not compared, so not named."""
+    from nanogpt.report import _measured_once
+
+    figures = {"status": ["ok"] * 3, "tokens_per_s": [1.0] * 3, "tokens_per_step": [8] * 3}
+    old = pd.DataFrame({"overrides": ["a=1 b=2", "a=2", "a=3"], "repeats": [3, 1, None]})
+    new = pd.DataFrame({"overrides": ["b=2 a=1", "a=2", "a=4"], "repeats": [2, 3, 3]})
+    old, new = old.assign(**figures), new.assign(**figures)
+    comparison = compare.compare_sweeps(old, [[], [], []], new, [[], [], []])
+    assert _measured_once(comparison, old, new) == ["a=2"]
