@@ -295,13 +295,13 @@ class Search:
         entry = ladder.Entry(
             key=_key(params), overrides=params, rung=rung, trial=trial, record=record
         )
-        status = objectives.field(record, "status")
+        status = record.get("status")
         if status == "oom":
             entry.reason = "oom: ran out of memory"
         elif status != "ok":
-            entry.reason = f"{status}: {objectives.field(record, 'error') or 'no record'}"
+            entry.reason = f"{status}: {record.get('error') or 'no record'}"
         else:
-            found = objectives.values(record, self.names, **self.prices)
+            found = record["objectives"]
             if any(v is None for v in found):
                 missing = [n for n, v in zip(self.names, found, strict=True) if v is None]
                 entry.reason = f"no figure for {', '.join(missing)}"
@@ -317,7 +317,10 @@ class Search:
         record = store.read_result(job_dir / store.RESULT_FILE) or {}
         if ret.status != JobStatus.COMPLETED and not record:
             record = {"status": "error", "error": str(ret._return_value)}
+        # the figures the search keeps, by its own names (objectives.RECORD_FIELDS)
         slim = {name: objectives.field(record, name) for name in objectives.RECORD_FIELDS}
+        slim["objectives"] = objectives.values(record, self.names, **self.prices)
+        slim["footprint_bytes"] = objectives.footprint_bytes(record)
         slim["peak_memory_gib"] = objectives.peak_memory_gib(record)
         slim["wall_s"] = record.get("wall_s")
         slim["job_dir"] = str(job_dir)
@@ -376,7 +379,7 @@ class Search:
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
         refused = {}
         for entry in repeated:
-            used = objectives.footprint_bytes(entry.record)
+            used = entry.record.get("footprint_bytes")
             if not fit.within_margin(used, self.budget, self.memory_margin):
                 refused[entry.key] = (
                     f"leaves less than {self.memory_margin:.0%} of the memory budget free"
