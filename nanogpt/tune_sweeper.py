@@ -38,52 +38,18 @@ from hydra.core.utils import JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from nanogpt import tune_space
 from nanogpt.app import to_spec
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT
-from nanogpt.files import read_json, write_json
 from nanogpt.results import store
 from nanogpt.tune import answer, fit, ladder, objectives, quality
+from nanogpt.tune.jobs import JobNumbers
+from nanogpt.tune_space import as_overrides, key_of, merged
 
 log = logging.getLogger(__name__)
 STUDY_FILE = "study.journal"
-JOBS_FILE = "tune_jobs.json"  # candidate and rung -> job number: a resumed job reuses its dir
 STUDY_NAME = "tune"
-
-
-def _key(overrides: list[str]) -> str:
-    return " ".join(sorted(overrides))
-
-
-def merged(*lists: list[str]) -> list[str]:
-    """Overrides with each key once, the last list's value winning (Hydra refuses a key twice)."""
-    out: dict[str, str] = {}
-    for overrides in lists:
-        for override in overrides:
-            out[override.split("=", 1)[0].lstrip("+~")] = override
-    return list(out.values())
-
-
-def as_overrides(settings: Any) -> list[str]:
-    """The sweeper's list of overrides (a DictConfig list from Hydra) as plain strings."""
-    if not settings:
-        return []
-    plain = OmegaConf.to_container(settings) if not isinstance(settings, list) else settings
-    return [str(o) for o in plain]
-
-
-class JobNumbers:
-    """A job dir per candidate and rung, kept across resumes (SWEEP_DIR/tune_jobs.json)."""
-
-    def __init__(self, sweep_dir: Path):
-        self.path = sweep_dir / JOBS_FILE
-        self.numbers: dict[str, int] = read_json(self.path) or {}
-
-    def of(self, key: str) -> int:
-        if key not in self.numbers:
-            self.numbers[key] = max(self.numbers.values(), default=-1) + 1
-            write_json(self.path, self.numbers)
-        return self.numbers[key]
 
 
 class Search:
@@ -139,7 +105,8 @@ class Search:
         cfg = self.config
         self.started = time.time()
         self.sweep_dir = Path(cfg.hydra.sweep.dir)
-        fixed, dims, distributions = self._space(arguments)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        fixed, dims, distributions = tune_space.parse(parser, self.params, arguments)
         self.fixed = fixed
         names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
         self.names = names
@@ -181,41 +148,6 @@ class Search:
         return self.returns
 
     # ----------------------------------------------------------------------------------------
-    def _space(self, arguments: list[str]):
-        """Fixed overrides, the dimensions (values, or None for an interval) and Optuna's
-        distributions, from hydra.sweeper.params then the command line (a later key wins)."""
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        texts = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
-        parsed = {o.get_key_element(): o for o in parser.parse_overrides(texts)}
-        fixed, dims, distributions = [], {}, {}
-        for key, override in parsed.items():
-            if not override.is_sweep_override():
-                fixed.append(f"{key}={override.get_value_element_as_str()}")
-            elif override.is_discrete_sweep():
-                values = list(override.sweep_string_iterator())
-                dims[key] = values
-                distributions[key] = optuna.distributions.CategoricalDistribution(values)
-            else:
-                interval = override.value()
-                low, high = interval.start, interval.end
-                log_scale = "log" in interval.tags
-                dims[key] = None
-                if "int" in interval.tags:
-                    distributions[key] = optuna.distributions.IntDistribution(
-                        int(low), int(high), log=log_scale
-                    )
-                else:
-                    distributions[key] = optuna.distributions.FloatDistribution(
-                        float(low), float(high), log=log_scale
-                    )
-        if not distributions:
-            raise ConfigError(
-                "hydra.sweeper.params",
-                "the space is empty: nothing to search",
-                "give at least one dimension, e.g. 'perf.batch_size=choice(4,8,16)' or +sweep=tune",
-            )
-        return fixed, dims, distributions
-
     def _study(self) -> optuna.Study:
         storage = optuna.storages.JournalStorage(
             optuna.storages.journal.JournalFileBackend(str(self.sweep_dir / STUDY_FILE))
@@ -243,7 +175,7 @@ class Search:
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             overrides = [f"{k}={v}" for k, v in trial.params.items()]
             if "entry" in trial.user_attrs:
-                entries.setdefault(_key(overrides), ladder.Entry(**trial.user_attrs["entry"]))
+                entries.setdefault(key_of(overrides), ladder.Entry(**trial.user_attrs["entry"]))
         ran = sum(1 for e in entries.values() if e.record)
         asks = 0
         while ran < wanted and asks < 20 * max(wanted, 1) + len(entries):
@@ -253,8 +185,8 @@ class Search:
             asks += 1
             trial = study.ask(distributions)
             overrides = [f"{k}={v}" for k, v in trial.params.items()]
-            entry = entries.get(_key(overrides)) or self._probe(overrides, trial.number)
-            entries[_key(overrides)] = entry
+            entry = entries.get(key_of(overrides)) or self._probe(overrides, trial.number)
+            entries[key_of(overrides)] = entry
             ran = sum(1 for e in entries.values() if e.record)
             trial.set_constraint("fits", 0.0 if entry.feasible else 1.0)
             trial.set_user_attr("entry", entry.__dict__)
@@ -268,7 +200,7 @@ class Search:
     def _probe(self, params: list[str], number: int) -> ladder.Entry:
         """One candidate's probe: composed, validated, estimated; measured if it may fit."""
         overrides = merged(self.fixed, params)
-        entry = ladder.Entry(key=_key(params), overrides=params, rung="probe", trial=number)
+        entry = ladder.Entry(key=key_of(params), overrides=params, rung="probe", trial=number)
         try:
             spec = self._spec(merged(overrides, self.probe))
         except ConfigError as err:
@@ -291,9 +223,9 @@ class Search:
     ) -> ladder.Entry:
         """Run one point (the runner skips one already recorded ok) and read its record."""
         overrides = merged(self.fixed, params, extra)
-        record = self._launch(overrides, f"{rung} {_key(params)}")
+        record = self._launch(overrides, f"{rung} {key_of(params)}")
         entry = ladder.Entry(
-            key=_key(params), overrides=params, rung=rung, trial=trial, record=record
+            key=key_of(params), overrides=params, rung=rung, trial=trial, record=record
         )
         status = record.get("status")
         if status == "oom":
@@ -351,7 +283,7 @@ class Search:
         def loss(params: list[str], seed: int) -> float | None:
             rec = self._launch(
                 merged(self.fixed, params, protocol, [f"bench.seed={seed}"]),
-                f"quality seed={seed} {_key(params)}",
+                f"quality seed={seed} {key_of(params)}",
             )
             if rec.get("status") != "ok":
                 return None
@@ -377,33 +309,18 @@ class Search:
         }
 
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
-        refused = {}
-        for entry in repeated:
-            used = entry.record.get("footprint_bytes")
-            if not fit.within_margin(used, self.budget, self.memory_margin):
-                refused[entry.key] = (
-                    f"leaves less than {self.memory_margin:.0%} of the memory budget free"
-                )
-            verdict = (guard.get("verdicts") or {}).get(entry.key)
-            if verdict and verdict.get("flagged"):
-                refused[entry.key] = "trains differently from the baseline (quality guard)"
-        best = ladder.winner(repeated, self.directions, refused)
-        grid = ladder.grid_size(dims)
-        return {
-            "objectives": self.names,
-            "directions": self.directions,
-            "space": {k: v for k, v in dims.items()},
-            "fixed": self.fixed,
-            "grid_size": grid,
-            "budget": {"bytes": self.budget.bytes, "source": self.budget.source},
-            "memory_margin": self.memory_margin,
-            "probes": [e.__dict__ for e in probes],
-            "full": [e.__dict__ for e in full],
-            "repeats": [e.__dict__ for e in repeated],
-            "refused": refused,
-            "quality": guard,
-            "best": best.__dict__ if best else None,
-            "search_wall_s": time.time() - self.started,
-            "n_trials": self.n_trials,
-            "time_limit_s": self.time_limit_s,
-        }
+        return answer.summarize(
+            probes=probes,
+            full=full,
+            repeated=repeated,
+            guard=guard,
+            dims=dims,
+            names=self.names,
+            directions=self.directions,
+            fixed=self.fixed,
+            budget=self.budget,
+            margin=self.memory_margin,
+            search_wall_s=time.time() - self.started,
+            n_trials=self.n_trials,
+            time_limit_s=self.time_limit_s,
+        )

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from nanogpt.files import write_atomic
+from nanogpt.tune import fit, ladder
 from nanogpt.tune.ladder import pareto_front
 
 BEST_YAML = "best.yaml"
@@ -34,6 +35,49 @@ def best_overrides(best: dict) -> list[str]:
     if accum is not None and not any(o.startswith("perf.grad_accum=") for o in out):
         out.append(f"perf.grad_accum={accum}")
     return out
+
+
+def summarize(
+    *,
+    probes: list,
+    full: list,
+    repeated: list,
+    guard: dict,
+    dims: dict,
+    names: list[str],
+    directions: list[str],
+    fixed: list[str],
+    budget: fit.Budget,
+    margin: float,
+    **settings,
+) -> dict:
+    """The search's answer as data (tune.json): every rung, what was refused and why, and the
+    winner: the best finalist that leaves the memory margin free and that the quality guard
+    does not flag."""
+    refused = {}
+    for entry in repeated:
+        if not fit.within_margin(entry.record.get("footprint_bytes"), budget, margin):
+            refused[entry.key] = f"leaves less than {margin:.0%} of the memory budget free"
+        verdict = (guard.get("verdicts") or {}).get(entry.key)
+        if verdict and verdict.get("flagged"):
+            refused[entry.key] = "trains differently from the baseline (quality guard)"
+    best = ladder.winner(repeated, directions, refused)
+    return {
+        "objectives": names,
+        "directions": directions,
+        "space": dict(dims),
+        "fixed": fixed,
+        "grid_size": ladder.grid_size(dims),
+        "budget": {"bytes": budget.bytes, "source": budget.source},
+        "memory_margin": margin,
+        "probes": [e.__dict__ for e in probes],
+        "full": [e.__dict__ for e in full],
+        "repeats": [e.__dict__ for e in repeated],
+        "refused": refused,
+        "quality": guard,
+        "best": best.__dict__ if best else None,
+        **settings,
+    }
 
 
 def write(sweep_dir: Path, summary: dict) -> None:
