@@ -12,7 +12,9 @@ data_packages = [
     for sub in ["", *find_namespace_packages(folder)]
 ]
 
+TUNE_PLUGIN = ["hydra_plugins.nanogpt_tune"]  # hydra/sweeper=tune (no hydra_plugins/__init__.py)
+
 setup(
-    packages=[*find_packages(include=["nanogpt", "nanogpt.*"]), *data_packages],
+    packages=[*find_packages(include=["nanogpt", "nanogpt.*"]), *data_packages, *TUNE_PLUGIN],
     package_dir=DATA,
 )

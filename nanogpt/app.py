@@ -8,6 +8,7 @@ Hydra is known here and in the entry points (run, calibrate, report, callbacks) 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -77,9 +78,29 @@ OmegaConf.register_new_resolver(
 def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
     """The plain, validated spec of a composed config (raises ConfigError). here=False: it runs
     on another machine, so this one's devices are not asked (validate.check)."""
-    spec = OmegaConf.to_object(cfg)
+    spec = fixed_global_batch(OmegaConf.to_object(cfg))
     check(spec, here)
     return spec
+
+
+def fixed_global_batch(spec: RunSpec) -> RunSpec:
+    """With tune.tokens_per_step=N, perf.grad_accum is what makes N tokens per optimizer step
+    at this micro-batch (x model.block_size x dist.nproc); a micro-batch that does not divide N
+    is refused, naming the key."""
+    n = spec.tune.tokens_per_step
+    if n is None:
+        return spec
+    per_micro = spec.perf.batch_size * spec.model.block_size * spec.dist.nproc
+    if n <= 0 or n % per_micro:
+        raise ConfigError(
+            "tune.tokens_per_step",
+            f"is {n}, not a positive multiple of perf.batch_size x model.block_size x "
+            f"dist.nproc = {spec.perf.batch_size} x {spec.model.block_size} x "
+            f"{spec.dist.nproc} = {per_micro}",
+            f"use a multiple of {per_micro}, or another perf.batch_size",
+        )
+    perf = dataclasses.replace(spec.perf, grad_accum=n // per_micro)
+    return dataclasses.replace(spec, perf=perf)
 
 
 def check_points(points: list[list[str]], baseline: str | None, here: bool) -> None:

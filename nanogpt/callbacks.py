@@ -23,7 +23,7 @@ from nanogpt.app import check_points
 from nanogpt.configs import runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
-from nanogpt.launch.job import skipped_since
+from nanogpt.launch.job import point_status, skipped_since
 from nanogpt.reporters import wandb_sink, wandb_view
 from nanogpt.results import table as sweep_table
 
@@ -47,7 +47,8 @@ class SweepReport(Callback):
         point's status code (faults.EXIT_CODES), never 0 for a point that is not ok."""
         if job_return.status != JobStatus.COMPLETED:
             return
-        status = job_return.return_value
+        # run.main returns the objective (for Hydra's sweepers); the status is the record's
+        status = point_status(Path(config.hydra.runtime.output_dir))
         point = " ".join(job_return.overrides or []) or "defaults"
         multirun = config.hydra.mode == RunMode.MULTIRUN
         if status == "interrupted" and multirun:

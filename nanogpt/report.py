@@ -11,7 +11,9 @@ a flag given here wins (`--baseline ''`: the baseline rule, whatever the sweep w
 With --compare, sets the sweep against an earlier one, point by point (results/compare.py):
 tokens/s old and new, the change with its 95 % interval and a verdict ("~": not significant).
 --fail-if-slower PCT exits 1 when any point is significantly slower by more than PCT %: a
-performance gate for a training repository's CI.
+performance gate for a training repository's CI. Its verdict rests on the noise between
+processes: a point either sweep measured in one process only (bench.repeats < 2) gives no verdict
+(exit 5, naming the fix).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ SAVED_CONFIGS = ("multirun.yaml", ".hydra/config.yaml", "*/.hydra/config.yaml")
 # VM, the same point in two single-repeat sweeps differed by up to 21 % (benchmarks/
 # compare_significance.py), which one process's steps cannot show.
 MIN_REPEATS = 3
+GATE_REPEATS = 2  # --fail-if-slower gives a verdict only on points measured in 2+ processes
+NO_VERDICT_EXIT = 5  # --fail-if-slower could not judge: neither passed (0) nor failed (1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +152,17 @@ def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: boo
         )
     if fail_pct is None:
         return 0
+    once = _measured_once(comparison, old, new)
+    if once:
+        # One process's interval misses the noise between processes (an A/A comparison of two
+        # identical sweeps measured once read a point 25 % slower, "significant"): no verdict.
+        print(
+            f"error: --fail-if-slower: no verdict: {len(once)} compared point(s) were measured "
+            f"in fewer than {GATE_REPEATS} processes (e.g. {once[0]}); rerun both sweeps with "
+            f"bench.repeats={MIN_REPEATS} so the verdict rests on the noise between processes.",
+            file=sys.stderr,
+        )
+        return NO_VERDICT_EXIT
     slower = compare.significantly_slower(shown, fail_pct)
     for row in slower.itertuples():
         print(
@@ -156,6 +171,19 @@ def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: boo
             file=sys.stderr,
         )
     return 1 if len(slower) else 0
+
+
+def _measured_once(comparison: pd.DataFrame, old: pd.DataFrame, new: pd.DataFrame) -> list[str]:
+    """The compared points (in both sweeps) that either sweep measured in fewer than
+    GATE_REPEATS processes."""
+    counts = {}
+    for table in (old, new):
+        for overrides, repeats in zip(table["overrides"], table["repeats"], strict=True):
+            key = " ".join(sorted(str(overrides).split()))
+            n = 1 if pd.isna(repeats) else int(repeats)
+            counts[key] = min(counts.get(key, n), n)
+    both = comparison[comparison["only_in"].isna()]["point"]
+    return [point for point in both if counts.get(point, 1) < GATE_REPEATS]
 
 
 if __name__ == "__main__":

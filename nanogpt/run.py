@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -35,8 +36,10 @@ from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import run_point
 from nanogpt.launch.worker import follow, release_followers
 from nanogpt.logs import capture_warnings
+from nanogpt.results import store
 from nanogpt.results.store import sweep_id
 from nanogpt.spec import RunSpec
+from nanogpt.tune import objectives
 
 
 def job_from_hydra(cfg: DictConfig) -> Job:
@@ -90,8 +93,21 @@ def refuse_a_preset_without_multirun() -> None:
         )
 
 
+def objective_of(spec: RunSpec, job_dir: Path) -> float | tuple[float, ...]:
+    """The point's tune.objective from its record (a resumed point: its recorded figures): a
+    float, or a tuple for several; NaN where the point failed or the figure is unknown, which
+    Hydra's sweepers (Optuna's, Nevergrad's) take as a failed trial. The status itself is in
+    the record (callbacks.py reads it there for the exit code)."""
+    record = store.read_result(job_dir / store.RESULT_FILE) or {}
+    prices = {"usd_per_hour": spec.cost.usd_per_hour, "usd_per_kwh": spec.cost.usd_per_kwh}
+    names = [o.value for o in spec.tune.objective]
+    found = [objectives.value(record, name, **prices) for name in names]
+    figures = tuple(math.nan if v is None else v for v in found)
+    return figures[0] if len(figures) == 1 else figures
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> str | int:
+def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
     capture_warnings()  # warnings into the job's log too (conf/hydra/job_logging), one line each
     by_submitit = adopt_submitit_tasks()
@@ -108,7 +124,8 @@ def main(cfg: DictConfig) -> str | int:
         if world.size > 1:
             release_followers(world)
         sys.exit(CONFIG_EXIT)
-    status = run_point(spec, job_from_hydra(cfg))
+    job = job_from_hydra(cfg)
+    status = run_point(spec, job)
     if world.size > 1 and status not in ("ok", "skipped"):
         # No more messages: a follower may still be stuck in a collective. Under torchrun, exit
         # non-zero so that torchrun stops them. A submitit task returns (a failed task would
@@ -117,7 +134,7 @@ def main(cfg: DictConfig) -> str | int:
             sys.exit(1)
     elif by_submitit:
         release_followers(world)  # this task's one job is done
-    return status
+    return objective_of(spec, job.job_dir)
 
 
 def disk_error_line(err: OSError) -> str:

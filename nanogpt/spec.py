@@ -193,6 +193,26 @@ class CostConfig:
     usd_per_kwh: float | None = None  # energy's price, added where energy is known
 
 
+class Objective(enum.Enum):
+    """What a search optimises (nanogpt/tune/objectives.py: each figure's direction and source)."""
+
+    tokens_per_s = "tokens_per_s"  # maximised
+    usd_per_1m_tokens = "usd_per_1m_tokens"  # minimised; needs cost.usd_per_hour or usd_per_kwh
+    j_per_token = "j_per_token"  # minimised; needs an energy counter
+    peak_memory_gib = "peak_memory_gib"  # minimised; with another: a Pareto front
+
+
+@dataclass
+class TuneConfig:
+    """The search's keys a point also reads (hydra/sweeper=tune, docs/tune.md)."""
+
+    # Tokens per optimizer step, all ranks: perf.grad_accum becomes
+    # N / (perf.batch_size x model.block_size x dist.nproc), so every candidate trains the same.
+    tokens_per_step: int | None = None
+    # What run.main returns (one: a float, several: a tuple) and the tune sweeper optimises.
+    objective: list[Objective] = field(default_factory=lambda: [Objective.tokens_per_s])
+
+
 @dataclass
 class RunSpec:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -205,6 +225,7 @@ class RunSpec:
     dist: DistConfig = field(default_factory=DistConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 def spec_to_dict(spec: RunSpec) -> dict[str, Any]:
@@ -223,6 +244,8 @@ def spec_from_dict(raw: dict[str, Any]) -> RunSpec:
             default = getattr(defaults, sub.name)
             if isinstance(default, enum.Enum) and sub.name in values:
                 values[sub.name] = type(default)(values[sub.name])
+            elif default and isinstance(default, list) and isinstance(default[0], enum.Enum):
+                values[sub.name] = [type(default[0])(v) for v in values.get(sub.name, default)]
         groups[f.name] = cls(**values)
     return RunSpec(**groups)
 

@@ -110,9 +110,13 @@ THREADS = [
 
 @pytest.mark.slow
 def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
-    def sweep(name: str, threads: str):
-        args = ["-m", *with_micro(THREADS), f"hydra.sweep.dir={tmp_path / name}"]
-        proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": threads})
+    def sweep(name: str, threads: str, repeats: int = 2):
+        args = [
+            "-m",
+            *with_micro([*THREADS, f"bench.repeats={repeats}"]),
+            f"hydra.sweep.dir={tmp_path / name}",
+        ]
+        proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": threads}, timeout=900)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return tmp_path / name
 
@@ -140,6 +144,19 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
     )
     assert speedup.returncode == 0, speedup.stdout + speedup.stderr
     assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout
+    # measured in one process each: the gate says it cannot judge (not passed, not failed)
+    once = sweep("once", "1", repeats=1)
+    no_verdict = run_cli(
+        str(once),
+        "--compare",
+        str(two),
+        "--fail-if-slower",
+        "10",
+        cwd=tmp_path,
+        module="nanogpt.report",
+    )
+    assert no_verdict.returncode == 5, no_verdict.stdout + no_verdict.stderr
+    assert "no verdict" in no_verdict.stderr and "bench.repeats=" in no_verdict.stderr
 
 
 def test_repeats_are_measured_apart_and_pooled(single):
@@ -176,3 +193,17 @@ def test_the_recommendation_names_the_best_points_and_their_leads(sweep):
     assert any(line.startswith("fastest within 64 GiB: ") for line in lines)
     assert any(line.startswith(f"cheapest: perf.batch_size={batch} ") for line in lines)
     assert any("significant" in line for line in lines)
+
+
+def test_the_gate_names_points_measured_in_one_process_only():
+    """--fail-if-slower's verdict needs the noise between processes: a compared point that
+    either sweep measured once is named (report._measured_once); a point in one sweep only is
+    not compared, so not named."""
+    from nanogpt.report import _measured_once
+
+    figures = {"status": ["ok"] * 3, "tokens_per_s": [1.0] * 3, "tokens_per_step": [8] * 3}
+    old = pd.DataFrame({"overrides": ["a=1 b=2", "a=2", "a=3"], "repeats": [3, 1, None]})
+    new = pd.DataFrame({"overrides": ["b=2 a=1", "a=2", "a=4"], "repeats": [2, 3, 3]})
+    old, new = old.assign(**figures), new.assign(**figures)
+    comparison = compare.compare_sweeps(old, [[], [], []], new, [[], [], []])
+    assert _measured_once(comparison, old, new) == ["a=2"]

@@ -119,6 +119,18 @@ def _keep_record(done: Path, job_dir: Path) -> None:
     write_json(job_dir / SKIPPED_FILE, {"kept_from": str(done), "at": time.time()})
 
 
+def point_status(job_dir: Path) -> str:
+    """The status of the point recorded in job_dir: `skipped` for a kept earlier record,
+    `error` where no record was written."""
+    record = store.read_result(job_dir / store.RESULT_FILE)
+    if record is None:
+        return "error"
+    marker = read_json(job_dir / SKIPPED_FILE)
+    if record.get("status") == "ok" and isinstance(marker, dict):
+        return "skipped"
+    return record["status"]
+
+
 def skipped_since(sweep_dir: Path, since: float) -> int:
     """How many jobs below sweep_dir kept an earlier ok record at or after `since` (epoch s)."""
     count = 0

@@ -29,8 +29,8 @@ def build(records: list[dict]) -> pd.DataFrame:
     for record in records:
         rows += _point_rows(record)
     steps = pd.DataFrame(rows, columns=list(COLUMNS))
-    for column in ("repeat", "step"):
-        steps[column] = steps[column].astype("Int64")
+    for column in ("repeat", "step"):  # "" in steps.csv: a point measured once has no repeat
+        steps[column] = pd.to_numeric(steps[column], errors="coerce").astype("Int64")
     for column in ("step_ms", "data_ms", "loss", "step_ms_job"):
         steps[column] = pd.to_numeric(steps[column], errors="coerce").astype("float64")
     steps["phase"] = steps["phase"].astype("string")

@@ -1,0 +1,103 @@
+"""The figures a search can optimise, read from a point's record (result.json, flat).
+
+One place names the record fields used (RECORD_FIELDS), so a renamed field is one line here.
+Each objective has a direction; a figure the record cannot give is None (the trial then has no
+value: infeasible for the search, with the reason).
+"""
+
+from __future__ import annotations
+
+import math
+
+GIB = 2**30
+
+# The record's fields the search reads (nanogpt/results/record.py).
+RECORD_FIELDS = {
+    "status": "status",
+    "error": "error",
+    "tokens_per_s": "tokens_per_s",
+    "tokens_per_s_ci_low": "tokens_per_s_ci_low",
+    "tokens_per_s_ci_high": "tokens_per_s_ci_high",
+    "j_per_token": "j_per_token",
+    "peak_cuda": "mem_peak_allocated_bytes",
+    "peak_rss": "mem_peak_rss_bytes",
+    "estimate": "mem_estimate_bytes",
+    "bottleneck": "bottleneck",
+    "hint": "bottleneck_hint",
+    "point_id": "point_id",
+    "repeats": "repeats",
+    "device": "device",
+}
+
+# name -> "maximize" | "minimize"
+DIRECTIONS = {
+    "tokens_per_s": "maximize",
+    "usd_per_1m_tokens": "minimize",
+    "j_per_token": "minimize",
+    "peak_memory_gib": "minimize",
+}
+
+
+def field(record: dict, name: str):
+    """A record's figure by the search's name for it (RECORD_FIELDS)."""
+    return record.get(RECORD_FIELDS[name])
+
+
+def peak_memory_gib(record: dict) -> float | None:
+    """The device's peak: the CUDA allocator's where there is one, else the process's RSS."""
+    peak = field(record, "peak_cuda")
+    if peak is None:
+        peak = field(record, "peak_rss")
+    return None if peak is None else peak / GIB
+
+
+def footprint_bytes(record: dict) -> int | None:
+    """What the point's training takes, to hold against a memory budget: the CUDA allocator's
+    peak where there is one, else the analytic estimate (a CPU process's RSS also holds the
+    interpreter and torch, which no batch size changes)."""
+    peak = field(record, "peak_cuda")
+    return peak if peak is not None else field(record, "estimate")
+
+
+def value(
+    record: dict, name: str, usd_per_hour: float | None = None, usd_per_kwh: float | None = None
+) -> float | None:
+    """The objective `name` of an ok record; None where unknown."""
+    if field(record, "status") not in ("ok", "skipped"):
+        return None
+    tokens_per_s = field(record, "tokens_per_s")
+    j_per_token = field(record, "j_per_token")
+    if name == "tokens_per_s":
+        out = tokens_per_s
+    elif name == "j_per_token":
+        out = j_per_token
+    elif name == "peak_memory_gib":
+        out = peak_memory_gib(record)
+    elif name == "usd_per_1m_tokens":
+        # as results/compare.add_costs prices a point: machine time, plus energy where known
+        out = None
+        if usd_per_hour is not None and tokens_per_s:
+            out = usd_per_hour / 3600 / tokens_per_s * 1e6
+        if usd_per_kwh is not None and j_per_token is not None:
+            energy = j_per_token * 1e6 / 3.6e6 * usd_per_kwh
+            out = energy if out is None else out + energy
+    else:
+        raise KeyError(name)
+    return None if out is None or not math.isfinite(out) else float(out)
+
+
+def values(record: dict, names: list[str], **prices) -> list[float | None]:
+    return [value(record, name, **prices) for name in names]
+
+
+def worst(name: str) -> float:
+    """The value an infeasible trial is told: the worst there is, so a sampler never prefers it
+    (its constraint says why)."""
+    return 0.0 if DIRECTIONS[name] == "maximize" else math.inf
+
+
+def needs(name: str, usd_per_hour: float | None, usd_per_kwh: float | None) -> str | None:
+    """Why an objective cannot be computed with these settings (the key to set), or None."""
+    if name == "usd_per_1m_tokens" and usd_per_hour is None and usd_per_kwh is None:
+        return "cost.usd_per_hour: usd_per_1m_tokens needs the machine's price; set it"
+    return None

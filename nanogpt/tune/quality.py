@@ -1,0 +1,50 @@
+"""A speed knob that changes training is no win: the quality guard.
+
+Every leader and the baseline configuration train over the same seeded tokens (real data, the
+same seed, the same tokens per optimizer step and the same number of steps, the loss read every
+step). A leader's loss is the mean of its last `window` steps' losses. The noise floor is the
+baseline's own spread over two seeds (its loss at seed A against seed B), never less than
+`min_rel` of the baseline's loss (two seeds can agree by chance). A leader whose loss departs
+from the baseline's at the same seed by more than the floor is flagged and not recommended.
+
+With synthetic data (random tokens: nothing to learn) there is no loss to compare: the answer
+says "quality not checked".
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+REAL_DATA = ("text", "tokens")
+NOT_CHECKED = "quality not checked: synthetic data (use data=text or data=tokens)"
+
+
+def final_loss(steps_csv: Path, window: int) -> float | None:
+    """Mean loss over the last `window` steps that read one (steps.csv of a point)."""
+    if not steps_csv.is_file():
+        return None
+    with steps_csv.open(encoding="utf-8") as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f) if row.get("loss")]
+    tail = losses[-window:]
+    return sum(tail) / len(tail) if tail else None
+
+
+def noise_floor(baseline: list[float], min_rel: float) -> float:
+    """The baseline's spread over its seeds, at least min_rel of its loss."""
+    return max(max(baseline) - min(baseline), min_rel * abs(baseline[0]))
+
+
+def verdict(baseline: list[float], leader: float, min_rel: float) -> dict:
+    """{loss, baseline_loss, delta, floor, flagged}: delta is leader - baseline at the same
+    seed (baseline[0]); flagged when |delta| > floor."""
+    floor = noise_floor(baseline, min_rel)
+    delta = leader - baseline[0]
+    return {
+        "loss": leader,
+        "baseline_loss": baseline[0],
+        "baseline_losses": list(baseline),
+        "delta": delta,
+        "floor": floor,
+        "flagged": abs(delta) > floor,
+    }

@@ -1,0 +1,75 @@
+"""The search's space, from Hydra's override grammar to Optuna's distributions (the tune
+sweeper's plugin layer: it knows Hydra and Optuna; nanogpt/tune_sweeper.py drives the search).
+
+hydra.sweeper.params, then the command line (a later key wins), parsed by Hydra's public
+override parser: a key with one value is fixed; `choice(...)`, a comma list or `range(...)` is
+a categorical dimension over its values (as Hydra spells them, so they go back into overrides
+unchanged); `interval(low, high)` a continuous one (`tag(log, ...)`: on a log scale,
+`tag(int, ...)`: integers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from nanogpt.errors import ConfigError
+
+
+def key_of(overrides: list[str]) -> str:
+    """A candidate's identity in the search: its overrides, sorted."""
+    return " ".join(sorted(overrides))
+
+
+def merged(*lists: list[str]) -> list[str]:
+    """Overrides with each key once, the last list's value winning (Hydra refuses a key twice)."""
+    out: dict[str, str] = {}
+    for overrides in lists:
+        for override in overrides:
+            out[override.split("=", 1)[0].lstrip("+~")] = override
+    return list(out.values())
+
+
+def as_overrides(settings: Any) -> list[str]:
+    """The sweeper's list of overrides (a ListConfig from Hydra) as plain strings."""
+    if not settings:
+        return []
+    plain = settings if isinstance(settings, list) else OmegaConf.to_container(settings)
+    return [str(o) for o in plain]
+
+
+def parse(parser: OverridesParser, params: dict, arguments: list[str]):
+    """(fixed overrides, dimensions: key -> values or None for an interval, Optuna's
+    distributions); an empty space is refused, naming the key."""
+    texts = [f"{k}={v}" for k, v in params.items()] + list(arguments)
+    parsed = {o.get_key_element(): o for o in parser.parse_overrides(texts)}
+    fixed, dims, distributions = [], {}, {}
+    for key, override in parsed.items():
+        if not override.is_sweep_override():
+            fixed.append(f"{key}={override.get_value_element_as_str()}")
+        elif override.is_discrete_sweep():
+            values = list(override.sweep_string_iterator())
+            dims[key] = values
+            distributions[key] = optuna.distributions.CategoricalDistribution(values)
+        else:
+            interval = override.value()
+            log_scale = "log" in interval.tags
+            dims[key] = None
+            if "int" in interval.tags:
+                distributions[key] = optuna.distributions.IntDistribution(
+                    int(interval.start), int(interval.end), log=log_scale
+                )
+            else:
+                distributions[key] = optuna.distributions.FloatDistribution(
+                    float(interval.start), float(interval.end), log=log_scale
+                )
+    if not distributions:
+        raise ConfigError(
+            "hydra.sweeper.params",
+            "the space is empty: nothing to search",
+            "give at least one dimension, e.g. 'perf.batch_size=choice(4,8,16)' or +sweep=tune",
+        )
+    return fixed, dims, distributions

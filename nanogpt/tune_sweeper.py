@@ -1,0 +1,326 @@
+"""Entry point (a Hydra sweeper plugin): `python -m nanogpt.run -m hydra/sweeper=tune`.
+
+Searches a space written in Hydra's own grammar (hydra.sweeper.params, or the command line:
+`'perf.batch_size=choice(4,8,16)'`, `range(...)`, `interval(...)`) for the configuration with
+the best tune.objective, driving Optuna's ask-and-tell API. Hydra discovers the plugin through
+hydra_plugins/nanogpt_tune (Hydra accepts plugin classes from the `hydra_plugins` package
+only); the search itself is here, and its plain logic in nanogpt/tune/ (docs/tune.md):
+
+  1. probe      every candidate Optuna asks for, until hydra.sweeper.n_trials candidates have
+                run or hydra.sweeper.time_limit_s has passed: composed and validated, its
+                memory estimated (tune/fit.py: one that cannot fit is pruned before it runs),
+                then measured over a short window (hydra.sweeper.probe). An `oom` or failed
+                candidate is told to Optuna as infeasible (a constraint), never a failed search.
+  2. full       the `leaders` best probes, measured with the configured protocol (left out
+                when every leader is a finalist)
+  3. repeats    the `finalists` best of those, in `repeats` fresh processes, pooled
+  4. quality    with real data: each finalist's loss against the baseline's (tune/quality.py)
+  5. answer     best.yaml, tune.md, tune.json and a plot in the sweep dir (tune/answer.py)
+
+The study lives in the sweep dir (SWEEP_DIR/study.journal, Optuna's journal file storage: no
+database). Rerun the same command with hydra.sweep.dir=SWEEP_DIR after a kill: the study
+continues, and the runner skips every point that already has an ok record (point_id), so no
+point is measured twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobStatus
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nanogpt import tune_space
+from nanogpt.app import to_spec
+from nanogpt.errors import ConfigError
+from nanogpt.faults import CONFIG_EXIT
+from nanogpt.results import store
+from nanogpt.tune import answer, fit, ladder, objectives, quality
+from nanogpt.tune.jobs import JobNumbers
+from nanogpt.tune_space import as_overrides, key_of, merged
+
+log = logging.getLogger(__name__)
+STUDY_FILE = "study.journal"
+STUDY_NAME = "tune"
+
+
+class Search:
+    """The search behind hydra_plugins/nanogpt_tune's TuneSweeper (Hydra's Sweeper API:
+    setup, then sweep)."""
+
+    def __init__(
+        self,
+        params: Any = None,
+        n_trials: int = 16,
+        time_limit_s: float | None = None,
+        seed: int = 0,
+        probe: Any = None,
+        leaders: int = 4,
+        finalists: int = 2,
+        repeats: int = 3,
+        memory_margin: float = 0.1,
+        baseline: Any = None,
+        quality: Any = None,
+    ) -> None:
+        self.params = dict(params or {})
+        self.n_trials = n_trials
+        self.time_limit_s = time_limit_s
+        self.seed = seed
+        self.probe = as_overrides(probe)
+        self.leaders = leaders
+        self.finalists = finalists
+        self.repeats = repeats
+        self.memory_margin = memory_margin
+        self.baseline = as_overrides(baseline)
+        self.quality = dict(quality or {})
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.hydra_context = hydra_context
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    # ----------------------------------------------------------------------------------------
+    def sweep(self, arguments: list[str]) -> Any:
+        try:
+            return self._sweep(arguments)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(CONFIG_EXIT)
+
+    def _sweep(self, arguments: list[str]) -> Any:
+        cfg = self.config
+        self.started = time.time()
+        self.sweep_dir = Path(cfg.hydra.sweep.dir)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        fixed, dims, distributions = tune_space.parse(parser, self.params, arguments)
+        self.fixed = fixed
+        names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
+        self.names = names
+        self.directions = [objectives.DIRECTIONS[n] for n in names]
+        self.prices = {"usd_per_hour": cfg.cost.usd_per_hour, "usd_per_kwh": cfg.cost.usd_per_kwh}
+        for name in names:
+            why = objectives.needs(name, **self.prices)
+            if why:
+                raise ConfigError("tune.objective", f"{name} cannot be computed", why)
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
+        self.jobs = JobNumbers(self.sweep_dir)
+        self.budget = fit.device_budget(str(cfg.bench.device), cfg.bench.max_batch_memory_gib)
+        self.returns: list = []
+
+        probes = self._probe_rung(distributions, ladder.grid_size(dims))
+        if not any(e.feasible for e in probes):
+            answer.write(self.sweep_dir, self._summary(probes, [], [], {}, dims))
+            reasons = sorted({e.reason or "no figure" for e in probes})
+            raise ConfigError(
+                "hydra.sweeper.params",
+                f"no candidate of {len(probes)} fits or runs ({'; '.join(reasons)[:300]})",
+                "widen the space (smaller perf.batch_size, perf.activation_checkpointing=true, "
+                "perf.loss=chunked) or raise bench.max_batch_memory_gib; every trial is in "
+                f"{self.sweep_dir / answer.TUNE_MD}",
+            )
+        leaders = ladder.climbers(probes, self.directions, self.leaders)
+        if self.finalists < len(leaders):
+            full = [self._measure(e.overrides, "full", []) for e in leaders]
+            finalists = ladder.climbers(full, self.directions, self.finalists)
+        else:  # every leader is a finalist: one process each would decide nothing
+            full, finalists = [], leaders
+        repeated = [
+            self._measure(e.overrides, "repeats", [f"bench.repeats={self.repeats}"])
+            for e in finalists
+        ]
+        guard = self._quality(repeated)
+        answer.write(self.sweep_dir, self._summary(probes, full, repeated, guard, dims))
+        return self.returns
+
+    # ----------------------------------------------------------------------------------------
+    def _study(self) -> optuna.Study:
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(self.sweep_dir / STUDY_FILE))
+        )
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(
+            study_name=STUDY_NAME,
+            storage=storage,
+            directions=self.directions,
+            sampler=optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=4),
+            load_if_exists=True,
+        )
+        # A trial a kill left running: failed, and its candidate asked again first (the runner
+        # keeps a point already recorded ok, so nothing is measured twice).
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        for trial in running:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            study.enqueue_trial(trial.params)
+        return study
+
+    def _probe_rung(self, distributions: dict, grid: int | None) -> list[ladder.Entry]:
+        study = self._study()
+        wanted = self.n_trials if grid is None else min(self.n_trials, grid)
+        entries: dict[str, ladder.Entry] = {}
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            overrides = [f"{k}={v}" for k, v in trial.params.items()]
+            if "entry" in trial.user_attrs:
+                entries.setdefault(key_of(overrides), ladder.Entry(**trial.user_attrs["entry"]))
+        ran = sum(1 for e in entries.values() if e.record)
+        asks = 0
+        while ran < wanted and asks < 20 * max(wanted, 1) + len(entries):
+            if self.time_limit_s is not None and time.time() - self.started > self.time_limit_s:
+                log.info("tune: time limit reached after %d candidates", ran)
+                break
+            asks += 1
+            trial = study.ask(distributions)
+            overrides = [f"{k}={v}" for k, v in trial.params.items()]
+            entry = entries.get(key_of(overrides)) or self._probe(overrides, trial.number)
+            entries[key_of(overrides)] = entry
+            ran = sum(1 for e in entries.values() if e.record)
+            trial.set_constraint("fits", 0.0 if entry.feasible else 1.0)
+            trial.set_user_attr("entry", entry.__dict__)
+            values = entry.values if entry.feasible else [objectives.worst(n) for n in self.names]
+            study.tell(trial, values)
+            if grid is not None and len(entries) >= grid:
+                break  # every point of the space has been tried
+        self.study = study
+        return list(entries.values())
+
+    def _probe(self, params: list[str], number: int) -> ladder.Entry:
+        """One candidate's probe: composed, validated, estimated; measured if it may fit."""
+        overrides = merged(self.fixed, params)
+        entry = ladder.Entry(key=key_of(params), overrides=params, rung="probe", trial=number)
+        try:
+            spec = self._spec(merged(overrides, self.probe))
+        except ConfigError as err:
+            entry.reason = f"invalid: {err}"
+            return entry
+        misfit = fit.misfit(fit.estimate_bytes(spec), self.budget)
+        if misfit:
+            entry.reason = f"pruned before running: {misfit}"
+            return entry
+        return self._measure(params, "probe", self.probe, trial=number)
+
+    def _spec(self, overrides: list[str]):
+        loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(loaded):
+            del loaded["hydra"]
+        return to_spec(loaded)
+
+    def _measure(
+        self, params: list[str], rung: str, extra: list[str], trial: int | None = None
+    ) -> ladder.Entry:
+        """Run one point (the runner skips one already recorded ok) and read its record."""
+        overrides = merged(self.fixed, params, extra)
+        record = self._launch(overrides, f"{rung} {key_of(params)}")
+        entry = ladder.Entry(
+            key=key_of(params), overrides=params, rung=rung, trial=trial, record=record
+        )
+        status = record.get("status")
+        if status == "oom":
+            entry.reason = "oom: ran out of memory"
+        elif status != "ok":
+            entry.reason = f"{status}: {record.get('error') or 'no record'}"
+        else:
+            found = record["objectives"]
+            if any(v is None for v in found):
+                missing = [n for n, v in zip(self.names, found, strict=True) if v is None]
+                entry.reason = f"no figure for {', '.join(missing)}"
+            else:
+                entry.values = found
+        return entry
+
+    def _launch(self, overrides: list[str], key: str) -> dict:
+        number = self.jobs.of(key)
+        [ret] = self.launcher.launch([overrides], initial_job_idx=number)
+        self.returns.append([ret])
+        job_dir = Path(ret.hydra_cfg.hydra.runtime.output_dir)
+        record = store.read_result(job_dir / store.RESULT_FILE) or {}
+        if ret.status != JobStatus.COMPLETED and not record:
+            record = {"status": "error", "error": str(ret._return_value)}
+        # the figures the search keeps, by its own names (objectives.RECORD_FIELDS)
+        slim = {name: objectives.field(record, name) for name in objectives.RECORD_FIELDS}
+        slim["objectives"] = objectives.values(record, self.names, **self.prices)
+        slim["footprint_bytes"] = objectives.footprint_bytes(record)
+        slim["peak_memory_gib"] = objectives.peak_memory_gib(record)
+        slim["wall_s"] = record.get("wall_s")
+        slim["job_dir"] = str(job_dir)
+        slim["grad_accum"] = (record.get("measured_config") or {}).get("perf", {}).get("grad_accum")
+        return slim
+
+    # ----------------------------------------------------------------------------------------
+    def _quality(self, finalists: list[ladder.Entry]) -> dict:
+        """Each finalist's loss against the baseline's over the same seeded tokens."""
+        kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
+        if kind not in quality.REAL_DATA:
+            return {"checked": False, "note": quality.NOT_CHECKED}
+        q = self.quality
+        steps, window = int(q.get("steps", 30)), int(q.get("window", 5))
+        seeds = list(q.get("seeds", [1337, 1338]))
+        protocol = [
+            "bench.warmup_steps=1",
+            "bench.warmup_s=0",
+            f"bench.measure_steps={steps}",
+            f"bench.min_measure_steps={steps}",
+            "bench.measure_s=0",
+            "bench.time_budget_s=1000000",
+            "bench.diagnose=false",
+            "bench.repeats=1",
+            "logger.log_interval=1",
+        ]
+
+        def loss(params: list[str], seed: int) -> float | None:
+            rec = self._launch(
+                merged(self.fixed, params, protocol, [f"bench.seed={seed}"]),
+                f"quality seed={seed} {key_of(params)}",
+            )
+            if rec.get("status") != "ok":
+                return None
+            return quality.final_loss(Path(rec["job_dir"]) / store.STEPS_FILE, window)
+
+        base = [loss(self.baseline, seed) for seed in seeds]
+        if any(b is None for b in base):
+            return {"checked": False, "note": "quality not checked: the baseline did not run"}
+        verdicts = {}
+        for entry in finalists:
+            leader = loss(entry.overrides, seeds[0])
+            verdicts[entry.key] = (
+                {"flagged": True, "note": "did not train"}
+                if leader is None
+                else quality.verdict(base, leader, float(q.get("min_rel", 0.005)))
+            )
+        return {
+            "checked": True,
+            "steps": steps,
+            "seeds": seeds,
+            "verdicts": verdicts,
+            "baseline": self.baseline,
+        }
+
+    def _summary(self, probes, full, repeated, guard, dims) -> dict:
+        return answer.summarize(
+            probes=probes,
+            full=full,
+            repeated=repeated,
+            guard=guard,
+            dims=dims,
+            names=self.names,
+            directions=self.directions,
+            fixed=self.fixed,
+            budget=self.budget,
+            margin=self.memory_margin,
+            search_wall_s=time.time() - self.started,
+            n_trials=self.n_trials,
+            time_limit_s=self.time_limit_s,
+        )

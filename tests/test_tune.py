@@ -1,0 +1,245 @@
+"""hydra/sweeper=tune (docs/tune.md): the search, its constraints, its resume, its quality guard.
+
+The slow tests run the real command (`python -m nanogpt.run -m hydra/sweeper=tune ...`) on the
+micro model; the others check the plain logic (nanogpt/tune/) and the composed config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from hydra import compose, initialize_config_dir
+
+from nanogpt.app import to_spec
+from nanogpt.configs import CONF_DIR
+from nanogpt.errors import ConfigError
+from nanogpt.run import objective_of
+from nanogpt.tune import fit, ladder, objectives, quality
+
+from .conftest import SHAKESPEARE, needs_shared, with_micro
+
+TUNE = "hydra/sweeper=tune"
+SMALL_SEARCH = [  # every rung, kept short: two leaders, one finalist measured in two processes
+    "hydra.sweeper.leaders=2",
+    "hydra.sweeper.finalists=1",
+    "hydra.sweeper.repeats=2",
+    "hydra.sweeper.probe=['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']",
+]
+
+
+def _spec(*overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return to_spec(compose(config_name="config", overrides=with_micro(overrides)))
+
+
+def _study(sweep_dir) -> optuna.Study:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(sweep_dir / "study.journal"))
+    )
+    return optuna.load_study(study_name="tune", storage=storage)
+
+
+def _records(sweep_dir) -> dict:
+    """job dir -> result.json, every record below the sweep dir."""
+    return {
+        p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.rglob("result.json"))
+    }
+
+
+# --- the plain logic ---------------------------------------------------------------------------
+
+
+def test_tokens_per_step_sets_grad_accum_and_refuses_a_micro_batch_that_does_not_divide():
+    spec = _spec("tune.tokens_per_step=128", "perf.batch_size=2")  # block 16: 2 x 16 x 4
+    assert spec.perf.grad_accum == 4
+    with pytest.raises(ConfigError, match=r"^tune.tokens_per_step: is 100"):
+        _spec("tune.tokens_per_step=100")
+
+
+def test_the_estimate_prunes_what_cannot_fit_and_grows_with_the_batch():
+    small, big = _spec("perf.batch_size=1"), _spec("perf.batch_size=64")
+    assert fit.estimate_bytes(big) > fit.estimate_bytes(small)
+    budget = fit.Budget(fit.estimate_bytes(small) + 1, "test")
+    assert fit.misfit(fit.estimate_bytes(small), budget) is None
+    assert "> budget" in fit.misfit(fit.estimate_bytes(big), budget)
+    assert not fit.within_margin(budget.bytes, budget, 0.1)
+
+
+def test_pareto_front_and_climbers():
+    dirs = ["maximize", "minimize"]  # tokens/s up, memory down
+    points = [[100, 2.0], [90, 1.0], [80, 3.0], [100, 1.5]]
+    assert ladder.pareto_front(points, dirs) == [1, 3]
+    entries = [
+        ladder.Entry(key=str(i), overrides=[], rung="probe", values=p) for i, p in enumerate(points)
+    ]
+    entries.append(ladder.Entry(key="oom", overrides=[], rung="probe", reason="oom"))
+    assert [e.key for e in ladder.climbers(entries, dirs, 3)] == ["3", "1", "0"]
+    assert [e.key for e in ladder.climbers(entries, dirs[:1], 2)] in (["0", "3"], ["3", "0"])
+    assert ladder.winner(entries, dirs[:1], {"0": "no margin", "3": "trains worse"}).key == "1"
+
+
+def test_objectives_read_the_record_and_name_what_they_need():
+    record = {"status": "ok", "tokens_per_s": 1000.0, "mem_peak_rss_bytes": 2**30}
+    assert objectives.value(record, "tokens_per_s") == 1000.0
+    assert objectives.value(record, "peak_memory_gib") == 1.0
+    assert objectives.value(record, "usd_per_1m_tokens", usd_per_hour=3.6) == pytest.approx(1.0)
+    assert objectives.value(record, "j_per_token") is None  # no energy counter: unknown
+    assert objectives.value({**record, "status": "oom"}, "tokens_per_s") is None
+    assert objectives.needs("usd_per_1m_tokens", None, None).startswith("cost.usd_per_hour")
+
+
+def test_quality_verdict_uses_the_baselines_spread_as_the_floor():
+    v = quality.verdict([5.00, 5.10], 5.05, min_rel=0.005)
+    assert v["floor"] == pytest.approx(0.10) and not v["flagged"]
+    assert quality.verdict([5.00, 5.10], 5.30, min_rel=0.005)["flagged"]
+    # two seeds that agree by chance: the floor is still min_rel of the loss
+    assert not quality.verdict([5.0, 5.0], 5.02, min_rel=0.005)["flagged"]  # floor 0.025
+    assert quality.verdict([5.0, 5.0], 5.03, min_rel=0.005)["flagged"]
+
+
+# --- the real search -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
+    # batch 64 cannot fit the budget (pruned by the estimate, never run); the injected fault
+    # makes one candidate run out of memory for real (the trainer's oom path): both are told
+    # to Optuna as infeasible, and the search still answers with a feasible one. (oom@1000
+    # is a fault at a step these short runs never reach: Hydra's choice() takes no null.)
+    budget = fit.estimate_bytes(_spec("perf.batch_size=8")) * 1.5 / 2**30
+    proc, sweep_dir = sweep(
+        TUNE,
+        "perf.batch_size=choice(2,64)",
+        "bench.inject_fault=choice(oom@1000,oom@1)",
+        f"bench.max_batch_memory_gib={budget}",
+        "hydra.sweeper.n_trials=4",
+        *SMALL_SEARCH,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = _study(sweep_dir).get_trials()
+    by_params = {(t.params["perf.batch_size"], t.params["bench.inject_fault"]): t for t in trials}
+    for fault in ("oom@1000", "oom@1"):
+        assert by_params[("64", fault)].constraints == {"fits": 1.0}
+        assert "pruned before running" in by_params[("64", fault)].user_attrs["entry"]["reason"]
+    assert by_params[("2", "oom@1")].constraints == {"fits": 1.0}
+    assert by_params[("2", "oom@1000")].constraints == {"fits": 0.0}
+    statuses = sorted(r["status"] for r in _records(sweep_dir).values())
+    assert "oom" in statuses and all(
+        r["perf"]["batch_size"] != 64
+        for r in [r["measured_config"] for r in _records(sweep_dir).values()]
+    )
+    best = (sweep_dir / "best.yaml").read_text()
+    assert "perf.batch_size=2" in best and "bench.inject_fault=oom@1000" in best
+    assert "oom" in (sweep_dir / "tune.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_study_resumes_after_a_kill_and_measures_no_point_twice(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        sys.executable,
+        "-m",
+        "nanogpt.run",
+        "-m",
+        *with_micro(
+            [TUNE, "perf.batch_size=choice(1,2,4)", "hydra.sweeper.n_trials=3", *SMALL_SEARCH]
+        ),
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    first = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and first.poll() is None:
+        if any(r.get("status") == "ok" for r in _records(sweep_dir).values()):
+            break
+        time.sleep(0.5)
+    assert first.poll() is None, "the search ended before it could be killed"
+    os.killpg(first.pid, signal.SIGKILL)  # the search, its fork server and its child: no goodbye
+    first.wait()
+    before = {
+        job: r["finished_at"] for job, r in _records(sweep_dir).items() if r["status"] == "ok"
+    }
+    assert before and not (sweep_dir / "tune.md").exists()
+
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = _records(sweep_dir)
+    for job, finished in before.items():  # kept, not measured again
+        assert after[job]["finished_at"] == finished
+    ids = [r["point_id"] for r in after.values()]
+    assert len(ids) == len(set(ids)), "a point was measured twice"
+    trials = _study(sweep_dir).get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert {t.params["perf.batch_size"] for t in trials} == {"1", "2", "4"}
+    assert (sweep_dir / "best.yaml").is_file() and (sweep_dir / "tune.png").is_file()
+    # what run.main returns for Hydra's own sweepers: a kept point's recorded figures
+    job, record = next((j, r) for j, r in after.items() if r["status"] == "ok")
+    two = _spec("tune.objective=[tokens_per_s,peak_memory_gib]")
+    assert objective_of(two, sweep_dir / job) == (
+        record["tokens_per_s"],
+        record["mem_peak_rss_bytes"] / 2**30,
+    )
+    assert objective_of(_spec(), sweep_dir / job) == record["tokens_per_s"]
+    assert math.isnan(objective_of(_spec(), tmp_path / "no_such_job"))
+
+
+@pytest.mark.slow
+@needs_shared
+def test_the_quality_guard_flags_a_candidate_that_trains_worse(sweep):
+    # Two candidates as fast as each other; one trains at a learning rate 5000x the baseline's.
+    # Both are finalists; the guard runs them and the baseline (two seeds) over the same
+    # tokens: the high learning rate departs beyond the baseline's own spread and is refused.
+    proc, sweep_dir = sweep(
+        TUNE,
+        "optimizer.lr=choice(0.0006,3.0)",
+        "data=text",
+        f"data.path={SHAKESPEARE}",
+        "model.vocab_size=50304",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.leaders=2",
+        "hydra.sweeper.finalists=2",
+        "hydra.sweeper.repeats=1",
+        "hydra.sweeper.quality.steps=12",
+        "hydra.sweeper.quality.window=4",
+        "hydra.sweeper.baseline=['optimizer.lr=0.0006']",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    guard = json.loads((sweep_dir / "tune.json").read_text())["quality"]
+    assert guard["checked"]
+    verdicts = guard["verdicts"]
+    assert verdicts["optimizer.lr=3.0"]["flagged"]
+    assert not verdicts["optimizer.lr=0.0006"]["flagged"]
+    assert "optimizer.lr=0.0006" in (sweep_dir / "best.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_bad_input_is_one_line_before_anything_runs(sweep, tmp_path):
+    proc, sweep_dir = sweep(TUNE)  # no dimension at all
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: hydra.sweeper.params:")
+    assert not list(sweep_dir.rglob("result.json"))
+    # nothing fits: every trial recorded (study, tune.md), one line naming the key, non-zero
+    proc, sweep_dir = sweep(TUNE, "perf.batch_size=choice(1,2)", "bench.max_batch_memory_gib=1e-6")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: hydra.sweeper.params: no candidate of 2 fits"), proc.stderr
+    trials = _study(sweep_dir).get_trials()
+    assert {t.params["perf.batch_size"] for t in trials} == {"1", "2"}
+    assert all(t.constraints == {"fits": 1.0} for t in trials)
+    assert "pruned before running" in (sweep_dir / "tune.md").read_text()
+    proc, _ = sweep(TUNE, "perf.batch_size=choice(1,2)", "tune.objective=[speed]")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1 and "tune.objective" in last[0], proc.stderr
