@@ -25,7 +25,7 @@ from nanogpt.measure.counters import CounterSampler
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import compare, derive
-from nanogpt.results.record import Energy, Setup
+from nanogpt.results.record import Asked, Energy, Record, Setup, Timing
 from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.validate import check_cuda_graph_warmup
 
@@ -154,10 +154,13 @@ def _setup(world_size: int = 1) -> Setup:
 
 def _rates(energy: Energy, world_size: int = 1, steps: int = 10):
     ceilings = derive.Ceilings(derive.Peak(None, "unknown"))
-    return derive.rates(
-        _setup(world_size), 10.0, 10.0, ceilings, compiled=False, checkpointing=False,
-        dtype="fp32", energy=energy, measured_steps=steps,
-    )  # fmt: skip
+    record = Record(
+        asked=Asked(dtype="fp32", compile=False, activation_checkpointing=False),
+        setup=_setup(world_size),
+        timing=Timing(step_ms_median=10.0, first_step_ms=10.0, measured_steps=steps),
+        energy=energy,
+    )
+    return derive.rates(record, ceilings)
 
 
 def test_a_mean_power_over_the_limit_is_flagged():

@@ -68,11 +68,21 @@ def test_record_round_trips_through_its_flat_dict():
     assert "steps" not in record.to_dict()  # result.json: the steps go to steps.csv
 
 
-def uncompiled_rates(setup: Setup, step_ms: float, **kwargs) -> Rates:
+def point(setup: Setup, step_ms: float, first_ms: float | None = None, **asked) -> Record:
+    """A record measured at `step_ms` a step: an eager fp32 point unless `asked` says else."""
+    asked = {"dtype": "fp32", "compile": False, "activation_checkpointing": False, **asked}
+    first_ms = step_ms if first_ms is None else first_ms
+    timing = Timing(step_ms_median=step_ms, first_step_ms=first_ms)
+    return Record(asked=Asked(**asked), setup=setup, timing=timing)
+
+
+def uncompiled_rates(
+    setup: Setup, step_ms: float, energy: Energy | None = None, measured_steps=None, **asked
+) -> Rates:
     """The derived figures of an eager fp32 point with an unknown peak."""
-    kwargs.setdefault("checkpointing", False)
-    ceilings = Ceilings(Peak(None, "unknown"))
-    return derive.rates(setup, step_ms, step_ms, ceilings, compiled=False, dtype="fp32", **kwargs)
+    record = point(setup, step_ms, **asked)
+    record.energy, record.timing.measured_steps = energy or Energy(), measured_steps
+    return derive.rates(record, Ceilings(Peak(None, "unknown")))
 
 
 def test_point_and_window_rates_share_one_formula():
@@ -81,7 +91,7 @@ def test_point_and_window_rates_share_one_formula():
     )
     ceilings = Ceilings(Peak(1e12, "override"), achievable_flops=5e11, calibration={"op": "x"})
     rates = derive.rates(
-        setup, 8.0, 20.0, ceilings, compiled=True, checkpointing=True, dtype="fp32"
+        point(setup, 8.0, 20.0, compile=True, activation_checkpointing=True), ceilings
     )
     window = derive.window_rates(setup, 8.0, ceilings)
     assert rates.tokens_per_s == window["tokens_per_s"] == pytest.approx(4096 / 0.008)
@@ -91,7 +101,7 @@ def test_point_and_window_rates_share_one_formula():
     assert rates.hfu == pytest.approx(rates.mfu * 1.5)
     assert rates.mfu_achievable == pytest.approx(rates.mfu * 2)
     assert rates.compile_s == pytest.approx(0.012)
-    unknown = uncompiled_rates(setup, 8.0, checkpointing=True)
+    unknown = uncompiled_rates(setup, 8.0, activation_checkpointing=True)
     assert unknown.mfu is None and unknown.hfu is None and unknown.peak_source == "unknown"
     assert "mfu" not in derive.window_rates(setup, 8.0, Ceilings(Peak(None, "unknown")))
 
@@ -209,3 +219,39 @@ def test_no_counter_is_null_energy_with_the_reason(tmp_path):
     probe.start()
     assert probe.stop().energy_j is None  # the counter did not advance: unknown, not 0
     assert "advanced 0 times" in probe.energy.energy_source
+
+
+def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
+    """bench.repeats=2 on real records: two measurements of a micro point by the real loop,
+    pooled by the real code. Every derived figure is derive.rates of the pooled record, and no
+    figure a single run fills is null in the pool (tokens_per_s_wall and mfu_flag once were)."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.app import to_spec
+    from nanogpt.configs import CONF_DIR
+    from nanogpt.launch.handoff import Handoff, Job
+    from nanogpt.launch.worker import finish_record
+    from nanogpt.measure.loop import measure
+    from nanogpt.results import repeats
+
+    from .conftest import with_micro
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        spec = to_spec(compose("config", overrides=with_micro(["bench.diagnose=false"])))
+    handoff = Handoff("point", spec, Job(tmp_path, overrides=["perf.batch_size=2"]))
+    # a known peak and an achievable matmul this micro model cannot reach: mfu_flag is False
+    ceilings = Ceilings(Peak(1e12, "override"), achievable_flops=1e12, calibration={"op": "mm"})
+    world = World.from_env()
+    runs = [
+        finish_record(measure(spec, torch.device("cpu"), world, ceilings, tmp_path, []), handoff)
+        for _ in range(2)
+    ]
+    assert all(run.status == "ok" for run in runs)
+    pooled = repeats.pool(runs)
+    assert pooled.rates == derive.rates(pooled, ceilings)
+    assert pooled.rates.tokens_per_s_wall is not None and pooled.rates.mfu_flag is False
+    for part in ("setup", "timing", "memory", "energy", "rates"):
+        for f in dataclasses.fields(getattr(pooled, part)):
+            filled = [getattr(getattr(run, part), f.name) is not None for run in runs]
+            if all(filled):
+                assert getattr(getattr(pooled, part), f.name) is not None, f"{part}.{f.name}"

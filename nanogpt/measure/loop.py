@@ -41,7 +41,7 @@ from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.measure.window import StepLog, Window
 from nanogpt.protocol import SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
-from nanogpt.results.record import Record, Setup
+from nanogpt.results.record import Asked, Record, Setup
 from nanogpt.spec import RunSpec
 
 
@@ -54,7 +54,9 @@ def measure(
     sinks: list,
 ) -> Record:
     """Run one point and return its record; on failure, what was measured plus a status."""
-    record = Record(setup=Setup(device=str(device), world_size=world.size))
+    # What was asked goes in first: the derivation reads it (the worker adds overrides, job dir).
+    asked = Asked.of(spec, [], None)
+    record = Record(asked=asked, setup=Setup(device=str(device), world_size=world.size))
     if device.type == "cuda":
         torch.cuda.set_device(device)  # cuda:N: its stream, allocator and kernels, not GPU 0's
     log = StepLog()
@@ -261,17 +263,4 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
     )
     if drift is not None:
         timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high = drift
-    record.rates = derive.rates(
-        record.setup,
-        timing.step_ms_median,
-        timing.first_step_ms,
-        ceilings,
-        compiled=spec.perf.compile,
-        checkpointing=spec.perf.activation_checkpointing,
-        dtype=spec.perf.dtype.value,
-        step_ms_ci=(timing.step_ms_ci_low, timing.step_ms_ci_high),
-        energy=record.energy,
-        measured_steps=timing.measured_steps,
-        fp8=trainer.fp8_layers is not None,
-        step_ms_wall=timing.step_ms_wall,
-    )
+    record.rates = derive.rates(record, ceilings)
