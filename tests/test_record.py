@@ -16,13 +16,15 @@ from nanogpt.results import derive
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import (
     PARTS,
-    RESULT_COLUMNS,
     Asked,
     Energy,
     Rates,
     Record,
     Setup,
     Timing,
+    columns,
+    namespaced,
+    summary_key,
 )
 from nanogpt.results.table import ReportError, baseline_row
 from nanogpt.spec import (
@@ -48,7 +50,39 @@ def test_every_column_is_a_field_of_one_part_and_field_names_are_unique():
     names = [f.name for part in PARTS.values() for f in dataclasses.fields(part)]
     names += ["status", "error", "env", "wall_s", "finished_at"]
     assert len(names) == len(set(names))  # one flat namespace: no name in two parts
-    assert set(RESULT_COLUMNS) <= set(names)
+    assert set(columns()) <= set(names) and set(Record().to_dict()) == set(names)
+
+
+def test_the_columns_are_the_fields_not_marked_json_only():
+    # Every field is a column unless its metadata says json-only; a nested value (a dict) never
+    # is one, so a part's new dict field must be marked (json_only()) to stay out of the CSV.
+    for part in PARTS.values():
+        for f in dataclasses.fields(part):
+            is_column = f.name in columns()
+            assert is_column != bool(f.metadata.get("json_only")), f.name
+            assert not (is_column and "dict" in str(f.type)), f"{f.name}: mark it json_only()"
+    assert {"point_id", "status", "tokens_per_s", "sm_clock_mean_mhz", "loss_kind"} <= set(
+        columns()
+    )
+    assert not {"env", "measured_config", "step_ms_measured", "steps"} & set(columns())
+    # A field a part gains becomes a column with no other edit.
+    extra = dataclasses.make_dataclass(
+        "TimingPlus", [("job_node", str | None, None)], bases=(Timing,)
+    )
+    try:
+        PARTS["timing"] = extra
+        assert "job_node" in columns() and summary_key("job_node") == "timing/job_node"
+    finally:
+        PARTS["timing"] = Timing
+
+
+def test_the_wandb_summary_is_namespaced_by_part():
+    flat = Record(status="ok").to_dict()
+    keys = namespaced(flat)
+    assert len(keys) == len(flat)
+    assert {"point/status", "timing/step_ms_median", "rates/tokens_per_s"} <= set(keys)
+    assert {"clocks/sm_clock_mean_mhz", "asked/loss_kind", "asked/point_id"} <= set(keys)
+    assert summary_key("diag_step_host_frac") == "diagnosis/diag_step_host_frac"
 
 
 def test_record_round_trips_through_its_flat_dict():
@@ -62,7 +96,7 @@ def test_record_round_trips_through_its_flat_dict():
         steps=[{"step": 1, "phase": "warmup", "step_ms": 9.0, "data_ms": 0.1, "loss": 5.0}],
     )
     flat = record.to_dict(steps=True)
-    assert list(flat)[: len(RESULT_COLUMNS)] == list(RESULT_COLUMNS)
+    assert list(flat)[: len(columns())] == list(columns())
     assert flat["dtype"] == "fp32" and flat["overrides_str"] == "perf.batch_size=2"
     assert Record.from_dict(flat) == record
     assert "steps" not in record.to_dict()  # result.json: the steps go to steps.csv

@@ -23,6 +23,7 @@ from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
 from nanogpt.reporters.wandb_sink import FAULT_ENV
 from nanogpt.results import store as records
 from nanogpt.results import table as report
+from nanogpt.results.record import summary_key
 from nanogpt.spec import LoggerMode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
@@ -90,14 +91,14 @@ def assert_run_holds_its_job(run: OfflineRun, job_dir: Path) -> None:
         )
     assert measured[-1]["train/loss"] == pytest.approx(result["loss_last"])
 
-    assert run.summary["status"] == "ok"
+    assert run.summary["point/status"] == "ok"  # namespaced by the record's part
     # define_metric: the windows have no summary, so tokens_per_s there is the record's median
     # step's, and no last window's figure sits beside it.
     assert not [key for key in run.summary if key.startswith(("train/", "warmup/"))]
-    assert run.summary["tokens_per_s"] == result["tokens_per_s"]
+    assert run.summary["rates/tokens_per_s"] == result["tokens_per_s"]
     assert run.config["point"]["id"] == records.point_key(result["overrides"])
     for key in result.keys() - NOT_IN_SUMMARY:
-        assert run.summary[key] == result[key], key
+        assert run.summary[summary_key(key)] == result[key], key
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_each_job_of_an_in_process_multirun_is_its_own_run(in_process_sweep):
     for job, run in runs.items():
         assert run.group == f"{sweep_dir.parent.name}/{sweep_dir.name}"  # date/time, not time
         assert_run_holds_its_job(run, sweep_dir / job)
-    assert [r.summary["batch_size"] for r in runs.values()] == [2, 3]
+    assert [r.summary["asked/batch_size"] for r in runs.values()] == [2, 3]
 
 
 def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):

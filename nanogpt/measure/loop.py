@@ -123,6 +123,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         energy.start()
         _measured_steps(spec, trainer, record, log, bar, emit)
         record.energy = energy.stop()  # the last window's close synced the device
+        record.clocks = energy.clocks()
         if bench.profile:  # after the measured steps: the profiler cannot touch them
             _profile(spec, trainer, record, log, out_dir)
     finally:
@@ -257,10 +258,12 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
     timing.step_ms_measured = [steps]
     timing.step_ms_median_per_repeat = [timing.step_ms_median]
     timing.data_ms_median = stats.summarize(log.measured("data_ms"))["median"]
-    timing.clock = StepTimer(trainer.device).clock
-    timing.steady, timing.steady_note, drift = derive.steadiness(
+    timing.step_timer = StepTimer(trainer.device).clock
+    steadiness = derive.steadiness(
         steps, timing.measured_s, spec.bench.measure_s, trainer.device.type != "cpu"
     )
-    if drift is not None:
-        timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high = drift
+    timing.steady, timing.steady_note = steadiness.steady, steadiness.note
+    timing.unsteady_reasons = list(steadiness.reasons)
+    if steadiness.drift is not None:
+        timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high = steadiness.drift
     record.rates = derive.rates(record, ceilings)

@@ -15,8 +15,10 @@ process from the measurement, whatever a sink does. The one sink is Weights & Bi
   windows, `warmup/*` keys for warmup windows (so warmup never mixes into a measured chart);
   define_metric gives them no summary, so the run summary holds the record's figures only
   (tokens_per_s is the median step's, not the last window's);
-- at the end, every field of result.json goes into the run's summary (but wall_s, which is
-  measured around the whole point after the run closed), and a failed point is a failed run;
+- at the end, every field of result.json goes into the run's summary, namespaced by the
+  record's part as torchtitan names its metrics (`timing/step_ms_median`, `rates/mfu`,
+  `point/status`: results/record.summary_key), but wall_s, which is measured around the whole
+  point after the run closed; a failed point is a failed run;
 - at the end of a multirun, the sweep table goes to a summary run of the same group.
 
 Online init that fails (no route, a timeout, a refused key) falls back to offline in the same
@@ -51,6 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from nanogpt.faults import RESULT_STATUSES, describe
 from nanogpt.reporters.wandb_mode import resolve_mode
 from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
+from nanogpt.results.record import namespaced
 from nanogpt.results.store import sweep_id
 from nanogpt.spec import LoggerConfig
 
@@ -70,9 +73,9 @@ REFUSED_KEY = 0
 
 # Bound on run.finish's upload wait; data not uploaded by then stays on disk for `wandb sync`.
 FINISH_TIMEOUT_S = 60.0
-# Not in the run summary: the per-step rows (steps.csv; the history has the windows), and wall_s,
-# which the job process measures around the whole point, after this run has closed.
-SUMMARY_OMITTED = ("steps", "wall_s")
+# Not in the run summary: wall_s, which the job process measures around the whole point, after
+# this run has closed.
+SUMMARY_OMITTED = ("wall_s",)
 # Window metrics: history only; the summary is the record's (WandbSink.finish).
 WINDOW_METRICS = ("train/*", "warmup/*")
 
@@ -273,7 +276,7 @@ class WandbSink:
         self.run.attempt("run.log", lambda run: run.log(payload, step=stats["step"]))
 
     def finish(self, result: dict) -> None:
-        summary = {k: v for k, v in result.items() if k not in SUMMARY_OMITTED}
+        summary = namespaced({k: v for k, v in result.items() if k not in SUMMARY_OMITTED})
         self.run.attempt("writing the summary", lambda run: run.summary.update(summary))
         # A failed point (error, interrupted) shows as a failed run on the dashboard.
         self.run.close(exit_code=0 if result["status"] in RESULT_STATUSES else 1)

@@ -1,7 +1,8 @@
 """A ready W&B view of one sweep: saved workspaces, filtered to the sweep's group.
 
 The view is first plain JSON, the *view spec* (`view_spec`): every panel with the keys it reads,
-by where W&B keeps them (`summary`: the run summary, i.e. the record's flat field names;
+by where W&B keeps them (`summary`: the run summary, i.e. the record's field names namespaced
+by part, "rates/tokens_per_s" (results/record.summary_key);
 `history`: the keys logged at each window; `config`: the run config; `table`: a logged
 wandb.Table). `write_view` writes it to SWEEP_DIR/wandb_view.json at the end of a multirun;
 `publish` builds wandb-workspaces objects from it (`build_views`) and saves them, which needs an
@@ -32,6 +33,7 @@ from nanogpt.faults import describe
 from nanogpt.files import read_json, write_atomic, write_json
 from nanogpt.reporters.wandb_mode import resolve_mode
 from nanogpt.results import swept
+from nanogpt.results.record import summary_key
 from nanogpt.results.store import iter_records, sweep_id
 from nanogpt.spec import LoggerConfig, LoggerMode
 
@@ -84,16 +86,18 @@ def view_spec(
     cuda: memory is the CUDA allocator's (peak allocated, and allocated per window) rather
     than the process's resident memory, which is all a CPU run has.
     """
-    peak_memory = "mem_peak_allocated_bytes" if cuda else "mem_peak_rss_bytes"
+    key = summary_key  # the record's fields, namespaced by part in the run summary
+    peak_memory = key("mem_peak_allocated_bytes" if cuda else "mem_peak_rss_bytes")
+    tokens_per_s = key("tokens_per_s")
     memory_lines = ["train/mem_rss_bytes"] + (["train/mem_allocated_bytes"] if cuda else [])
     comparison = [
-        _panel("bar", "tokens/s", summary=["tokens_per_s"]),
-        _panel("bar", "MFU", summary=["mfu"]),
+        _panel("bar", "tokens/s", summary=[tokens_per_s]),
+        _panel("bar", "MFU", summary=[key("mfu")]),
         _panel("bar", "peak memory (bytes)", summary=[peak_memory]),
-        _panel("bar", "energy (J/token)", summary=["j_per_token"]),
+        _panel("bar", "energy (J/token)", summary=[key("j_per_token")]),
         _panel("table", "sweep table", table=[SUMMARY_TABLE]),
-        _panel("parallel", "swept keys -> tokens/s", config=swept, summary=["tokens_per_s"]),
-        _panel("scatter", "tokens/s vs peak memory", summary=[peak_memory, "tokens_per_s"]),
+        _panel("parallel", "swept keys -> tokens/s", config=swept, summary=[tokens_per_s]),
+        _panel("scatter", "tokens/s vs peak memory", summary=[peak_memory, tokens_per_s]),
     ]
     steps = [
         _panel("line", "step time (ms)", history=["train/step_ms"]),
@@ -104,9 +108,10 @@ def view_spec(
     # Every point's config and summary side by side: status and error first of all.
     failures = [_panel("runs", "points side by side")]
     # The runs table beside the panels: each point's status, error, throughput and swept keys.
-    columns = {"summary": ["status", "error", "tokens_per_s"], "config": list(swept)}
+    status = key("status")
+    columns = {"summary": [status, key("error"), tokens_per_s], "config": list(swept)}
     in_group = ["run", "Group", "==", group]
-    failed = [in_group, ["run", "JobType", "==", "point"], ["summary", "status", "!=", "ok"]]
+    failed = [in_group, ["run", "JobType", "==", "point"], ["summary", status, "!=", "ok"]]
     main = {"comparison": comparison, "steps": steps, "failures": failures}
     return {
         "format": SPEC_FORMAT,

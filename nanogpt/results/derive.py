@@ -151,19 +151,41 @@ def _energy_rates(out: Rates, setup: Setup, energy: Energy, measured_steps: int)
         out.power_over_limit = out.power_mean_w > energy.power_limit_w * (1 + POWER_LIMIT_SLACK)
 
 
+# Why a window is not steady, as codes the table reads (Timing.unsteady_reasons)
+SHORT = "short"  # shorter than asked (bench.measure_s), or than a GPU's clocks take to settle
+DRIFT = "drift"  # the last third's step time differs significantly from the first third's
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """Whether a measured window reads the steady state: the reason codes (none: steady), the
+    same in words, and the drift (pct, ci_low, ci_high) when the window had six steps or more."""
+
+    reasons: tuple[str, ...]
+    note: str | None
+    drift: tuple[float, float, float] | None
+
+    @property
+    def steady(self) -> bool:
+        return not self.reasons
+
+
 def steadiness(
     steps: list[float], measured_s: float, floor_s: float, on_accelerator: bool
-) -> tuple[bool, str | None, tuple[float, float, float] | None]:
-    """Whether a measured window reads the steady state: (steady, why not, drift).
+) -> Steadiness:
+    """Whether a measured window reads the steady state (`Steadiness`).
 
     drift: the last third's median step over the first third's, as (pct, ci_low, ci_high) with
     the 95 % interval of stats.speedup. Unsteady when the window was shorter than asked
-    (`floor_s`) or, on an accelerator, than STEADY_MIN_S; or when the drift is significant
-    (its whole interval beyond stats.NOISE): clocks or caches still changing."""
-    notes = []
+    (`floor_s`) or, on an accelerator, than STEADY_MIN_S (SHORT); or when the drift is
+    significant (its whole interval beyond stats.NOISE): clocks or caches still changing
+    (DRIFT)."""
+    reasons, notes = [], []
     if measured_s < floor_s:
+        reasons.append(SHORT)
         notes.append(f"measured {measured_s:.2f} s, less than bench.measure_s={floor_s:g}")
     elif on_accelerator and measured_s < STEADY_MIN_S:
+        reasons.append(SHORT)
         notes.append(f"measured {measured_s:.2f} s: a GPU's clocks take seconds to settle")
     drift = None
     third = len(steps) // 3
@@ -173,5 +195,6 @@ def steadiness(
         drift = ((1 / ratio - 1) * 100, (1 / high - 1) * 100, (1 / low - 1) * 100)
         if stats.verdict(low, high) != stats.NOT_SIGNIFICANT:
             way = "slower" if drift[0] > 0 else "faster"
+            reasons.append(DRIFT)
             notes.append(f"the last third of the steps ran {abs(drift[0]):.1f} % {way}")
-    return not notes, "; ".join(notes) or None, drift
+    return Steadiness(tuple(reasons), "; ".join(notes) or None, drift)
