@@ -13,6 +13,7 @@ from nanogpt.distributed import World
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
 from nanogpt.results import derive
+from nanogpt.results.baseline import BaselineError, choose
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import (
     PARTS,
@@ -26,7 +27,6 @@ from nanogpt.results.record import (
     namespaced,
     summary_key,
 )
-from nanogpt.results.table import ReportError, baseline_row
 from nanogpt.spec import (
     Attention,
     BenchConfig,
@@ -153,12 +153,17 @@ def test_baseline_is_the_given_point_else_the_reference_point_among_the_ok_ones(
             ("perf.compile=false perf.dtype=fp32", "ok", False, "fp32", 100.0),
         ]
     )
+
+    def baseline_row(table: pd.DataFrame, text: str | None = None):
+        position = choose(table, text).position
+        return None if position is None else table.iloc[position]
+
     assert baseline_row(table)["tokens_per_s"] == 100.0  # eager fp32, though not first
     assert baseline_row(table, "dtype=bf16")["tokens_per_s"] == 300.0  # given, and ok
     without_fp32 = table[table["dtype"] != "fp32"]
     assert baseline_row(without_fp32)["tokens_per_s"] == 300.0  # the only ok point
     assert baseline_row(table[table["status"] != "ok"]) is None
-    with pytest.raises(ReportError, match="report.baseline"):
+    with pytest.raises(BaselineError, match="report.baseline"):
         baseline_row(table, "model=gpt2")
 
 

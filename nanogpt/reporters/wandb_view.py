@@ -26,12 +26,11 @@ A swept key with no config path of its own (+sweep/accum_split) is read from the
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from nanogpt.faults import describe
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.reporters.wandb_mode import resolve_mode
+from nanogpt.reporters.wandb_mode import resolve_mode, warn
 from nanogpt.results import swept
 from nanogpt.results.record import summary_key
 from nanogpt.results.store import iter_records, sweep_id
@@ -146,7 +145,7 @@ def write_view(
     sweep_dir: Path, project: str, entity: str | None = None, group: str | None = None
 ) -> Path:
     """Write SWEEP_DIR/wandb_view.json (atomically) from the sweep's records; its path."""
-    records = [record for _, record in iter_records(sweep_dir) if record]
+    records = [record for _, record in iter_records(sweep_dir, moved=False) if record]
     spec = view_spec(
         project,
         group or sweep_id(sweep_dir),
@@ -233,12 +232,12 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
     later = f"`python -m nanogpt.dashboard {sweep_dir}` publishes it"
     spec = read_json(path)
     if not isinstance(spec, dict) or spec.get("format") != SPEC_FORMAT:
-        _warn(f"{path} is missing or is no view file; {later} (and writes it first)")
+        _warn_view(f"{path} is missing or is no view file; {later} (and writes it first)")
         return None
     resolved, reason = resolve_mode(mode)
     if resolved != "online":
         why = reason or f"logger.mode={resolved}"
-        _warn(
+        _warn_view(
             f"not published ({why}); it is saved in {path}: once the runs are synced "
             f"(`wandb sync`), with an API key, {later}"
         )
@@ -246,7 +245,7 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
     try:
         import wandb_workspaces  # noqa: F401
     except ImportError:
-        _warn(
+        _warn_view(
             f"wandb-workspaces is not installed, so {path} is not published; "
             f"`{INSTALL_HINT}`, then {later}"
         )
@@ -257,7 +256,7 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
         entity = spec["entity"] or wandb.Api().default_entity
         urls = [view.save().url for view in build_views(spec, entity)]
     except Exception as exc:  # no network, a refused key, a W&B error: the file stays
-        _warn(f"saving the view failed ({describe(exc)}); it stays in {path}, {later}")
+        _warn_view(f"saving the view failed ({describe(exc)}); it stays in {path}, {later}")
         return None
     write_atomic(Path(sweep_dir) / URL_FILE, "\n".join(urls) + "\n")
     print(f"W&B view: {urls[0]} (failures: {urls[1]})")
@@ -272,5 +271,5 @@ def save_and_publish(logger: LoggerConfig, sweep_dir: Path) -> str | None:
     return publish(sweep_dir, logger.mode)
 
 
-def _warn(message: str) -> None:
-    print(f"warning: W&B view: {message}", file=sys.stderr)
+def _warn_view(message: str) -> None:
+    warn(message, about="W&B view")

@@ -28,9 +28,8 @@ from nanogpt.results import compare, stats, store, sweep_steps, swept, tidy
 from nanogpt.results.derive import DRIFT
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import columns
-from nanogpt.results.tidy import SUMMARY_CSV, read_summary  # noqa: F401 (documented here)
+from nanogpt.results.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
 
-SUMMARY_MD = "summary.md"
 PRINTED_COLUMNS = (
     "overrides",
     "status",
@@ -53,10 +52,12 @@ class ReportError(Exception):
 
 
 def load_records(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
-    """Readable records, one per point (the newest ok one wins), and the unreadable files."""
+    """Readable records, one per point (the newest ok one wins), and the unreadable files. A
+    record moved aside (SWEEP_DIR/moved/: a resumed sweep whose points changed) is no row: the
+    table is the sweep's current points."""
     by_point: dict[str, dict] = {}
     unreadable = []
-    for path, record in store.iter_records(sweep_dir):
+    for path, record in store.iter_records(sweep_dir, moved=False):
         if record is None:
             unreadable.append(path)
             continue
@@ -90,10 +91,6 @@ class Sweep:
     swept: list[str]  # the swept keys, one column each (results/swept.py)
     baseline: str  # which point is the speedup baseline, and why
     unreadable: list[Path] = field(default_factory=list)
-
-    def __iter__(self):
-        """`table, unreadable = build_table(...)` still reads as it did when it was a tuple."""
-        return iter((self.table, self.unreadable))
 
     def series(self) -> list:
         """Each row's measured steps (a list per repeat), found by its job_dir."""
@@ -139,16 +136,6 @@ def build_table(
         name = point_labels(table)[choice.position] or "defaults"
         sweep.baseline = f"baseline: {name} ({choice.reason})"
     return sweep
-
-
-def baseline_row(table: pd.DataFrame, baseline: str | None = None) -> pd.Series | None:
-    """The row speedups are measured against (results/baseline.py: `baseline` text if given,
-    else the point whose swept knobs are at their reference); None when no point is ok."""
-    try:
-        position = baseline_rule.choose(table, baseline).position
-    except baseline_rule.BaselineError as err:
-        raise ReportError(str(err)) from None
-    return None if position is None else table.iloc[position]
 
 
 def to_markdown(table: pd.DataFrame) -> str:
