@@ -123,7 +123,7 @@ def test_a_point_measures_with_peaks_below_nvml_and_reset_per_point(tmp_path):
         memory = record.memory
         assert memory.mem_peak_allocated_bytes <= memory.mem_peak_reserved_bytes
         assert memory.mem_peak_reserved_bytes <= memory.mem_nvml_used_bytes
-        assert record.timing.clock == "cuda-events"
+        assert record.timing.step_timer == "cuda-events"
         figures.append(memory.mem_peak_allocated_bytes)
     # Peaks are reset per point: the second equals the first, not their sum or a running max.
     assert figures[1] == pytest.approx(figures[0], rel=0.05)
