@@ -46,6 +46,19 @@ def test_every_record_field_is_documented():
     assert [name for name in fields if not documented(text, name)] == []
 
 
+def test_the_json_marks_of_record_md_are_the_schemas():
+    """A field docs/record.md marks "json" is json_only() in its dataclass, and no other: the
+    page says which fields are columns of summary.csv as the schema does."""
+    fields, cols = set(Record().to_dict()), set(columns())
+    wrong = []
+    for line in (DOCS / "record.md").read_text().splitlines():
+        if line.startswith("| `"):
+            marked = "| json:" in line or " | json" in line
+            names = re.findall(r"`(\w+)`", line.split(" | ")[0])
+            wrong += [n for n in names if n in fields and marked == (n in cols)]
+    assert wrong == []
+
+
 def test_every_column_of_a_real_table_is_documented(tmp_path):
     # Two ok records written as a sweep writes them, then the table the report builds.
     for number, step_ms in enumerate((100.0, 80.0)):
