@@ -15,7 +15,8 @@ on a 700 W card). So on CUDA:
   median sits within about 0.5 % of the one-minute figure, and the energy counter has advanced
   tens of times. The README's four-point sweep stays near two minutes on an H100;
 - a window is marked unsteady when it was cut short, or when its last third is significantly
-  slower or faster than its first (the clocks still moving): `steady` and `steady_note`.
+  slower or faster than its first (the clocks still moving): `steady`, `unsteady_reasons`
+  (short, drift) and `steady_note`.
 
 On a CPU the work does not boost and settle the same way, a step is long, and the sweep should
 stay quick: no time floors by default, 20 steps.

@@ -174,16 +174,19 @@ def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: boo
 
 
 def _measured_once(comparison: pd.DataFrame, old: pd.DataFrame, new: pd.DataFrame) -> list[str]:
-    """The compared points (in both sweeps) that either sweep measured in fewer than
-    GATE_REPEATS processes."""
-    counts = {}
+    """The compared points (in both sweeps, joined as compare_sweeps joins them) that either
+    sweep measured in fewer than GATE_REPEATS processes, named by their overrides."""
+    counts: dict[str, int] = {}
     for table in (old, new):
-        for overrides, repeats in zip(table["overrides"], table["repeats"], strict=True):
-            key = " ".join(sorted(str(overrides).split()))
+        for key, repeats in zip(compare.point_keys(table), table["repeats"], strict=True):
             n = 1 if pd.isna(repeats) else int(repeats)
             counts[key] = min(counts.get(key, n), n)
-    both = comparison[comparison["only_in"].isna()]["point"]
-    return [point for point in both if counts.get(point, 1) < GATE_REPEATS]
+    both = comparison[comparison["only_in"].isna()]
+    return [
+        point
+        for key, point in zip(both["point_id"], both["point"], strict=True)
+        if counts.get(key, 1) < GATE_REPEATS
+    ]
 
 
 if __name__ == "__main__":

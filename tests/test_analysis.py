@@ -78,8 +78,8 @@ def test_sweep_group_is_the_sweeps_dir(hydra_conf):
 def test_every_preset_composes_and_each_point_validates_where_it_can_run(hydra_conf, name):
     points = preset_points(name)
     assert len(points) >= 2
-    readme = (SWEEPS / "README.md").read_text()
-    assert re.search(rf"`python -m nanogpt.run -m \+sweep={name}[` ]", readme)  # documented
+    table = (SWEEPS.parent / "docs" / "presets.md").read_text()  # the one table of presets
+    assert re.search(rf"(?m)^\| `{name}` \|", table)  # documented
     for point in points:
         cfg = compose("config", overrides=[f"+sweep={name}", *point])
         spec = OmegaConf.to_object(cfg)
@@ -362,7 +362,10 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     sweep_id = f"{sweep_dir.parent.name}/sweep"
     assert f"fastest: {sweep_id}: {fastest_label}" in text
     assert "1 point(s) did not finish ok" in text
-    assert f"{oom_dir.parent.name}/sweep: defaults [oom]: RuntimeError: " in text
+    # A one-point sweep's swept keys are every key it sets (results/swept.py): its label too.
+    oom_label = plots.point_labels(pd.read_csv(oom_dir / report.SUMMARY_CSV))[0]
+    assert "bench.inject_fault=oom@2" in oom_label
+    assert f"{oom_dir.parent.name}/sweep: {oom_label} [oom]: RuntimeError: " in text
     assert f"{sweep_dir}: baseline: " in text and f"{oom_dir}: baseline: none" in text
     assert "only_in" in text  # the sweep-against-sweep section: these two share no point
     verdicts = table["bottleneck"].dropna()  # the diagnosis section: each verdict and its hint

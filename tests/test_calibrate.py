@@ -22,7 +22,7 @@ from nanogpt.hardware.env import device_name
 from nanogpt.hardware.peaks import resolve_peak
 from nanogpt.results import derive
 from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.record import Rates, Setup
+from nanogpt.results.record import Asked, Rates, Record, Setup, Timing
 from nanogpt.spec import Dtype
 from tests.conftest import run_cli
 
@@ -106,9 +106,9 @@ def run_rates(ceilings: Ceilings, achieved_flops: float) -> Rates:
     """A run's derived figures when it achieved `achieved_flops`: one token a step on one
     device, a step of one second, so FLOP/s = FLOPs per token."""
     setup = Setup(world_size=1, tokens_per_step=1, flops_per_token=achieved_flops)
-    return derive.rates(
-        setup, 1000.0, 1000.0, ceilings, compiled=False, checkpointing=False, dtype="fp32"
-    )
+    asked = Asked(dtype="fp32", compile=False, activation_checkpointing=False)
+    timing = Timing(step_ms_median=1000.0, first_step_ms=1000.0)
+    return derive.rates(Record(asked=asked, setup=setup, timing=timing), ceilings)
 
 
 def test_run_figures_and_the_flag(cache):

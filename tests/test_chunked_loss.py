@@ -159,12 +159,12 @@ def test_a_sweep_over_the_loss_records_it_and_its_estimate(sweep):
     proc, sweep_dir = sweep("perf.loss=full,chunked", "perf.loss_chunk=8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     full, chunked = (json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json")))
-    assert (full["loss"], chunked["loss"]) == ("full", "chunked")
+    assert (full["loss_kind"], chunked["loss_kind"]) == ("full", "chunked")
     assert full["loss_chunk"] is None and chunked["loss_chunk"] == 8
     assert chunked["mem_estimate"]["logits"] < full["mem_estimate"]["logits"]
     assert chunked["flops_per_token_counted"] == full["flops_per_token_counted"]
     table = pd.read_csv(sweep_dir / "summary.csv")
-    assert list(table["loss"]) == ["full", "chunked"] and set(table["status"]) == {"ok"}
+    assert list(table["loss_kind"]) == ["full", "chunked"] and set(table["status"]) == {"ok"}
 
 
 def test_a_chunk_of_no_tokens_is_one_line_before_any_point(sweep):

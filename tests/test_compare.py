@@ -206,4 +206,35 @@ def test_the_gate_names_points_measured_in_one_process_only():
     new = pd.DataFrame({"overrides": ["b=2 a=1", "a=2", "a=4"], "repeats": [2, 3, 3]})
     old, new = old.assign(**figures), new.assign(**figures)
     comparison = compare.compare_sweeps(old, [[], [], []], new, [[], [], []])
-    assert _measured_once(comparison, old, new) == ["a=2"]
+    assert _measured_once(comparison, old, new) == ["a=2"]  # named by its overrides
+
+
+def test_sweeps_are_compared_point_by_point_id():
+    """report --compare joins on point_id (what a point measures), whatever its overrides'
+    text; overrides (order-free) only where a record has no id."""
+    rng = np.random.default_rng(1)
+
+    def table(rows):
+        frame = pd.DataFrame(rows, columns=["point_id", "overrides", "status", "tokens_per_s"])
+        return frame.assign(step_ms_median=10.0, tokens_per_step=1000)
+
+    old = table(
+        [
+            ("a1", "perf.dtype=fp32 perf.compile=false", "ok", 100.0),
+            ("b2", "perf.batch_size=4", "ok", 100.0),  # a default changed since: another id
+            (None, "x=1 y=2", "ok", 100.0),  # written before point_id existed
+        ]
+    )
+    new = table(
+        [
+            ("a1", "perf.compile=false perf.dtype=fp32", "ok", 100.0),
+            ("c3", "perf.batch_size=4", "ok", 100.0),
+            (None, "y=2 x=1", "ok", 100.0),
+        ]
+    )
+    steps = [[ar1_steps(rng)] for _ in range(3)]
+    comparison = compare.compare_sweeps(old, steps, new, steps)
+    by_id = comparison.set_index("point_id")
+    only_in = {k: v if isinstance(v, str) else None for k, v in by_id["only_in"].items()}
+    assert only_in == {"a1": None, "c3": "new", "overrides: x=1 y=2": None, "b2": "old"}
+    assert by_id.loc["a1", "verdict"] == stats.NOT_SIGNIFICANT  # the same steps both sides

@@ -123,7 +123,7 @@ def test_a_point_measures_with_peaks_below_nvml_and_reset_per_point(tmp_path):
         memory = record.memory
         assert memory.mem_peak_allocated_bytes <= memory.mem_peak_reserved_bytes
         assert memory.mem_peak_reserved_bytes <= memory.mem_nvml_used_bytes
-        assert record.timing.clock == "cuda-events"
+        assert record.timing.step_timer == "cuda-events"
         figures.append(memory.mem_peak_allocated_bytes)
     # Peaks are reset per point: the second equals the first, not their sum or a running max.
     assert figures[1] == pytest.approx(figures[0], rel=0.05)
@@ -229,9 +229,10 @@ def test_energy_and_clocks_are_counted_over_the_measured_steps(tmp_path):
     assert energy.energy_updates >= 10 and energy.energy_error_pct < 5
     assert 0 < record.rates.power_mean_w <= energy.power_limit_w * 1.05
     assert record.rates.power_over_limit is False
-    assert record.rates.j_per_token > 0 and energy.sm_clock_mean_mhz > 0
-    assert energy.sm_clock_first_mhz > 0 and energy.sm_clock_last_mhz > 0
-    assert isinstance(energy.clock_event_reasons, list)  # read: an empty list is "none seen"
+    clocks = record.clocks
+    assert record.rates.j_per_token > 0 and clocks.sm_clock_mean_mhz > 0
+    assert clocks.sm_clock_first_mhz > 0 and clocks.sm_clock_last_mhz > 0
+    assert isinstance(clocks.clock_event_reasons, list)  # read: an empty list is "none seen"
     assert timing.measured_s >= 5.0 and timing.warmup_s_run >= 3.0
     assert timing.steady in (True, False) and timing.drift_pct is not None
     assert timing.diagnostics_active == ["energy-sampler"]

@@ -32,8 +32,13 @@ from nanogpt.spec import Dtype, RunSpec
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
 
-SHARES = ("diag_device_frac", "diag_comm_frac", "diag_data_frac", "diag_host_frac")
-KIND_SHARES = tuple(f"diag_{kind}_frac" for kind in rules.KINDS)
+SHARES = (
+    "diag_step_device_frac",
+    "diag_step_comm_frac",
+    "diag_step_data_frac",
+    "diag_step_host_frac",
+)
+KIND_SHARES = tuple(f"diag_device_time_{kind}_frac" for kind in rules.KINDS)
 
 # ------------------------------------------------------------------------------------------
 # Interval arithmetic (kernels on several streams overlap)
@@ -130,8 +135,9 @@ def cuda_step(annotations: bool = True) -> list[FunctionEvent]:
 def test_user_annotations_on_the_gpu_timeline_are_not_kernels():
     split = step_split.split_step(cuda_step(), cuda=True)
     # The gemm alone computes: 200 of 1,000 us. Counting the step's shadow would make it 98 %.
-    assert split["diag_device_frac"] == pytest.approx(0.2)
-    assert split["diag_matmul_frac"] == pytest.approx(1.0) and split["diag_other_frac"] == 0
+    assert split["diag_step_device_frac"] == pytest.approx(0.2)
+    assert split["diag_device_time_matmul_frac"] == pytest.approx(1.0)
+    assert split["diag_device_time_other_frac"] == 0
     assert split["diag_ops_per_step"] == 1
     assert rules.verdict(Diagnosis(**split)) == "host-bound"
     # The check can fail: the same events with the shadows are what the defect counted.
@@ -145,7 +151,7 @@ def test_events_of_a_torch_without_the_cuda_attributes_are_null_with_the_reason(
     with pytest.raises(step_split.ProfilerAttributeMissing, match="linked_correlation_id"):
         step_split.split_step(events, cuda=True)
     # The CPU branch needs neither attribute.
-    assert step_split.split_step(events, cuda=False)["diag_device_frac"] is not None
+    assert step_split.split_step(events, cuda=False)["diag_step_device_frac"] is not None
 
 
 def test_kineto_events_give_back_what_function_events_lack():
@@ -222,7 +228,7 @@ def test_shares_of_the_step_and_of_device_time_each_sum_to_one(diagnosed):
         assert all(0 <= figures[key] <= 1 for key in SHARES)
         assert sum(figures[key] for key in KIND_SHARES) == pytest.approx(1.0)
         assert figures["diag_steps"] == 5 and len(step_ms) == 6  # one unrecorded step first
-        assert figures["diag_comm_frac"] == 0  # one process: no collective
+        assert figures["diag_step_comm_frac"] == 0  # one process: no collective
 
 
 def test_tiny_model_is_host_bound_and_wide_one_device_bound(diagnosed):
@@ -232,7 +238,7 @@ def test_tiny_model_is_host_bound_and_wide_one_device_bound(diagnosed):
     assert tiny["diag_ops_per_step"] > wide["diag_ops_per_step"]  # 4 layers against 1
     assert tiny["diag_us_per_op"] < wide["diag_us_per_op"] / 10
     kinds = {key: wide[key] for key in KIND_SHARES}
-    assert max(kinds, key=kinds.get) == "diag_matmul_frac"
+    assert max(kinds, key=kinds.get) == "diag_device_time_matmul_frac"
     # The per-operator floor is measured, in microseconds: far below the wide point's ops.
     assert 0 < wide["diag_op_floor_us"] < wide["diag_us_per_op"]
 
@@ -242,10 +248,12 @@ def test_the_hint_names_the_knob_and_the_figure_it_rests_on(diagnosed):
     judged = judge(Diagnosis(**figures), Setting.of(spec, "cpu", None))
     assert judged.bottleneck == "host-bound"
     assert "perf.compile=true" in judged.bottleneck_hint
-    assert f"host work is {figures['diag_host_frac']:.0%} of the step" in judged.bottleneck_hint
+    assert (
+        f"host work is {figures['diag_step_host_frac']:.0%} of the step" in judged.bottleneck_hint
+    )
     spec, figures, _ = diagnosed["wide"]
     judged = judge(Diagnosis(**figures), Setting.of(spec, "cpu", None))
-    assert f"the device computes {figures['diag_device_frac']:.0%}" in judged.bottleneck_hint
+    assert f"the device computes {figures['diag_step_device_frac']:.0%}" in judged.bottleneck_hint
 
 
 class TokenizingSource:
@@ -278,9 +286,9 @@ def test_a_loader_that_tokenizes_every_batch_is_data_bound():
         found, _, data_ms = diagnose.profile_diagnosis(trainer, 2)
     judged = judge(Diagnosis(**found), Setting.of(spec, "cpu", None))
     assert judged.bottleneck == "data-bound", found
-    assert f"getting batches takes {found['diag_data_frac']:.0%}" in judged.bottleneck_hint
+    assert f"getting batches takes {found['diag_step_data_frac']:.0%}" in judged.bottleneck_hint
     # The loader's own operators (the tensor it builds) are data, not compute.
-    assert found["diag_data_frac"] > found["diag_device_frac"]
+    assert found["diag_step_data_frac"] > found["diag_step_device_frac"]
     assert min(data_ms) > 0
 
 
@@ -298,12 +306,14 @@ def test_data_marker_is_gone_after_the_diagnosis():
 
 
 def figures(device=0.3, comm=0.0, data=0.0, host=0.7, headroom=0.2, **kinds) -> Diagnosis:
-    shares = dict.fromkeys(KIND_SHARES, 0.0) | {f"diag_{k}_frac": v for k, v in kinds.items()}
+    shares = dict.fromkeys(KIND_SHARES, 0.0) | {
+        f"diag_device_time_{k}_frac": v for k, v in kinds.items()
+    }
     return Diagnosis(
-        diag_device_frac=device,
-        diag_comm_frac=comm,
-        diag_data_frac=data,
-        diag_host_frac=host,
+        diag_step_device_frac=device,
+        diag_step_comm_frac=comm,
+        diag_step_data_frac=data,
+        diag_step_host_frac=host,
         diag_ops_per_step=1400,
         diag_us_per_op=9.0,
         diag_mem_headroom_frac=headroom,
@@ -448,7 +458,7 @@ def test_diagnosed_steps_are_logged_apart_and_enter_no_statistic(diagnosed_sweep
 def test_diagnosis_off_is_null_with_the_reason(diagnosed_sweep):
     _, sweep_dir = diagnosed_sweep
     job_dir, record = job_of(sweep_dir, False)
-    assert record["bottleneck"] is None and record["diag_device_frac"] is None
+    assert record["bottleneck"] is None and record["diag_step_device_frac"] is None
     assert record["diag_error"] == "off (bench.diagnose=false)"
     steps = pd.read_csv(job_dir / "steps.csv")
     assert "diagnose" not in set(steps["phase"])
@@ -461,7 +471,7 @@ def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
     row = summary[summary["job_dir"] == str(job_dir.resolve())].iloc[0]
     assert row["bottleneck"] == record["bottleneck"]
     assert row["bottleneck_hint"] == record["bottleneck_hint"]
-    assert row["diag_host_frac"] == pytest.approx(record["diag_host_frac"])
+    assert row["diag_step_host_frac"] == pytest.approx(record["diag_step_host_frac"])
     header = next(line for line in proc.stdout.splitlines() if "step_ms" in line)
     assert "bottleneck" in header.split()
     markdown = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()
@@ -473,8 +483,8 @@ def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
 
     (run_dir,) = sorted((job_dir / "wandb").glob("offline-run-*"))
     run = read_run(run_file(run_dir))
-    for key in ("bottleneck", "bottleneck_hint", "diag_device_frac", "diag_host_frac"):
-        assert run.summary[key] == record[key]
+    for key in ("bottleneck", "bottleneck_hint", "diag_step_device_frac", "diag_step_host_frac"):
+        assert run.summary[f"diagnosis/{key}"] == record[key]  # namespaced by part
 
 
 def test_bottleneck_plot_stacks_each_points_figures(diagnosed_sweep):
@@ -524,6 +534,6 @@ def test_cuda_small_batch_is_host_bound_and_large_matmuls_device_bound():
         assert rules.verdict(Diagnosis(**found)) == expected, found
         if expected == "device-bound":
             kinds = {key: found[key] for key in KIND_SHARES}
-            assert max(kinds, key=kinds.get) == "diag_matmul_frac"
+            assert max(kinds, key=kinds.get) == "diag_device_time_matmul_frac"
         del trainer
         torch.cuda.empty_cache()

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from nanogpt.results import table
-from nanogpt.results.record import RESULT_COLUMNS, Record
+from nanogpt.results.record import Record, columns
 from nanogpt.results.store import write_record
 from nanogpt.spec import RunSpec
 
@@ -42,8 +42,21 @@ def test_every_config_key_is_documented():
 
 def test_every_record_field_is_documented():
     text = (DOCS / "record.md").read_text()
-    fields = [*Record().to_dict(), *RESULT_COLUMNS]
+    fields = [*Record().to_dict(), *columns()]
     assert [name for name in fields if not documented(text, name)] == []
+
+
+def test_the_json_marks_of_record_md_are_the_schemas():
+    """A field docs/record.md marks "json" is json_only() in its dataclass, and no other: the
+    page says which fields are columns of summary.csv as the schema does."""
+    fields, cols = set(Record().to_dict()), set(columns())
+    wrong = []
+    for line in (DOCS / "record.md").read_text().splitlines():
+        if line.startswith("| `"):
+            marked = "| json:" in line or " | json" in line
+            names = re.findall(r"`(\w+)`", line.split(" | ")[0])
+            wrong += [n for n in names if n in fields and marked == (n in cols)]
+    assert wrong == []
 
 
 def test_every_column_of_a_real_table_is_documented(tmp_path):
@@ -57,7 +70,7 @@ def test_every_column_of_a_real_table_is_documented(tmp_path):
         record.timing.step_ms_measured = [[step_ms * (1 + i / 100) for i in range(8)]]
         record.rates.tokens_per_s = 64 / (step_ms / 1e3)
         write_record(tmp_path / str(number), record)
-    built, _ = table.build_table(tmp_path)
+    built = table.build_table(tmp_path).table
     text = (DOCS / "record.md").read_text()
     config = (DOCS / "config.md").read_text()
     # a swept key's column is named after the key: documented with the keys, in config.md
@@ -90,3 +103,52 @@ def test_every_link_resolves():
     for page in [README, *DOCS.glob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+)\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+# What conf/, sweeps/ and the notebook cite: a file (nanogpt/protocol.py, docs/record.md), a
+# name in a file (protocol.py's CPU_BENCH), a section of a page (README "Quick start",
+# (docs/measurement.md: Diagnosis)).
+CITING = [
+    *sorted((REPO / "conf").rglob("*.yaml")),
+    *sorted((REPO / "sweeps").glob("*.yaml")),
+    *sorted((REPO / "notebooks").glob("*.ipynb")),
+]
+FILE_REF = re.compile(r"(?<![\w.])((?:[\w-]+/)*[\w-]+\.(?:py|md|yaml|ipynb))\b")
+NAME_REF = re.compile(r"((?:[\w-]+/)*[\w-]+\.py)'s ([A-Za-z_]\w*)")
+PAGE = r"((?:[\w-]+/)*(?:README|[\w-]+\.md))"
+SECTION_REF = re.compile(PAGE + r"(?::| ) ?\"([^\"\\]+)\"|\(" + PAGE + r": ([^)]+)\)")
+
+
+# Files cited that are not this checkout's: nanoGPT's own (its figures are quoted), and the
+# notebook a papermill command writes.
+NOT_OURS = {"bench.py", "train.py", "analysis.ipynb"}
+
+
+def cited_file(name: str, near=None):
+    """The file a citation names: a path from the checkout's top or the package's, else (a bare
+    module name such as app.py) the one file of that name in the package."""
+    places = [REPO / name, REPO / "nanogpt" / name]  # measure/loop.py: in the package
+    places += [near / name] if near is not None else []  # nano.yaml beside gpt2.yaml
+    for place in places:
+        if place.exists():
+            return place
+    found = [*(REPO / "nanogpt").rglob(name)] if "/" not in name else []
+    return found[0] if len(found) == 1 else None
+
+
+@pytest.mark.parametrize("path", CITING, ids=lambda p: str(p.relative_to(REPO)))
+def test_what_configs_presets_and_the_notebook_cite_exists(path):
+    text = path.read_text()
+    files = [name for name in FILE_REF.findall(text) if name not in NOT_OURS]
+    missing = [name for name in files if cited_file(name, path.parent) is None]
+    for module, name in NAME_REF.findall(text):
+        source = cited_file(module)
+        if source is None or not re.search(rf"(?m)^(def |class )?{name}\b", source.read_text()):
+            missing.append(f"{module}'s {name}")
+    for page, section, page2, section2 in SECTION_REF.findall(text):
+        page, section = page or page2, section or section2
+        target = cited_file(page if page.endswith(".md") else f"{page}.md")
+        headings = [] if target is None else re.findall(r"(?m)^#+ (.+)$", target.read_text())
+        if not any(section.strip().lower() in heading.lower() for heading in headings):
+            missing.append(f'{page} "{section}"')
+    assert missing == []

@@ -86,17 +86,22 @@ def test_an_fp8_point_is_divided_by_the_bf16_peak_and_beating_bf16_matmuls_flags
 
     from nanogpt.results import derive
     from nanogpt.results.derive import Ceilings, Peak
-    from nanogpt.results.record import Setup
+    from nanogpt.results.record import Asked, Record, Setup, Timing
 
     setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1_000_000_000)
     # 1e12 FLOP in 1 ms is 1 PFLOP/s: above the 0.8 PFLOP/s the bf16 calibration measured.
     ceilings = Ceilings(Peak(0.989e15, "datasheet"), achievable_flops=0.8e15)
-    args = (setup, 1.0, 1.0, ceilings)
+
+    def point(fp8: str) -> Record:
+        asked = Asked(dtype="bf16", compile=True, activation_checkpointing=False, fp8=fp8)
+        timing = Timing(step_ms_median=1.0, first_step_ms=1.0)
+        return Record(asked=asked, setup=setup, timing=timing)
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "the FLOP count or the timing is wrong" warning
-        fp8 = derive.rates(*args, compiled=True, checkpointing=False, dtype="bf16", fp8=True)
+        fp8 = derive.rates(point("tensorwise"), ceilings)
     assert fp8.peak_dtype == "bf16" and fp8.mfu == pytest.approx(1e15 / 0.989e15)
     assert fp8.mfu_achievable == pytest.approx(1.25) and fp8.mfu_flag is None
     with pytest.warns(UserWarning, match="mfu_flag is set"):
-        bf16 = derive.rates(*args, compiled=True, checkpointing=False, dtype="bf16")
+        bf16 = derive.rates(point("none"), ceilings)
     assert bf16.mfu_flag is True  # the same figures without float8 are impossible

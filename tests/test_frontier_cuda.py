@@ -42,7 +42,7 @@ def test_the_chunked_loss_saves_what_the_estimate_predicts_compiled_or_not(sweep
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
     assert [r["status"] for r in records] == ["ok"] * 4
-    by = {(r["loss"], r["compile"]): r for r in records}
+    by = {(r["loss_kind"], r["compile"]): r for r in records}
     tokens = 16 * 256
     for compiled in (False, True):
         full, chunked = by[("full", compiled)], by[("chunked", compiled)]

@@ -25,7 +25,7 @@ from nanogpt.measure.counters import CounterSampler
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import compare, derive
-from nanogpt.results.record import Energy, Setup
+from nanogpt.results.record import Asked, Energy, Record, Setup, Timing
 from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.validate import check_cuda_graph_warmup
 
@@ -93,19 +93,20 @@ def test_the_window_lasts_its_time_floor_and_says_how_it_went(single):
 def test_a_window_that_drifts_or_is_cut_short_is_not_steady():
     gen = torch.Generator().manual_seed(0)
     flat = (30 + torch.randn(60, generator=gen) * 0.2).tolist()
-    steady, note, drift = derive.steadiness(flat, 5.0, 5.0, on_accelerator=True)
-    assert steady and note is None and abs(drift[0]) < 2
+    found = derive.steadiness(flat, 5.0, 5.0, on_accelerator=True)
+    assert found.steady and found.note is None and abs(found.drift[0]) < 2
     # The clock drops a third of the way in: the last third is 8 % slower.
     slowing = flat[:20] + [t * 1.08 for t in flat[20:]]
-    steady, note, drift = derive.steadiness(slowing, 5.0, 5.0, on_accelerator=True)
-    assert not steady and "8." in note and 6 < drift[0] < 10 and drift[1] > 2
+    found = derive.steadiness(slowing, 5.0, 5.0, on_accelerator=True)
+    assert found.reasons == (derive.DRIFT,) and "8." in found.note
+    assert 6 < found.drift[0] < 10 and found.drift[1] > 2
     # Long enough on a CPU, too short for a GPU's clocks.
-    assert derive.steadiness(flat, 0.5, 0.0, on_accelerator=False)[0]
-    steady, note, _ = derive.steadiness(flat, 0.5, 0.0, on_accelerator=True)
-    assert not steady and "settle" in note
+    assert derive.steadiness(flat, 0.5, 0.0, on_accelerator=False).steady
+    found = derive.steadiness(flat, 0.5, 0.0, on_accelerator=True)
+    assert found.reasons == (derive.SHORT,) and "settle" in found.note
     # Cut by the time budget below the asked floor.
-    steady, note, _ = derive.steadiness(flat, 3.0, 5.0, on_accelerator=False)
-    assert not steady and "bench.measure_s=5" in note
+    found = derive.steadiness(flat, 3.0, 5.0, on_accelerator=False)
+    assert found.reasons == (derive.SHORT,) and "bench.measure_s=5" in found.note
 
 
 class SteppedCounter:
@@ -154,10 +155,13 @@ def _setup(world_size: int = 1) -> Setup:
 
 def _rates(energy: Energy, world_size: int = 1, steps: int = 10):
     ceilings = derive.Ceilings(derive.Peak(None, "unknown"))
-    return derive.rates(
-        _setup(world_size), 10.0, 10.0, ceilings, compiled=False, checkpointing=False,
-        dtype="fp32", energy=energy, measured_steps=steps,
-    )  # fmt: skip
+    record = Record(
+        asked=Asked(dtype="fp32", compile=False, activation_checkpointing=False),
+        setup=_setup(world_size),
+        timing=Timing(step_ms_median=10.0, first_step_ms=10.0, measured_steps=steps),
+        energy=energy,
+    )
+    return derive.rates(record, ceilings)
 
 
 def test_a_mean_power_over_the_limit_is_flagged():

@@ -13,18 +13,20 @@ from nanogpt.distributed import World
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
 from nanogpt.results import derive
+from nanogpt.results.baseline import BaselineError, choose
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import (
     PARTS,
-    RESULT_COLUMNS,
     Asked,
     Energy,
     Rates,
     Record,
     Setup,
     Timing,
+    columns,
+    namespaced,
+    summary_key,
 )
-from nanogpt.results.table import ReportError, baseline_row
 from nanogpt.spec import (
     Attention,
     BenchConfig,
@@ -48,7 +50,39 @@ def test_every_column_is_a_field_of_one_part_and_field_names_are_unique():
     names = [f.name for part in PARTS.values() for f in dataclasses.fields(part)]
     names += ["status", "error", "env", "wall_s", "finished_at"]
     assert len(names) == len(set(names))  # one flat namespace: no name in two parts
-    assert set(RESULT_COLUMNS) <= set(names)
+    assert set(columns()) <= set(names) and set(Record().to_dict()) == set(names)
+
+
+def test_the_columns_are_the_fields_not_marked_json_only():
+    # Every field is a column unless its metadata says json-only; a nested value (a dict) never
+    # is one, so a part's new dict field must be marked (json_only()) to stay out of the CSV.
+    for part in PARTS.values():
+        for f in dataclasses.fields(part):
+            is_column = f.name in columns()
+            assert is_column != bool(f.metadata.get("json_only")), f.name
+            assert not (is_column and "dict" in str(f.type)), f"{f.name}: mark it json_only()"
+    assert {"point_id", "status", "tokens_per_s", "sm_clock_mean_mhz", "loss_kind"} <= set(
+        columns()
+    )
+    assert not {"env", "measured_config", "step_ms_measured", "steps"} & set(columns())
+    # A field a part gains becomes a column with no other edit.
+    extra = dataclasses.make_dataclass(
+        "TimingPlus", [("job_node", str | None, None)], bases=(Timing,)
+    )
+    try:
+        PARTS["timing"] = extra
+        assert "job_node" in columns() and summary_key("job_node") == "timing/job_node"
+    finally:
+        PARTS["timing"] = Timing
+
+
+def test_the_wandb_summary_is_namespaced_by_part():
+    flat = Record(status="ok").to_dict()
+    keys = namespaced(flat)
+    assert len(keys) == len(flat)
+    assert {"point/status", "timing/step_ms_median", "rates/tokens_per_s"} <= set(keys)
+    assert {"clocks/sm_clock_mean_mhz", "asked/loss_kind", "asked/point_id"} <= set(keys)
+    assert summary_key("diag_step_host_frac") == "diagnosis/diag_step_host_frac"
 
 
 def test_record_round_trips_through_its_flat_dict():
@@ -62,17 +96,27 @@ def test_record_round_trips_through_its_flat_dict():
         steps=[{"step": 1, "phase": "warmup", "step_ms": 9.0, "data_ms": 0.1, "loss": 5.0}],
     )
     flat = record.to_dict(steps=True)
-    assert list(flat)[: len(RESULT_COLUMNS)] == list(RESULT_COLUMNS)
+    assert list(flat)[: len(columns())] == list(columns())
     assert flat["dtype"] == "fp32" and flat["overrides_str"] == "perf.batch_size=2"
     assert Record.from_dict(flat) == record
     assert "steps" not in record.to_dict()  # result.json: the steps go to steps.csv
 
 
-def uncompiled_rates(setup: Setup, step_ms: float, **kwargs) -> Rates:
+def point(setup: Setup, step_ms: float, first_ms: float | None = None, **asked) -> Record:
+    """A record measured at `step_ms` a step: an eager fp32 point unless `asked` says else."""
+    asked = {"dtype": "fp32", "compile": False, "activation_checkpointing": False, **asked}
+    first_ms = step_ms if first_ms is None else first_ms
+    timing = Timing(step_ms_median=step_ms, first_step_ms=first_ms)
+    return Record(asked=Asked(**asked), setup=setup, timing=timing)
+
+
+def uncompiled_rates(
+    setup: Setup, step_ms: float, energy: Energy | None = None, measured_steps=None, **asked
+) -> Rates:
     """The derived figures of an eager fp32 point with an unknown peak."""
-    kwargs.setdefault("checkpointing", False)
-    ceilings = Ceilings(Peak(None, "unknown"))
-    return derive.rates(setup, step_ms, step_ms, ceilings, compiled=False, dtype="fp32", **kwargs)
+    record = point(setup, step_ms, **asked)
+    record.energy, record.timing.measured_steps = energy or Energy(), measured_steps
+    return derive.rates(record, Ceilings(Peak(None, "unknown")))
 
 
 def test_point_and_window_rates_share_one_formula():
@@ -81,7 +125,7 @@ def test_point_and_window_rates_share_one_formula():
     )
     ceilings = Ceilings(Peak(1e12, "override"), achievable_flops=5e11, calibration={"op": "x"})
     rates = derive.rates(
-        setup, 8.0, 20.0, ceilings, compiled=True, checkpointing=True, dtype="fp32"
+        point(setup, 8.0, 20.0, compile=True, activation_checkpointing=True), ceilings
     )
     window = derive.window_rates(setup, 8.0, ceilings)
     assert rates.tokens_per_s == window["tokens_per_s"] == pytest.approx(4096 / 0.008)
@@ -91,7 +135,7 @@ def test_point_and_window_rates_share_one_formula():
     assert rates.hfu == pytest.approx(rates.mfu * 1.5)
     assert rates.mfu_achievable == pytest.approx(rates.mfu * 2)
     assert rates.compile_s == pytest.approx(0.012)
-    unknown = uncompiled_rates(setup, 8.0, checkpointing=True)
+    unknown = uncompiled_rates(setup, 8.0, activation_checkpointing=True)
     assert unknown.mfu is None and unknown.hfu is None and unknown.peak_source == "unknown"
     assert "mfu" not in derive.window_rates(setup, 8.0, Ceilings(Peak(None, "unknown")))
 
@@ -109,12 +153,17 @@ def test_baseline_is_the_given_point_else_the_reference_point_among_the_ok_ones(
             ("perf.compile=false perf.dtype=fp32", "ok", False, "fp32", 100.0),
         ]
     )
+
+    def baseline_row(table: pd.DataFrame, text: str | None = None):
+        position = choose(table, text).position
+        return None if position is None else table.iloc[position]
+
     assert baseline_row(table)["tokens_per_s"] == 100.0  # eager fp32, though not first
     assert baseline_row(table, "dtype=bf16")["tokens_per_s"] == 300.0  # given, and ok
     without_fp32 = table[table["dtype"] != "fp32"]
     assert baseline_row(without_fp32)["tokens_per_s"] == 300.0  # the only ok point
     assert baseline_row(table[table["status"] != "ok"]) is None
-    with pytest.raises(ReportError, match="report.baseline"):
+    with pytest.raises(BaselineError, match="report.baseline"):
         baseline_row(table, "model=gpt2")
 
 
@@ -209,3 +258,39 @@ def test_no_counter_is_null_energy_with_the_reason(tmp_path):
     probe.start()
     assert probe.stop().energy_j is None  # the counter did not advance: unknown, not 0
     assert "advanced 0 times" in probe.energy.energy_source
+
+
+def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
+    """bench.repeats=2 on real records: two measurements of a micro point by the real loop,
+    pooled by the real code. Every derived figure is derive.rates of the pooled record, and no
+    figure a single run fills is null in the pool (tokens_per_s_wall and mfu_flag once were)."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.app import to_spec
+    from nanogpt.configs import CONF_DIR
+    from nanogpt.launch.handoff import Handoff, Job
+    from nanogpt.launch.worker import finish_record
+    from nanogpt.measure.loop import measure
+    from nanogpt.results import repeats
+
+    from .conftest import with_micro
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        spec = to_spec(compose("config", overrides=with_micro(["bench.diagnose=false"])))
+    handoff = Handoff("point", spec, Job(tmp_path, overrides=["perf.batch_size=2"]))
+    # a known peak and an achievable matmul this micro model cannot reach: mfu_flag is False
+    ceilings = Ceilings(Peak(1e12, "override"), achievable_flops=1e12, calibration={"op": "mm"})
+    world = World.from_env()
+    runs = [
+        finish_record(measure(spec, torch.device("cpu"), world, ceilings, tmp_path, []), handoff)
+        for _ in range(2)
+    ]
+    assert all(run.status == "ok" for run in runs)
+    pooled = repeats.pool(runs)
+    assert pooled.rates == derive.rates(pooled, ceilings)
+    assert pooled.rates.tokens_per_s_wall is not None and pooled.rates.mfu_flag is False
+    for part in ("setup", "timing", "memory", "energy", "rates"):
+        for f in dataclasses.fields(getattr(pooled, part)):
+            filled = [getattr(getattr(run, part), f.name) is not None for run in runs]
+            if all(filled):
+                assert getattr(getattr(pooled, part), f.name) is not None, f"{part}.{f.name}"

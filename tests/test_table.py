@@ -8,13 +8,16 @@ Fast tests on tables built by hand (the rule, the override grammar); slow ones o
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from nanogpt.results import baseline, swept
 from nanogpt.results import table as report
+from nanogpt.results.labels import point_labels
 from nanogpt.results.tidy import STEPS_PARQUET, SUMMARY_PARQUET, read_summary
 
 from .conftest import run_cli, with_micro
@@ -133,6 +136,7 @@ TIDY = [
     "cost.usd_per_hour=3.6",
     "bench.isolate=false",
 ]
+SWEPT = ("+sweep/accum_split", "optimizer.betas")  # the keys TIDY varies
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +177,19 @@ def test_summary_has_a_typed_column_per_swept_key(tidy_sweep):
     assert parquet["tokens_per_s"].tolist() == pytest.approx(table["tokens_per_s"].tolist())
 
 
+def test_point_id_is_a_column_and_labels_are_the_swept_keys(tidy_sweep):
+    """One identity: each row's point_id is its record's, in summary.csv and summary.parquet;
+    a point's label is its overrides of the swept keys."""
+    _, sweep_dir = tidy_sweep
+    table = read_summary(sweep_dir / report.SUMMARY_CSV)
+    parquet = read_summary(sweep_dir / SUMMARY_PARQUET)
+    ids = [json.loads((Path(d) / "result.json").read_text())["point_id"] for d in table["job_dir"]]
+    assert table["point_id"].tolist() == parquet["point_id"].tolist() == ids
+    assert len(set(ids)) == len(ids)
+    for label, row in zip(point_labels(table), table.itertuples(), strict=True):
+        assert label.split() == [o for o in row.overrides.split() if o.split("=")[0] in SWEPT]
+
+
 def test_the_steps_table_is_long_and_keyed_by_point(tidy_sweep):
     _, sweep_dir = tidy_sweep
     summary = pd.read_parquet(sweep_dir / SUMMARY_PARQUET)
@@ -200,8 +217,7 @@ def test_the_baseline_rule_is_stated_in_the_table(tidy_sweep):
     assert first_line in proc.stdout
     sweep = report.build_table(sweep_dir)
     assert sweep.baseline == first_line
-    rows, unreadable = sweep  # still unpacks as the (table, unreadable) it used to be
-    assert rows is sweep.table and unreadable == []
+    assert sweep.unreadable == []
 
 
 def run_report(*args: str, cwd):
@@ -278,3 +294,25 @@ def test_saved_settings_come_from_the_sweeps_config_and_a_bad_one_is_one_line(tm
     (tmp_path / "multirun.yaml").write_text("report: [1, 2]\n")  # YAML, but not a config
     with pytest.raises(report.ReportError, match="multirun.yaml: cannot be read"):
         saved_settings(tmp_path)
+
+
+def test_records_moved_aside_are_not_rows(tmp_path):
+    """A record under SWEEP_DIR/moved/ (its job dir went to another point when a resumed sweep
+    changed) stays for a later resume, but is no row of the table."""
+    from nanogpt.results.record import Record
+    from nanogpt.results.store import MOVED_DIR, write_record
+
+    def point(where: Path, batch: int) -> None:
+        record = Record(status="ok")
+        record.asked.overrides, record.asked.point_id = [f"perf.batch_size={batch}"], f"id{batch}"
+        record.asked.compile, record.asked.dtype = False, "fp32"
+        record.setup.tokens_per_step, record.setup.world_size = 64, 1
+        record.timing.step_ms_median = 10.0
+        record.timing.step_ms_measured = [[10.0 + i / 10 for i in range(8)]]
+        write_record(where, record)
+
+    point(tmp_path / "0", 2)
+    point(tmp_path / "1", 4)
+    point(tmp_path / MOVED_DIR / "id3", 3)
+    table = report.build_table(tmp_path).table
+    assert table["point_id"].tolist() == ["id2", "id4"]

@@ -20,10 +20,11 @@ import pandas as pd
 import pytest
 
 from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
-from nanogpt.reporters.wandb_sink import FAULT_ENV
+from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import store as records
 from nanogpt.results import table as report
-from nanogpt.spec import LoggerMode
+from nanogpt.results.record import summary_key
+from nanogpt.spec import LoggerConfig, LoggerMode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
 from .conftest import run_without_a_key, with_micro
@@ -90,14 +91,14 @@ def assert_run_holds_its_job(run: OfflineRun, job_dir: Path) -> None:
         )
     assert measured[-1]["train/loss"] == pytest.approx(result["loss_last"])
 
-    assert run.summary["status"] == "ok"
+    assert run.summary["point/status"] == "ok"  # namespaced by the record's part
     # define_metric: the windows have no summary, so tokens_per_s there is the record's median
     # step's, and no last window's figure sits beside it.
     assert not [key for key in run.summary if key.startswith(("train/", "warmup/"))]
-    assert run.summary["tokens_per_s"] == result["tokens_per_s"]
-    assert run.config["point"]["id"] == records.point_key(result["overrides"])
+    assert run.summary["rates/tokens_per_s"] == result["tokens_per_s"]
+    assert run.config["point"]["id"] == result["point_id"]  # one identity: the record's
     for key in result.keys() - NOT_IN_SUMMARY:
-        assert run.summary[key] == result[key], key
+        assert run.summary[summary_key(key)] == result[key], key
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +125,7 @@ def test_each_job_of_an_in_process_multirun_is_its_own_run(in_process_sweep):
     for job, run in runs.items():
         assert run.group == f"{sweep_dir.parent.name}/{sweep_dir.name}"  # date/time, not time
         assert_run_holds_its_job(run, sweep_dir / job)
-    assert [r.summary["batch_size"] for r in runs.values()] == [2, 3]
+    assert [r.summary["asked/batch_size"] for r in runs.values()] == [2, 3]
 
 
 def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):
@@ -173,10 +174,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def dead_wandb_service(tmp_path: Path) -> dict:
+    """wandb's own variable for the service process its runs talk to (the format is wandb's:
+    its own token class writes it), pointed at a socket nothing listens on: a real wandb.init
+    fails to connect, offline as well as online."""
+    from wandb.sdk.lib.service.service_token import UnixServiceToken
+
+    token = UnixServiceToken(parent_pid=1, path=str(tmp_path / "no-service.sock"))
+    return {"WANDB_SERVICE": token.env_value}
+
+
 FAILURES = {
-    "init": ({FAULT_ENV: "init"}, ["logger.mode=offline"], None, "UsageError"),
-    "log": ({FAULT_ENV: "log"}, ["logger.mode=offline"], None, "run.log failed (TypeError"),
-    "not installed": ({}, [], WITHOUT_WANDB, "wandb cannot be imported"),
+    "init": (dead_wandb_service, ["logger.mode=offline"], None, "wandb.init failed"),
+    "not installed": (lambda _: {}, [], WITHOUT_WANDB, "wandb cannot be imported"),
 }
 
 
@@ -241,18 +251,32 @@ def test_online_init_that_fails_logs_offline_and_says_how_to_sync(
 
 @pytest.mark.parametrize("failure", FAILURES)
 def test_a_wandb_failure_costs_one_warning_never_the_result(tmp_path, result_keys, failure):
-    env, overrides, code, message = FAILURES[failure]
+    make_env, overrides, code, message = FAILURES[failure]
     run_dir = tmp_path / "run"
     args = [*with_micro([*WANDB, *overrides, "bench.isolate=false"]), f"hydra.run.dir={run_dir}"]
-    proc = run_nanogpt(args, tmp_path, env=env, code=code)
+    proc = run_nanogpt(args, tmp_path, env=make_env(tmp_path), code=code)
     assert proc.returncode == 0, proc.stderr
     (warning,) = [line for line in proc.stderr.splitlines() if "warning: W&B" in line]
     assert message in warning
     result = result_of(run_dir)
     assert result["status"] == "ok" and set(result) == result_keys
-    if failure == "log":  # the run was opened, then ended as failed at its first log
-        run = the_run(run_dir)
-        assert run.history == [] and run.exit_code == 1
+
+
+def test_a_run_that_fails_at_log_ends_with_one_warning_and_never_raises(tmp_path, caplog):
+    """A real offline run that wandb ends under the sink (logging to a finished run raises
+    wandb's UsageError): one warning, the run closed, later windows and the summary dropped."""
+    logger = LoggerConfig(backend="wandb", mode=LoggerMode.offline, project="p")
+    run = start_run(logger, job_type="point", name="n", group="g", config={}, run_dir=tmp_path)
+    sink = WandbSink(run)
+    run.run.finish()  # the wandb run ends: its own log() now refuses
+    window = {"phase": "measure", "step": 3, "step_ms": 1.0}
+    with caplog.at_level("WARNING"):
+        sink.window(window)
+        sink.window({**window, "step": 5})
+        sink.finish({"status": "ok"})
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("W&B: run.log failed (UsageError")
+    assert run.run is None  # closed: nothing more is sent
 
 
 def test_auto_mode_follows_wandb_mode_then_the_key(tmp_path, monkeypatch):
@@ -278,7 +302,7 @@ def test_the_repeats_of_a_point_are_tied_by_its_id(single):
     record = json.loads((run_dir / "result.json").read_text())
     assert "(repeat" not in record["overrides_str"] and record["repeats"] == 2  # pooled
     points = [run.config["point"] for run in runs]
-    assert {p["id"] for p in points} == {records.point_key(record["overrides"])}
+    assert {p["id"] for p in points} == {record["point_id"]}
     assert [(p["repeat"], p["repeats"]) for p in points] == [(1, 2), (2, 2)]
     assert all(p["supersedes"] == [] for p in points)  # repeats never supersede each other
     assert points[0]["overrides"]["bench/repeats"] == 2  # typed: an int, not "2"

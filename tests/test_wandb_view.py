@@ -17,6 +17,7 @@ import pytest
 from nanogpt.dashboard import main as dashboard_main
 from nanogpt.reporters import wandb_view
 from nanogpt.reporters.wandb_view import VIEW_FILE, swept_keys, view_spec, write_view
+from nanogpt.results.record import summary_key
 from tests.conftest import run_without_a_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
@@ -106,11 +107,12 @@ def test_memory_panels_follow_the_device(cuda):
         *memory,
     }
     peak = "mem_peak_allocated_bytes" if cuda else "mem_peak_rss_bytes"
-    assert {"tokens_per_s", "mfu", "j_per_token", peak, "status"} <= keys_of(spec, "summary")
+    wanted = {"tokens_per_s", "mfu", "j_per_token", peak, "status"}
+    assert {summary_key(name) for name in wanted} <= keys_of(spec, "summary")
     main, failures = spec["views"]
     assert [s["name"] for s in main["sections"]] == ["comparison", "steps", "failures"]
     assert main["name"] == "sweep 2026-01-01/10-00-00" and spec["max_runs"] == 10
-    assert ["summary", "status", "!=", "ok"] in failures["filters"]
+    assert ["summary", "point/status", "!=", "ok"] in failures["filters"]
 
 
 def workspace_keys(panel) -> dict[str, list[str]]:
@@ -150,8 +152,10 @@ def test_the_workspaces_read_exactly_the_spec_keys():
         assert workspace.settings.max_runs == 13  # 12 points and the summary run
         runset = workspace.runset_settings
         assert f"Metric(\"Group\") == '{group}'" in runset.filters
-        assert {"summary:status", "config:perf.value.batch_size"} <= set(runset.pinned_columns)
-    assert "SummaryMetric(\"status\") != 'ok'" in workspaces[1].runset_settings.filters
+        assert {"summary:point/status", "config:perf.value.batch_size"} <= set(
+            runset.pinned_columns
+        )
+    assert "SummaryMetric(\"point/status\") != 'ok'" in workspaces[1].runset_settings.filters
 
 
 def test_bad_sweep_dirs_are_one_line_errors(tmp_path, capsys):
@@ -177,7 +181,7 @@ def test_every_panel_key_is_a_key_the_runs_logged(sweep):
     for run in [*points, summary_run]:  # the view's group filter keeps every run of the sweep
         assert run.group == spec["group"]
     for run in points:
-        assert run.job_type == "point" and run.summary["status"] == "ok"
+        assert run.job_type == "point" and run.summary["point/status"] == "ok"
         logged = set().union(*(row.keys() for row in run.history))
         assert keys_of(spec, "history") <= logged, keys_of(spec, "history") - logged
         assert keys_of(spec, "summary") <= run.summary.keys()

@@ -59,10 +59,7 @@ def run_point(spec: RunSpec, job: Job) -> str:
             break  # a failed repeat is the point's record
     record = measured[-1]
     if len(measured) > 1 and record.status == "ok":
-        perf = spec.perf
-        record = repeats.pool(
-            measured, perf.compile, perf.activation_checkpointing, perf.dtype.value
-        )
+        record = repeats.pool(measured)
     record.wall_s = time.perf_counter() - started
     store.write_record(job.job_dir, record)
     log.info(summary_line(record))

@@ -34,6 +34,7 @@ from nanogpt.launch.process import die_with_parent, run_child
 from nanogpt.measure import maxbatch
 from nanogpt.measure.loop import measure
 from nanogpt.reporters import wandb_sink
+from nanogpt.results.identity import point_id_of
 from nanogpt.results.record import Asked, MaxBatch, Record
 
 
@@ -104,6 +105,7 @@ def _measure_here(handoff: Handoff, world: World) -> Record:
             group=job.group,
             config=job.config,
             run_dir=job.job_dir,
+            point_id=point_id_of(spec),
             overrides=job.overrides,
             repeat=job.repeat,
             supersedes=job.supersedes,

@@ -27,7 +27,7 @@ import torch
 
 from nanogpt.devices import nvml_handle
 from nanogpt.measure.counters import CounterSampler, NvmlCounter, RaplCounter
-from nanogpt.results.record import Energy
+from nanogpt.results.record import Clocks, Energy
 
 POWERCAP = Path("/sys/class/powercap")
 PACKAGE_DOMAIN = re.compile(r"intel-rapl:\d+$")  # intel-rapl:0, not its sub-domain intel-rapl:0:0
@@ -116,16 +116,21 @@ class EnergyProbe:
             energy.energy_error_pct = reading.error_pct
             if reading.note:  # too few updates: unknown, not zero
                 energy.energy_source += f"; {reading.note}"
+        return energy
+
+    def clocks(self) -> Clocks:
+        """The SM clock, temperature and clock-event reasons sampled at the measured windows."""
+        clocks = Clocks()
         if self._clocks:
-            energy.sm_clock_mean_mhz = sum(self._clocks) / len(self._clocks)
-            energy.sm_clock_first_mhz, energy.sm_clock_last_mhz = self._clocks[0], self._clocks[-1]
+            clocks.sm_clock_mean_mhz = sum(self._clocks) / len(self._clocks)
+            clocks.sm_clock_first_mhz, clocks.sm_clock_last_mhz = self._clocks[0], self._clocks[-1]
         if self._temps:
-            energy.temperature_max_c = max(self._temps)
+            clocks.temperature_max_c = max(self._temps)
         if self._reasons is not None:
-            energy.clock_event_reasons = [
+            clocks.clock_event_reasons = [
                 name for bit, name in CLOCK_EVENT_REASONS.items() if self._reasons & bit
             ]
-        return energy
+        return clocks
 
     def _nvml(self, query):
         try:

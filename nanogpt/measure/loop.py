@@ -42,7 +42,7 @@ from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.measure.window import StepLog, Window
 from nanogpt.protocol import SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
-from nanogpt.results.record import Record, Setup
+from nanogpt.results.record import Asked, Record, Setup
 from nanogpt.spec import RunSpec
 
 
@@ -55,7 +55,9 @@ def measure(
     sinks: list,
 ) -> Record:
     """Run one point and return its record; on failure, what was measured plus a status."""
-    record = Record(setup=Setup(device=str(device), world_size=world.size))
+    # What was asked goes in first: the derivation reads it (the worker adds overrides, job dir).
+    asked = Asked.of(spec, [], None)
+    record = Record(asked=asked, setup=Setup(device=str(device), world_size=world.size))
     if device.type == "cuda":
         torch.cuda.set_device(device)  # cuda:N: its stream, allocator and kernels, not GPU 0's
     log = StepLog()
@@ -125,6 +127,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         energy.start()
         _measured_steps(spec, trainer, record, log, bar, emit)
         record.energy = energy.stop()  # the last window's close synced the device
+        record.clocks = energy.clocks()
         for key, value in contention.stop().items():
             setattr(record.timing, key, value)
         contention.enforce()  # bench.exclusive=fail: the point fails, its figures kept
@@ -262,23 +265,12 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
     timing.step_ms_measured = [steps]
     timing.step_ms_median_per_repeat = [timing.step_ms_median]
     timing.data_ms_median = stats.summarize(log.measured("data_ms"))["median"]
-    timing.clock = StepTimer(trainer.device).clock
-    timing.steady, timing.steady_note, drift = derive.steadiness(
+    timing.step_timer = StepTimer(trainer.device).clock
+    steadiness = derive.steadiness(
         steps, timing.measured_s, spec.bench.measure_s, trainer.device.type != "cpu"
     )
-    if drift is not None:
-        timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high = drift
-    record.rates = derive.rates(
-        record.setup,
-        timing.step_ms_median,
-        timing.first_step_ms,
-        ceilings,
-        compiled=spec.perf.compile,
-        checkpointing=spec.perf.activation_checkpointing,
-        dtype=spec.perf.dtype.value,
-        step_ms_ci=(timing.step_ms_ci_low, timing.step_ms_ci_high),
-        energy=record.energy,
-        measured_steps=timing.measured_steps,
-        fp8=trainer.fp8_layers is not None,
-        step_ms_wall=timing.step_ms_wall,
-    )
+    timing.steady, timing.steady_note = steadiness.steady, steadiness.note
+    timing.unsteady_reasons = list(steadiness.reasons)
+    if steadiness.drift is not None:
+        timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high = steadiness.drift
+    record.rates = derive.rates(record, ceilings)

@@ -142,15 +142,17 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
     # the shares are taken over whichever is longer, the wall or what they add up to.
     whole = max(wall, device_us + comm_us + data_us)
     figures |= {
-        "diag_device_frac": device_us / whole,
-        "diag_comm_frac": comm_us / whole,
-        "diag_data_frac": data_us / whole,
-        "diag_host_frac": 1 - (device_us + comm_us + data_us) / whole,
+        "diag_step_device_frac": device_us / whole,
+        "diag_step_comm_frac": comm_us / whole,
+        "diag_step_data_frac": data_us / whole,
+        "diag_step_host_frac": 1 - (device_us + comm_us + data_us) / whole,
         "diag_ops_per_step": count / len(steps),
         "diag_us_per_op": (total_kind / count) if count else None,
     }
     for kind in KINDS:
-        figures[f"diag_{kind}_frac"] = by_kind[kind] / total_kind if total_kind else None
+        figures[f"diag_device_time_{kind}_frac"] = (
+            by_kind[kind] / total_kind if total_kind else None
+        )
     return figures
 
 

@@ -15,12 +15,12 @@ from nanogpt.reporters.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.results.bottleneck import KINDS
 
 STEP_PARTS = (
-    ("diag_device_frac", "device"),
-    ("diag_comm_frac", "communication"),
-    ("diag_data_frac", "data"),
-    ("diag_host_frac", "host"),
+    ("diag_step_device_frac", "device"),
+    ("diag_step_comm_frac", "communication"),
+    ("diag_step_data_frac", "data"),
+    ("diag_step_host_frac", "host"),
 )
-KIND_PARTS = tuple((f"diag_{kind}_frac", kind) for kind in KINDS)
+KIND_PARTS = tuple((f"diag_device_time_{kind}_frac", kind) for kind in KINDS)
 
 
 def _stack(ax, table: pd.DataFrame, parts, rows: list[int]) -> None:

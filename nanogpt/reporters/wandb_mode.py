@@ -1,4 +1,5 @@
-"""Which W&B mode a run starts in: `logger.mode=auto` decided from the environment.
+"""Which W&B mode a run starts in: `logger.mode=auto` decided from the environment; and the
+W&B modules' one way to warn (`warn`).
 
 auto: wandb's own switch WANDB_MODE when it is set, else online when an API key is configured
 (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or the netrc entry of the W&B host), else offline.
@@ -7,6 +8,7 @@ Online init that then fails falls back to offline (reporters/wandb_sink.py).
 
 from __future__ import annotations
 
+import logging
 import netrc
 import os
 from pathlib import Path
@@ -15,6 +17,13 @@ from urllib.parse import urlsplit
 from nanogpt.spec import LoggerMode
 
 DEFAULT_HOST = "https://api.wandb.ai"
+log = logging.getLogger("nanogpt.reporters.wandb")
+
+
+def warn(message: str, about: str = "W&B") -> None:
+    """One warning line, `warning: W&B: ...` on stderr (nanogpt/logs.py formats it) and in the
+    job's run.log: how every W&B module says that W&B failed and the point goes on."""
+    log.warning("%s: %s", about, message)
 
 
 def resolve_mode(mode: LoggerMode) -> tuple[str, str | None]:

@@ -1,7 +1,8 @@
 """What ties a point's W&B runs together: its repeats, and the runs a re-measure supersedes.
 
 Every run of a point carries the `point` section in its config (`point_config`): the point's
-id (its overrides, order-free: results/store.point_key), which repeat of how many the run is,
+id (its record's `point_id`, what it measures: results/identity.py; the same id is a column of
+summary.csv and the join of `report --compare`), which repeat of how many the run is,
 its overrides typed (results/swept.py) under keys without dots, and the ids of the runs it
 supersedes. Earlier runs are found in the point's own dir (`earlier_runs`: JOB_DIR/wandb holds
 every run of the point, online or offline) before it is measured again. Offline, a run file
@@ -12,25 +13,24 @@ earlier runs W&B knows are also tagged `superseded` (`tag_superseded`).
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from nanogpt.faults import describe
-from nanogpt.results.store import point_key
+from nanogpt.reporters.wandb_mode import warn
 from nanogpt.results.swept import point_values
 
 SUPERSEDED_TAG = "superseded"
 RUN_DIR = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-(?P<id>[a-z0-9]+)$")
 
 
-def point_config(overrides: list[str], repeat: str | None, supersedes: list[str]) -> dict:
+def point_config(
+    point_id: str, overrides: list[str], repeat: str | None, supersedes: list[str]
+) -> dict:
     """The run config's `point` section: what ties a point's runs together (repeats, resumes)
     and every override typed, keyed without dots (W&B shows nested keys joined by dots)."""
     number, _, count = (repeat or "1/1").partition("/")
     return {
-        "id": point_key(list(overrides)) or "defaults",
+        "id": point_id,
         "repeat": int(number),
         "repeats": int(count),
         "overrides": {
@@ -62,8 +62,4 @@ def tag_superseded(run, run_ids: list[str], timeout_s: float) -> None:
                 old.tags = [*old.tags, SUPERSEDED_TAG]
                 old.update()
     except Exception as exc:  # an unsynced offline run, no network: the config still says
-        _warn(f"tagging superseded runs failed ({describe(exc)}); point.supersedes lists them")
-
-
-def _warn(message: str) -> None:
-    tqdm.write(f"warning: W&B: {message}", file=sys.stderr)
+        warn(f"tagging superseded runs failed ({describe(exc)}); point.supersedes lists them")

@@ -7,7 +7,7 @@ process from the measurement, whatever a sink does. The one sink is Weights & Bi
 
 - one W&B run per job, files in the job's own dir, grouped by sweep (logger.group, default the
   sweep's id: DATE/TIME, results/store.sweep_id), named by the job's overrides, with the
-  resolved config and a `point` section: the point's id (its overrides, order-free), its
+  resolved config and a `point` section: the point's id (its record's point_id), its
   overrides typed (`point.overrides`, dots as '/': keys with no config path of their own, such
   as `+sweep/accum_split`, are there), which repeat of how many it is, and the ids of the runs
   it supersedes;
@@ -15,8 +15,10 @@ process from the measurement, whatever a sink does. The one sink is Weights & Bi
   windows, `warmup/*` keys for warmup windows (so warmup never mixes into a measured chart);
   define_metric gives them no summary, so the run summary holds the record's figures only
   (tokens_per_s is the median step's, not the last window's);
-- at the end, every field of result.json goes into the run's summary (but wall_s, which is
-  measured around the whole point after the run closed), and a failed point is a failed run;
+- at the end, every field of result.json goes into the run's summary, namespaced by the
+  record's part as torchtitan names its metrics (`timing/step_ms_median`, `rates/mfu`,
+  `point/status`: results/record.summary_key), but wall_s, which is measured around the whole
+  point after the run closed; a failed point is a failed run;
 - at the end of a multirun, the sweep table goes to a summary run of the same group.
 
 Online init that fails (no route, a timeout, a refused key) falls back to offline in the same
@@ -32,14 +34,12 @@ default `reinit` returns the still-active previous run outside notebooks, which 
 multirun ends up as one merged run.
 
 Any other wandb failure (not installed, no key, offline init refused, an exception at log)
-prints one warning line and the point goes on without W&B. The environment
-variable NANOGPT_WANDB_FAULT=init|log (TESTING ONLY) makes real wandb fail at that point.
+prints one warning line (wandb_mode.warn) and the point goes on without W&B.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import secrets
 import shutil
@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nanogpt.faults import RESULT_STATUSES, describe
-from nanogpt.reporters.wandb_mode import resolve_mode
+from nanogpt.reporters.wandb_mode import resolve_mode, warn
 from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
+from nanogpt.results.record import namespaced
 from nanogpt.results.store import sweep_id
 from nanogpt.spec import LoggerConfig
 
@@ -61,18 +62,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# TESTING ONLY: NANOGPT_WANDB_FAULT=init|log makes real wandb raise at that point: `init` asks
-# wandb.init for a run id that wandb refuses ('/' is not allowed in ids), `log` hands run.log a
-# non-string key (wandb raises TypeError). Both exercise the real failure path, no mocks.
-FAULT_ENV = "NANOGPT_WANDB_FAULT"
-REFUSED_RUN_ID = "injected/fault"
-REFUSED_KEY = 0
-
 # Bound on run.finish's upload wait; data not uploaded by then stays on disk for `wandb sync`.
 FINISH_TIMEOUT_S = 60.0
-# Not in the run summary: the per-step rows (steps.csv; the history has the windows), and wall_s,
-# which the job process measures around the whole point, after this run has closed.
-SUMMARY_OMITTED = ("steps", "wall_s")
+# Not in the run summary: wall_s, which the job process measures around the whole point, after
+# this run has closed.
+SUMMARY_OMITTED = ("wall_s",)
 # Window metrics: history only; the summary is the record's (WandbSink.finish).
 WINDOW_METRICS = ("train/*", "warmup/*")
 
@@ -84,19 +78,21 @@ def open_sinks(
     group: str | None,
     config: dict,
     run_dir: Path,
+    point_id: str,
     overrides: list[str] = (),
     repeat: str | None = None,
     supersedes: list[str] = (),
 ):
     """The sinks of one point: its W&B run, or none when W&B is off or cannot start.
-    `repeat` is "k/N" while bench.repeats measures the point again; `supersedes` the ids of
+    `point_id` is the point's identity (results/identity.py), the key of its runs; `repeat` is
+    "k/N" while bench.repeats measures the point again; `supersedes` the ids of
     earlier runs of this point (`earlier_runs`, taken before it is measured)."""
     run = start_run(
         logger,
         job_type="point",
         name=name,
         group=logger.group or group,
-        config={**config, "point": point_config(overrides, repeat, supersedes)},
+        config={**config, "point": point_config(point_id, overrides, repeat, supersedes)},
         run_dir=run_dir,
         supersedes=supersedes,
     )
@@ -153,7 +149,7 @@ def start_run(
     try:
         import wandb
     except ImportError as exc:
-        _warn(f"wandb cannot be imported ({describe(exc)}); install it or use logger=none")
+        warn(f"wandb cannot be imported ({describe(exc)}); install it or use logger=none")
         return None
 
     def init(mode: str, run_id: str):
@@ -180,19 +176,19 @@ def start_run(
             run.define_metric(pattern, summary="none")
         return run
 
-    run_id = REFUSED_RUN_ID if _injected("init") else new_run_id()
+    run_id = new_run_id()
     try:
         try:
             run = init(mode, run_id)
         except Exception as exc:
             if mode != "online":
                 raise
-            _warn(f"online init failed ({describe(exc)}); logging offline instead")
+            warn(f"online init failed ({describe(exc)}); logging offline instead")
             _remove_unstarted(run_dir, run_id)
             mode, reason = "offline", "online init failed"
             run = init(mode, new_run_id())  # wandb refuses an id twice in one process
     except Exception as exc:  # any wandb failure costs W&B only, never the result
-        _warn(f"wandb.init failed ({describe(exc)}); this run goes on without W&B")
+        warn(f"wandb.init failed ({describe(exc)}); this run goes on without W&B")
         return None
     log.info(_where(run, mode, reason))
     if mode == "online" and supersedes:
@@ -222,14 +218,6 @@ def _where(run, mode: str, reason: str | None) -> str:
     return f"W&B: {why}logging offline to {sync_dir}; upload later with `wandb sync {sync_dir}`"
 
 
-def _injected(point: str) -> bool:
-    return os.environ.get(FAULT_ENV) == point
-
-
-def _warn(message: str) -> None:
-    log.warning("W&B: %s", message)  # "warning: W&B: ..." on stderr, and in the job's run.log
-
-
 class GuardedRun:
     """A wandb Run whose failures end it with one warning, never raising into the caller."""
 
@@ -243,7 +231,7 @@ class GuardedRun:
         try:
             return action(self.run)
         except Exception as exc:  # see the module docstring
-            _warn(f"{what} failed ({describe(exc)}); the rest of this run goes without W&B")
+            warn(f"{what} failed ({describe(exc)}); the rest of this run goes without W&B")
             self.close(exit_code=1, quiet=True)
             return None
 
@@ -255,7 +243,7 @@ class GuardedRun:
             run.finish(exit_code=exit_code)
         except Exception as exc:
             if not quiet:
-                _warn(f"finishing the run failed ({describe(exc)})")
+                warn(f"finishing the run failed ({describe(exc)})")
 
 
 class WandbSink:
@@ -268,12 +256,10 @@ class WandbSink:
         prefix = "train" if stats["phase"] == "measure" else "warmup"
         values = {k: v for k, v in stats.items() if k not in ("phase", "step")}
         payload = {f"{prefix}/{key}": value for key, value in values.items()}
-        if _injected("log"):
-            payload[REFUSED_KEY] = 0
         self.run.attempt("run.log", lambda run: run.log(payload, step=stats["step"]))
 
     def finish(self, result: dict) -> None:
-        summary = {k: v for k, v in result.items() if k not in SUMMARY_OMITTED}
+        summary = namespaced({k: v for k, v in result.items() if k not in SUMMARY_OMITTED})
         self.run.attempt("writing the summary", lambda run: run.summary.update(summary))
         # A failed point (error, interrupted) shows as a failed run on the dashboard.
         self.run.close(exit_code=0 if result["status"] in RESULT_STATUSES else 1)

@@ -1,7 +1,8 @@
 """A ready W&B view of one sweep: saved workspaces, filtered to the sweep's group.
 
 The view is first plain JSON, the *view spec* (`view_spec`): every panel with the keys it reads,
-by where W&B keeps them (`summary`: the run summary, i.e. the record's flat field names;
+by where W&B keeps them (`summary`: the run summary, i.e. the record's field names namespaced
+by part, "rates/tokens_per_s" (results/record.summary_key);
 `history`: the keys logged at each window; `config`: the run config; `table`: a logged
 wandb.Table). `write_view` writes it to SWEEP_DIR/wandb_view.json at the end of a multirun;
 `publish` builds wandb-workspaces objects from it (`build_views`) and saves them, which needs an
@@ -25,13 +26,13 @@ A swept key with no config path of its own (+sweep/accum_split) is read from the
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from nanogpt.faults import describe
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.reporters.wandb_mode import resolve_mode
+from nanogpt.reporters.wandb_mode import resolve_mode, warn
 from nanogpt.results import swept
+from nanogpt.results.record import summary_key
 from nanogpt.results.store import iter_records, sweep_id
 from nanogpt.spec import LoggerConfig, LoggerMode
 
@@ -84,16 +85,18 @@ def view_spec(
     cuda: memory is the CUDA allocator's (peak allocated, and allocated per window) rather
     than the process's resident memory, which is all a CPU run has.
     """
-    peak_memory = "mem_peak_allocated_bytes" if cuda else "mem_peak_rss_bytes"
+    key = summary_key  # the record's fields, namespaced by part in the run summary
+    peak_memory = key("mem_peak_allocated_bytes" if cuda else "mem_peak_rss_bytes")
+    tokens_per_s = key("tokens_per_s")
     memory_lines = ["train/mem_rss_bytes"] + (["train/mem_allocated_bytes"] if cuda else [])
     comparison = [
-        _panel("bar", "tokens/s", summary=["tokens_per_s"]),
-        _panel("bar", "MFU", summary=["mfu"]),
+        _panel("bar", "tokens/s", summary=[tokens_per_s]),
+        _panel("bar", "MFU", summary=[key("mfu")]),
         _panel("bar", "peak memory (bytes)", summary=[peak_memory]),
-        _panel("bar", "energy (J/token)", summary=["j_per_token"]),
+        _panel("bar", "energy (J/token)", summary=[key("j_per_token")]),
         _panel("table", "sweep table", table=[SUMMARY_TABLE]),
-        _panel("parallel", "swept keys -> tokens/s", config=swept, summary=["tokens_per_s"]),
-        _panel("scatter", "tokens/s vs peak memory", summary=[peak_memory, "tokens_per_s"]),
+        _panel("parallel", "swept keys -> tokens/s", config=swept, summary=[tokens_per_s]),
+        _panel("scatter", "tokens/s vs peak memory", summary=[peak_memory, tokens_per_s]),
     ]
     steps = [
         _panel("line", "step time (ms)", history=["train/step_ms"]),
@@ -104,9 +107,10 @@ def view_spec(
     # Every point's config and summary side by side: status and error first of all.
     failures = [_panel("runs", "points side by side")]
     # The runs table beside the panels: each point's status, error, throughput and swept keys.
-    columns = {"summary": ["status", "error", "tokens_per_s"], "config": list(swept)}
+    status = key("status")
+    columns = {"summary": [status, key("error"), tokens_per_s], "config": list(swept)}
     in_group = ["run", "Group", "==", group]
-    failed = [in_group, ["run", "JobType", "==", "point"], ["summary", "status", "!=", "ok"]]
+    failed = [in_group, ["run", "JobType", "==", "point"], ["summary", status, "!=", "ok"]]
     main = {"comparison": comparison, "steps": steps, "failures": failures}
     return {
         "format": SPEC_FORMAT,
@@ -141,7 +145,7 @@ def write_view(
     sweep_dir: Path, project: str, entity: str | None = None, group: str | None = None
 ) -> Path:
     """Write SWEEP_DIR/wandb_view.json (atomically) from the sweep's records; its path."""
-    records = [record for _, record in iter_records(sweep_dir) if record]
+    records = [record for _, record in iter_records(sweep_dir, moved=False) if record]
     spec = view_spec(
         project,
         group or sweep_id(sweep_dir),
@@ -228,12 +232,12 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
     later = f"`python -m nanogpt.dashboard {sweep_dir}` publishes it"
     spec = read_json(path)
     if not isinstance(spec, dict) or spec.get("format") != SPEC_FORMAT:
-        _warn(f"{path} is missing or is no view file; {later} (and writes it first)")
+        _warn_view(f"{path} is missing or is no view file; {later} (and writes it first)")
         return None
     resolved, reason = resolve_mode(mode)
     if resolved != "online":
         why = reason or f"logger.mode={resolved}"
-        _warn(
+        _warn_view(
             f"not published ({why}); it is saved in {path}: once the runs are synced "
             f"(`wandb sync`), with an API key, {later}"
         )
@@ -241,7 +245,7 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
     try:
         import wandb_workspaces  # noqa: F401
     except ImportError:
-        _warn(
+        _warn_view(
             f"wandb-workspaces is not installed, so {path} is not published; "
             f"`{INSTALL_HINT}`, then {later}"
         )
@@ -252,7 +256,7 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
         entity = spec["entity"] or wandb.Api().default_entity
         urls = [view.save().url for view in build_views(spec, entity)]
     except Exception as exc:  # no network, a refused key, a W&B error: the file stays
-        _warn(f"saving the view failed ({describe(exc)}); it stays in {path}, {later}")
+        _warn_view(f"saving the view failed ({describe(exc)}); it stays in {path}, {later}")
         return None
     write_atomic(Path(sweep_dir) / URL_FILE, "\n".join(urls) + "\n")
     print(f"W&B view: {urls[0]} (failures: {urls[1]})")
@@ -267,5 +271,5 @@ def save_and_publish(logger: LoggerConfig, sweep_dir: Path) -> str | None:
     return publish(sweep_dir, logger.mode)
 
 
-def _warn(message: str) -> None:
-    print(f"warning: W&B view: {message}", file=sys.stderr)
+def _warn_view(message: str) -> None:
+    warn(message, about="W&B view")

@@ -43,16 +43,18 @@ class Diagnosis:
 
     bottleneck: str | None = None  # host-bound | device-bound | data-bound | communication-bound
     bottleneck_hint: str | None = None
-    diag_device_frac: float | None = None  # shares of the step's wall time, summing to 1
-    diag_host_frac: float | None = None
-    diag_data_frac: float | None = None
-    diag_comm_frac: float | None = None
-    diag_matmul_frac: float | None = None  # shares of device time by kind, summing to 1
-    diag_attention_frac: float | None = None
-    diag_elementwise_frac: float | None = None
-    diag_optimizer_frac: float | None = None
-    diag_communication_frac: float | None = None
-    diag_other_frac: float | None = None
+    # shares of the step's wall time, summing to 1 (diag_step_*_frac) ...
+    diag_step_device_frac: float | None = None
+    diag_step_host_frac: float | None = None
+    diag_step_data_frac: float | None = None
+    diag_step_comm_frac: float | None = None
+    # ... apart from shares of device time by kind, summing to 1 (diag_device_time_*_frac)
+    diag_device_time_matmul_frac: float | None = None
+    diag_device_time_attention_frac: float | None = None
+    diag_device_time_elementwise_frac: float | None = None
+    diag_device_time_optimizer_frac: float | None = None
+    diag_device_time_communication_frac: float | None = None
+    diag_device_time_other_frac: float | None = None
     diag_ops_per_step: float | None = None  # CUDA: kernels; CPU: aten operators
     diag_us_per_op: float | None = None  # device time per kernel / operator
     diag_op_floor_us: float | None = None  # CPU: an operator's fixed host cost (no-arithmetic ops)
@@ -104,10 +106,10 @@ class Setting:
 def verdict(d: Diagnosis) -> str | None:
     """The largest of the four shares of the step, by name; None without figures."""
     shares = {
-        "device": d.diag_device_frac,
-        "communication": d.diag_comm_frac,
-        "data": d.diag_data_frac,
-        "host": d.diag_host_frac,
+        "device": d.diag_step_device_frac,
+        "communication": d.diag_step_comm_frac,
+        "data": d.diag_step_data_frac,
+        "host": d.diag_step_host_frac,
     }
     if any(share is None for share in shares.values()):
         return None
@@ -119,7 +121,11 @@ def hints(d: Diagnosis, s: Setting) -> list[str]:
     found = verdict(d)
     out = []
     if s.matmul_emulated:
-        matmul = f"; matmul is {d.diag_matmul_frac:.0%} of compute" if d.diag_matmul_frac else ""
+        matmul = (
+            f"; matmul is {d.diag_device_time_matmul_frac:.0%} of compute"
+            if d.diag_device_time_matmul_frac
+            else ""
+        )
         out.append(f"{s.matmul_emulated}{matmul}: try perf.dtype=fp32 or a dtype native here")
     if found == "host-bound":
         out += _host(d, s)
@@ -127,20 +133,21 @@ def hints(d: Diagnosis, s: Setting) -> list[str]:
         out += _device(d, s)
     elif found == "data-bound":
         out.append(
-            f"getting batches takes {d.diag_data_frac:.0%} of the step while the device waits: "
-            "prefetch or cache them (data=synthetic makes them on the device, for comparison)"
+            f"getting batches takes {d.diag_step_data_frac:.0%} of the step while the device "
+            "waits: prefetch or cache them (data=synthetic makes them on the device, for "
+            "comparison)"
         )
     elif found == "communication-bound":
         out.append(
-            f"communication compute does not hide is {d.diag_comm_frac:.0%} of the step: try a "
-            "bigger perf.grad_accum or perf.batch_size (one all-reduce for more work), or "
+            f"communication compute does not hide is {d.diag_step_comm_frac:.0%} of the step: "
+            "try a bigger perf.grad_accum or perf.batch_size (one all-reduce for more work), or "
             "perf.compile=true (bucket all-reduces overlap backward)"
         )
     return out
 
 
 def _host(d: Diagnosis, s: Setting) -> list[str]:
-    idle = f"host work is {d.diag_host_frac:.0%} of the step"
+    idle = f"host work is {d.diag_step_host_frac:.0%} of the step"
     ops = f"{d.diag_ops_per_step:,.0f} {'kernels' if s.device_type == 'cuda' else 'operators'}"
     each = f"{d.diag_us_per_op:.3g} us of device time each" if d.diag_us_per_op else "each short"
     why = f"{idle} ({ops} a step, {each})"
@@ -166,10 +173,10 @@ def _host(d: Diagnosis, s: Setting) -> list[str]:
 
 
 def _device(d: Diagnosis, s: Setting) -> list[str]:
-    kinds = {k: getattr(d, f"diag_{k}_frac") or 0.0 for k in KINDS}
+    kinds = {k: getattr(d, f"diag_device_time_{k}_frac") or 0.0 for k in KINDS}
     top = max(("matmul", "attention", "elementwise", "optimizer"), key=lambda k: kinds[k])
     share = f"{top} is {kinds[top]:.0%} of device time"
-    busy = f"the device computes {d.diag_device_frac:.0%} of the step"
+    busy = f"the device computes {d.diag_step_device_frac:.0%} of the step"
     if top == "matmul" and s.device_type == "cuda" and s.dtype == "fp32":
         return [f"{busy}, {share} in fp32: try perf.dtype=bf16 (or tf32): tensor cores"]
     if top == "attention" and s.attention in ("math", "manual"):

@@ -78,15 +78,18 @@ def _without_compile(overrides: str) -> str:
 def compare_sweeps(
     old: pd.DataFrame, old_steps: list, new: pd.DataFrame, new_steps: list
 ) -> pd.DataFrame:
-    """Per point (matched by its overrides, in any order) old vs new tokens/s, the change, its
+    """Per point (matched by its point_id, what it measures: results/identity.py; by its
+    overrides, in any order, only where a record has no id) old vs new tokens/s, the change, its
     95 % interval and verdict; points in one sweep only are listed with `only_in`. `*_steps[i]`
     is row i's measured steps, a list per repeat (table.Sweep.series)."""
-    old_at = {_key(o): i for i, o in enumerate(old["overrides"])}
-    new_at = {_key(o): i for i, o in enumerate(new["overrides"])}
+    old_at = {key: i for i, key in enumerate(point_keys(old))}
+    new_at = {key: i for i, key in enumerate(point_keys(new))}
     rows = []
     for key in [*new_at, *(k for k in old_at if k not in new_at)]:
         i, j = old_at.get(key), new_at.get(key)
-        row = {"point": key, "only_in": None, "old_tokens_per_s": None, "new_tokens_per_s": None}
+        shown = new if j is not None else old
+        row = {"point": shown["overrides"].iloc[j if j is not None else i], "point_id": key}
+        row.update(only_in=None, old_tokens_per_s=None, new_tokens_per_s=None)
         row.update(change_pct=None, change_ci_low=None, change_ci_high=None, verdict=None)
         if i is None or j is None:
             row["only_in"] = "new" if i is None else "old"
@@ -99,6 +102,16 @@ def compare_sweeps(
             _change(row, old, old_steps[i], i, new, new_steps[j], j)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def point_keys(table: pd.DataFrame) -> list[str]:
+    """Each row's identity: its point_id, else (a record written before point_id existed) its
+    overrides, order-free."""
+    ids = table["point_id"] if "point_id" in table else [None] * len(table)
+    return [
+        pid if isinstance(pid, str) and pid else "overrides: " + _key(overrides)
+        for pid, overrides in zip(ids, table["overrides"], strict=True)
+    ]
 
 
 def _change(row: dict, old, old_steps, i: int, new, new_steps, j: int) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from nanogpt.protocol import STEADY_MIN_S
 from nanogpt.results import stats
-from nanogpt.results.record import Energy, Rates, Setup
+from nanogpt.results.record import Energy, Rates, Record, Setup
 
 PEAK_SOURCES = ("datasheet", "cpu-estimate", "override", "calibrated", "unknown")
 # A board cannot hold more than its enforced limit for long; a mean above it by more than this
@@ -77,44 +77,40 @@ def window_rates(setup: Setup, step_ms: float, ceilings: Ceilings) -> dict[str, 
     return rates
 
 
-def rates(
-    setup: Setup,
-    step_ms_median: float,
-    first_step_ms: float,
-    ceilings: Ceilings,
-    *,
-    step_ms_ci: tuple[float, float] | None = None,
-    compiled: bool,
-    checkpointing: bool,
-    dtype: str,
-    energy: Energy | None = None,
-    measured_steps: int | None = None,
-    fp8: bool = False,
-    step_ms_wall: float | None = None,
-) -> Rates:
-    """A point's derived figures from its median step time (and energy, when counted)."""
-    achieved = achieved_flops(setup, step_ms_median)
+def rates(record: Record, ceilings: Ceilings) -> Rates:
+    """A point's derived figures, from its record and the ceilings it is divided by.
+
+    The one derivation: the measured loop calls it on a single run's record, results/repeats.py
+    on the pooled record, so a figure cannot be derived two ways. Everything it reads is in the
+    record: the step clock (Timing: median, interval, first step, wall-clock step, measured
+    steps), the model (Setup), the energy, and what was asked (compile, activation
+    checkpointing, dtype, fp8)."""
+    setup, timing, asked, energy = record.setup, record.timing, record.asked, record.energy
+    step_ms = timing.step_ms_median
+    fp8 = asked.fp8 not in (None, "none")
+    achieved = achieved_flops(setup, step_ms)
     peak = ceilings.peak
     out = Rates(
-        tokens_per_s=tokens_per_s(setup.tokens_per_step, step_ms_median),
+        tokens_per_s=tokens_per_s(setup.tokens_per_step, step_ms),
         achieved_tflops=achieved / 1e12,
         peak_tflops=peak.flops / 1e12 if peak.flops else None,
         peak_source=peak.source,
-        peak_dtype=dtype,
+        peak_dtype=asked.dtype,
         mfu=achieved / peak.flops if peak.flops else None,
     )
-    if peak.flops and checkpointing:
-        out.hfu = achieved_flops(setup, step_ms_median, setup.flops_per_token_hw) / peak.flops
-    if compiled:
+    if peak.flops and asked.activation_checkpointing:
+        out.hfu = achieved_flops(setup, step_ms, setup.flops_per_token_hw) / peak.flops
+    if asked.compile and timing.first_step_ms is not None:
         # What the first step cost beyond a steady one: compilation, autotuning, lazy init.
-        out.compile_s = max(first_step_ms - step_ms_median, 0.0) / 1e3
-    if step_ms_ci is not None:  # a slower step bounds tokens/s from below
-        out.tokens_per_s_ci_low = tokens_per_s(setup.tokens_per_step, step_ms_ci[1])
-        out.tokens_per_s_ci_high = tokens_per_s(setup.tokens_per_step, step_ms_ci[0])
-    if step_ms_wall:
-        out.tokens_per_s_wall = tokens_per_s(setup.tokens_per_step, step_ms_wall)
-    if energy is not None and energy.energy_j and measured_steps:
-        _energy_rates(out, setup, energy, measured_steps)
+        out.compile_s = max(timing.first_step_ms - step_ms, 0.0) / 1e3
+    if timing.step_ms_ci_low is not None and timing.step_ms_ci_high is not None:
+        # a slower step bounds tokens/s from below
+        out.tokens_per_s_ci_low = tokens_per_s(setup.tokens_per_step, timing.step_ms_ci_high)
+        out.tokens_per_s_ci_high = tokens_per_s(setup.tokens_per_step, timing.step_ms_ci_low)
+    if timing.step_ms_wall:
+        out.tokens_per_s_wall = tokens_per_s(setup.tokens_per_step, timing.step_ms_wall)
+    if energy.energy_j and timing.measured_steps:
+        _energy_rates(out, setup, energy, timing.measured_steps)
     if ceilings.achievable_flops:
         out.achievable_tflops = ceilings.achievable_flops / 1e12
         out.mfu_achievable = achieved / ceilings.achievable_flops
@@ -124,12 +120,20 @@ def rates(
         out.calibration = ceilings.calibration
         if out.mfu_flag:
             warnings.warn(
-                f"mfu_achievable is {out.mfu_achievable:.0%}: the run beat the best {dtype} "
-                "matmul this machine measured, so the FLOP count or the timing is wrong "
-                "(mfu_flag is set)",
+                f"mfu_achievable is {out.mfu_achievable:.0%}: the run beat the best "
+                f"{asked.dtype} matmul this machine measured, so the FLOP count or the timing "
+                "is wrong (mfu_flag is set)",
                 stacklevel=2,
             )
     return out
+
+
+def ceilings_of(record: Record, matmul_emulated: str | None = None) -> Ceilings:
+    """The ceilings a record was divided by, read back from its Rates (for a pooled record)."""
+    r = record.rates
+    peak = Peak(r.peak_tflops * 1e12 if r.peak_tflops else None, r.peak_source or "unknown")
+    achievable = r.achievable_tflops * 1e12 if r.achievable_tflops else None
+    return Ceilings(peak, achievable, r.calibration, matmul_emulated)
 
 
 def _energy_rates(out: Rates, setup: Setup, energy: Energy, measured_steps: int) -> None:
@@ -147,19 +151,41 @@ def _energy_rates(out: Rates, setup: Setup, energy: Energy, measured_steps: int)
         out.power_over_limit = out.power_mean_w > energy.power_limit_w * (1 + POWER_LIMIT_SLACK)
 
 
+# Why a window is not steady, as codes the table reads (Timing.unsteady_reasons)
+SHORT = "short"  # shorter than asked (bench.measure_s), or than a GPU's clocks take to settle
+DRIFT = "drift"  # the last third's step time differs significantly from the first third's
+
+
+@dataclass(frozen=True)
+class Steadiness:
+    """Whether a measured window reads the steady state: the reason codes (none: steady), the
+    same in words, and the drift (pct, ci_low, ci_high) when the window had six steps or more."""
+
+    reasons: tuple[str, ...]
+    note: str | None
+    drift: tuple[float, float, float] | None
+
+    @property
+    def steady(self) -> bool:
+        return not self.reasons
+
+
 def steadiness(
     steps: list[float], measured_s: float, floor_s: float, on_accelerator: bool
-) -> tuple[bool, str | None, tuple[float, float, float] | None]:
-    """Whether a measured window reads the steady state: (steady, why not, drift).
+) -> Steadiness:
+    """Whether a measured window reads the steady state (`Steadiness`).
 
     drift: the last third's median step over the first third's, as (pct, ci_low, ci_high) with
     the 95 % interval of stats.speedup. Unsteady when the window was shorter than asked
-    (`floor_s`) or, on an accelerator, than STEADY_MIN_S; or when the drift is significant
-    (its whole interval beyond stats.NOISE): clocks or caches still changing."""
-    notes = []
+    (`floor_s`) or, on an accelerator, than STEADY_MIN_S (SHORT); or when the drift is
+    significant (its whole interval beyond stats.NOISE): clocks or caches still changing
+    (DRIFT)."""
+    reasons, notes = [], []
     if measured_s < floor_s:
+        reasons.append(SHORT)
         notes.append(f"measured {measured_s:.2f} s, less than bench.measure_s={floor_s:g}")
     elif on_accelerator and measured_s < STEADY_MIN_S:
+        reasons.append(SHORT)
         notes.append(f"measured {measured_s:.2f} s: a GPU's clocks take seconds to settle")
     drift = None
     third = len(steps) // 3
@@ -169,5 +195,6 @@ def steadiness(
         drift = ((1 / ratio - 1) * 100, (1 / high - 1) * 100, (1 / low - 1) * 100)
         if stats.verdict(low, high) != stats.NOT_SIGNIFICANT:
             way = "slower" if drift[0] > 0 else "faster"
+            reasons.append(DRIFT)
             notes.append(f"the last third of the steps ran {abs(drift[0]):.1f} % {way}")
-    return not notes, "; ".join(notes) or None, drift
+    return Steadiness(tuple(reasons), "; ".join(notes) or None, drift)

@@ -1,20 +1,32 @@
-"""Short names for the points of a sweep: the overrides that differ between them."""
+"""Short names for the points of a sweep: their swept keys (results/swept.py), as written."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from nanogpt.results.swept import parse_override, swept_keys
+
 
 def point_labels(table: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
-    """Per row, the overrides whose value is not the same in every row (minus `drop` keys)."""
-    parsed = [parse_overrides(text) for text in table["overrides"]]
-    keys = dict.fromkeys(key for point in parsed for key in point)
-    varying = [
-        key for key in keys if key not in drop and len({point.get(key) for point in parsed}) > 1
-    ]
-    return [" ".join(f"{k}={point[k]}" for k in varying if k in point) for point in parsed]
+    """Per row, the overrides that set a swept key (minus `drop` keys): the same keys the
+    table has a column for, so a label names what the sweep varies. "" for a point that sets
+    none (the caller shows it as "defaults")."""
+    points = [overrides_of(text) for text in table["overrides"]]
+    keys = set(swept_keys(points)) - {key.lstrip("+") for key in drop}
+    return [" ".join(o for o in point if _key(o) in keys) for point in points]
+
+
+def overrides_of(text) -> list[str]:
+    """A table's overrides cell (space-separated; "defaults" for none) as a list."""
+    return [] if text in (None, "", "defaults") else str(text).split()
 
 
 def parse_overrides(text: str) -> dict[str, str]:
-    pairs = (item.partition("=") for item in str(text).split() if "=" in item)
-    return {key: value for key, _, value in pairs}
+    """key -> value text of an overrides cell (keys without Hydra's `+`)."""
+    pairs = (item.partition("=") for item in overrides_of(text) if "=" in item)
+    return {key.lstrip("+"): value for key, _, value in pairs}
+
+
+def _key(override: str) -> str | None:
+    parsed = parse_override(override)
+    return parsed[0] if parsed else None

@@ -6,17 +6,21 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
   Setup     the model on its device: parameter and FLOP counts, tokens per step, the estimate
   Timing    the step clock: first step, measured-step statistics, per-rank medians, losses
   Memory    the allocator peaks, NVML, the process's peak RSS (and how it was read)
-  Energy    joules over the measured steps (NVML or RAPL), power limit, clocks, throttling
+  Energy    joules over the measured steps (NVML or RAPL), the power limit
+  Clocks    the device's SM clock, temperature and clock-event (throttle) reasons (NVML)
   Rates     the derived figures: tokens/s, achieved FLOP/s, MFU, HFU, mfu_achievable
             (computed in one function, results/derive.py), with their peak and its source
   Profile   torch.profiler's trace and top ops, when asked for
   Diagnosis the bottleneck verdict, its hint and the figures behind them (results/bottleneck.py)
   MaxBatch  the largest batch that fits, when asked for
 
-Every field name is unique across the parts, so result.json, summary.csv, the W&B summary and the
-notebook all read one flat namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a
-flat dict back. Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); docs/record.md
-documents each. Provenance travels with the figures: `clock` (which clock timed the steps),
+Every field name is unique across the parts, so result.json, summary.csv and the notebook all read
+one flat namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a flat dict back.
+The schema writes its own columns: summary.csv's are every field not marked `json_only()`
+(`columns()`), in the record's order, so a field added to a part is a column with no other edit.
+The W&B summary namespaces the same names by part (`summary_key`: "timing/step_ms_median").
+Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); docs/record.md documents each.
+Provenance travels with the figures: `step_timer` (which timer timed the steps),
 `flops_formula`, `peak_source` and `calibration` (where a peak came from).
 """
 
@@ -30,115 +34,17 @@ from nanogpt.results.bottleneck import Diagnosis
 from nanogpt.results.identity import measured_config, point_id
 from nanogpt.spec import RunSpec
 
-# The table's columns, in order: the scalar fields (and one list) of a record. Nested values
-# (env, mem_estimate, calibration, profile_top_ops, max_batch_search, step_ms_per_rank) stay in
-# result.json only.
-RESULT_COLUMNS = (
-    "status",
-    "error",
-    "overrides",
-    "model",
-    "n_params",
-    "n_params_flops",
-    "dtype",
-    "compile",
-    "compile_mode",
-    "attention",
-    "activation_checkpointing",
-    "fp8",
-    "fp8_converted",  # how many Linears run in float8 (fp8_layers in result.json says which)
-    "loss",
-    "loss_chunk",
-    "dist_strategy",
-    "reshard_after_forward",
-    "optimizer",
-    "optimizer_impl",
-    "optimizer_impl_used",
-    "batch_size",
-    "block_size",
-    "grad_accum",
-    "tokens_per_step",
-    "device",
-    "device_name",
-    "world_size",
-    "warmup_steps",
-    "warmup_steps_run",
-    "warmup_s_run",
-    "measured_steps",
-    "measured_s",
-    "stopped_by_budget",
-    "steady",  # False: the window was too short, or its step time drifted (steady_note: why)
-    "steady_note",
-    "drift_pct",
-    "diagnostics_active",  # a list: what else ran during the measured steps
-    "contended",  # another process used the device in the measured window (bench.exclusive)
-    "contention",
-    "clock",
-    "compile_s",
-    "inductor_cache",
-    "first_step_ms",
-    "step_ms_median",
-    "step_ms_mean",
-    "step_ms_p10",
-    "step_ms_p90",
-    "step_ms_std",
-    "step_ms_cv",
-    "step_ms_ci_low",  # the 95 % interval of step_ms_median (results/stats.py)
-    "step_ms_ci_high",
-    "repeats",
-    "step_ms_median_per_repeat",  # a list: each repeat's median (bench.repeats)
-    "step_ms_median_per_rank",  # a list, one median per rank (step_ms_* are the slowest rank's)
-    "data_ms_median",
-    "step_ms_wall",
-    "scaler_skipped_steps",
-    "tokens_per_s",
-    "tokens_per_s_wall",
-    "tokens_per_s_ci_low",
-    "tokens_per_s_ci_high",
-    "flops_per_token",
-    "flops_per_token_counted",
-    "flops_per_token_hw",
-    "achieved_tflops",
-    "peak_tflops",
-    "peak_source",
-    "peak_dtype",
-    "mfu",
-    "hfu",
-    "achievable_tflops",
-    "mfu_achievable",
-    "mfu_flag",
-    "mem_peak_allocated_bytes",
-    "mem_peak_reserved_bytes",
-    "mem_nvml_used_bytes",
-    "mem_peak_rss_bytes",
-    "mem_estimate_bytes",
-    "energy_j",
-    "energy_error_pct",
-    "energy_updates",
-    "energy_update_ms",
-    "energy_ranks",
-    "j_per_step",
-    "j_per_token",
-    "tokens_per_kwh",
-    "tokens_per_kwh_ci_low",
-    "tokens_per_kwh_ci_high",
-    "power_mean_w",
-    "power_limit_w",
-    "power_over_limit",
-    "sm_clock_mean_mhz",
-    "sm_clock_first_mhz",
-    "sm_clock_last_mhz",
-    "temperature_max_c",
-    "clock_event_reasons",  # a list: the NVML clock-event (throttle) reasons seen
-    "energy_source",
-    "loss_first",
-    "loss_last",
-    *(f.name for f in dataclasses.fields(Diagnosis)),  # the bottleneck verdict and its figures
-    "max_batch_size",
-    "wall_s",
-    "finished_at",
-    "job_dir",
-)
+# Field metadata: a field marked json_only stays in result.json (and the W&B summary) and is no
+# column of summary.csv: nested values (dicts, per-step lists) and text the table repeats.
+JSON_ONLY = "json_only"
+STEPS = "steps"  # marks Record.steps: steps.csv's rows, no field of result.json
+
+
+def json_only(**kwargs):
+    """A record field kept out of summary.csv (`columns()`): result.json and W&B only."""
+    kwargs.setdefault("default", None)
+    return field(metadata={JSON_ONLY: True}, **kwargs)
+
 
 STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, measure/timing.py
 
@@ -147,8 +53,9 @@ STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, measure
 class Asked:
     """The point as asked: its Hydra overrides and the spec's main choices, as plain values."""
 
-    overrides: list[str] = field(default_factory=list)
-    overrides_str: str = "defaults"
+    point_id: str | None = None  # the point's identity: a digest of measured_config
+    overrides: list[str] = field(default_factory=list)  # summary.csv: as text, space-separated
+    overrides_str: str = field(default="defaults", metadata={JSON_ONLY: True})
     model: str | None = None
     model_chosen_by: str | None = None  # model=auto: which model the device got, and why
     dtype: str | None = None
@@ -157,7 +64,7 @@ class Asked:
     attention: str | None = None
     activation_checkpointing: bool | None = None
     fp8: str | None = None  # torchao float8 recipe, or none
-    loss: str | None = None  # full | chunked
+    loss_kind: str | None = None  # full | chunked (perf.loss); loss_first/loss_last: values
     loss_chunk: int | None = None  # tokens per chunk (loss=chunked only)
     dist_strategy: str | None = None  # ddp | fsdp2 (with more than one rank)
     reshard_after_forward: bool | None = None  # fsdp2 only
@@ -168,8 +75,7 @@ class Asked:
     grad_accum: int | None = None
     warmup_steps: int | None = None
     job_dir: str | None = None
-    point_id: str | None = None  # the point's identity: a digest of measured_config
-    measured_config: dict | None = None  # the resolved keys it measures (results/identity.py)
+    measured_config: dict | None = json_only()  # the resolved keys it measures (identity.py)
 
     @classmethod
     def of(cls, spec: RunSpec, overrides: list[str], job_dir: str) -> Asked:
@@ -186,7 +92,7 @@ class Asked:
             attention=perf.attention.value,
             activation_checkpointing=perf.activation_checkpointing,
             fp8=perf.fp8.value,
-            loss=perf.loss.value,
+            loss_kind=perf.loss.value,
             loss_chunk=perf.loss_chunk if perf.loss.value == "chunked" else None,
             dist_strategy=spec.dist.strategy.value,
             reshard_after_forward=(
@@ -216,23 +122,23 @@ class Setup:
     flops_per_token: int | None = None  # the formula (measure/flops.py)
     flops_per_token_counted: float | None = None  # FlopCounterMode on the meta device
     flops_per_token_hw: int | None = None  # the formula plus activation-checkpointing recompute
-    flops_formula: str | None = None
+    flops_formula: str | None = json_only()
     tokens_per_step: int | None = None  # all ranks
-    model_wrapping: str | None = None  # e.g. compile(ddp(model)): what wraps what
+    model_wrapping: str | None = json_only()  # e.g. compile(ddp(model)): what wraps what
     fp8_converted: int | None = None  # Linears swapped for torchao's Float8Linear
-    fp8_layers: dict | None = None  # {"converted": [names], "kept": [{layer, reason}]}
+    fp8_layers: dict | None = json_only()  # {"converted": [names], "kept": [{layer, reason}]}
     optimizer_impl_used: str | None = None  # fused | foreach | for_loop: what actually steps
     host_sync_in_step: bool | None = None  # GradScaler with a non-fused optimizer reads the host
     inductor_cache: str | None = None  # cold | warm, with compile
     mem_estimate_bytes: int | None = None
-    mem_estimate: dict | None = None  # the estimate by component
+    mem_estimate: dict | None = json_only()  # the estimate by component
 
 
 @dataclass
 class Timing:
     """The step clock. step_ms_* are over measured steps only (the slowest rank's per step)."""
 
-    clock: str | None = None  # cuda-events | perf_counter | perf_counter+mps-sync
+    step_timer: str | None = None  # cuda-events | perf_counter | perf_counter+mps-sync
     first_step_ms: float | None = None
     loss_first: float | None = None
     loss_last: float | None = None
@@ -242,7 +148,8 @@ class Timing:
     measured_s: float | None = None  # wall time of the measured phase, window reads included
     stopped_by_budget: bool | None = None
     steady: bool | None = None  # results/derive.steadiness
-    steady_note: str | None = None
+    unsteady_reasons: list | None = None  # codes: "short" (window), "drift" (step time moved)
+    steady_note: str | None = None  # the same in words, with the figures
     drift_pct: float | None = None  # last third's median step vs the first third's, in %
     drift_ci_low: float | None = None  # its 95 % interval (stats.speedup of the thirds)
     drift_ci_high: float | None = None
@@ -250,10 +157,10 @@ class Timing:
     # What else used the device in the measured window (measure/contention.py, bench.exclusive)
     contended: bool | None = None  # null: not probed (contention says why)
     contention: str | None = None  # what was seen, in words
-    contention_window_s: float | None = None
+    contention_window_s: float | None = json_only()
     own_cpu_s: float | None = None  # the point's CPU time in the window (all ranks)
     others_cpu_s: float | None = None  # CPU: other processes' CPU time in the window
-    others_gpu_processes: list | None = None  # CUDA: pids of other compute processes (NVML)
+    others_gpu_processes: list | None = json_only()  # CUDA: pids of other compute processes (NVML)
     scaler_skipped_steps: int | None = None  # fp16: measured steps the GradScaler skipped
     scaler_settled: bool | None = None  # fp16: warmup ended with a step it did not skip
     step_ms_median: float | None = None
@@ -264,12 +171,12 @@ class Timing:
     step_ms_cv: float | None = None
     step_ms_ci_low: float | None = None  # 95 % interval of the median (results/stats.py)
     step_ms_ci_high: float | None = None
-    ci_method: str | None = None
+    ci_method: str | None = json_only()
     repeats: int | None = None  # measurements of the point, each in a fresh process
     step_ms_median_per_repeat: list | None = None
-    step_ms_measured: list | None = None  # the steps behind step_ms_*: a list per repeat
-    step_ms_per_rank: list | None = None
-    step_ms_median_per_rank: list | None = None
+    step_ms_measured: list | None = json_only()  # the steps behind step_ms_*: a list per repeat
+    step_ms_per_rank: list | None = json_only()
+    step_ms_median_per_rank: list | None = None  # step_ms_* are the slowest rank's per step
     data_ms_median: float | None = None
     step_ms_wall: float | None = None  # windows' first start to last end / steps: pauses count
 
@@ -284,10 +191,10 @@ class Memory:
     mem_peak_allocated_bytes: int | None = None  # CUDA caching allocator
     mem_peak_reserved_bytes: int | None = None
     mem_nvml_used_bytes: int | None = None  # the driver's view, all processes, largest sample
-    mem_nvml_device: str | None = None  # the NVML device read (by UUID), or why none
+    mem_nvml_device: str | None = json_only()  # the NVML device read (by UUID), or why none
     mem_peak_rss_bytes: int | None = None  # the measuring process
-    mem_peak_rss_method: str | None = None  # vmhwm | ru_maxrss
-    memory_snapshot: str | None = None  # file name, written on a CUDA OOM when asked
+    mem_peak_rss_method: str | None = json_only()  # vmhwm | ru_maxrss
+    memory_snapshot: str | None = json_only()  # file name, written on a CUDA OOM when asked
     # The peaks above are the measured steps' (measure/memory.py, MemoryProbe.split); warmup's,
     # first-step compilation and autotuning included, apart:
     mem_warmup_peak_allocated_bytes: int | None = None
@@ -307,7 +214,13 @@ class Energy:
     energy_error_pct: float | None = None  # bound from the update edges' timing (counters.py)
     energy_ranks: int | None = None  # ranks whose work the counter covers (RAPL: the host's)
     power_limit_w: float | None = None  # the enforced board power limit (NVML)
-    sm_clock_mean_mhz: float | None = None  # sampled at each measured window
+
+
+@dataclass
+class Clocks:
+    """The device's clocks over the measured steps (NVML, sampled at each measured window)."""
+
+    sm_clock_mean_mhz: float | None = None
     sm_clock_first_mhz: float | None = None  # the first window's sample ...
     sm_clock_last_mhz: float | None = None  # ... and the last's: the clock's drift
     temperature_max_c: float | None = None
@@ -331,7 +244,7 @@ class Rates:
     achievable_tflops: float | None = None  # the calibrated matmul peak, when known
     mfu_achievable: float | None = None
     mfu_flag: bool | None = None  # mfu_achievable > 1: the FLOP count or the timing is wrong
-    calibration: dict | None = None  # the calibration's provenance
+    calibration: dict | None = json_only()  # the calibration's provenance
     compile_s: float | None = None  # first step minus median step, with compile
     j_per_step: float | None = None  # energy_j / measured steps
     j_per_token: float | None = None  # per device: energy_j / tokens this device trained
@@ -344,15 +257,15 @@ class Rates:
 
 @dataclass
 class Profile:
-    profile_trace: str | None = None
-    profile_top_ops: list | None = None
-    profile_top_ops_cuda: list | None = None
+    profile_trace: str | None = json_only()
+    profile_top_ops: list | None = json_only()
+    profile_top_ops_cuda: list | None = json_only()
 
 
 @dataclass
 class MaxBatch:
     max_batch_size: int | None = None
-    max_batch_search: dict | None = None
+    max_batch_search: dict | None = json_only()
 
 
 PARTS = {
@@ -361,6 +274,7 @@ PARTS = {
     "timing": Timing,
     "memory": Memory,
     "energy": Energy,
+    "clocks": Clocks,
     "rates": Rates,
     "profile": Profile,
     "diagnosis": Diagnosis,
@@ -377,22 +291,21 @@ class Record:
     timing: Timing = field(default_factory=Timing)
     memory: Memory = field(default_factory=Memory)
     energy: Energy = field(default_factory=Energy)  # measure/energy.py
+    clocks: Clocks = field(default_factory=Clocks)  # measure/energy.py (the same NVML samples)
     rates: Rates = field(default_factory=Rates)  # results/derive.py, called by the loop
     profile: Profile = field(default_factory=Profile)
     diagnosis: Diagnosis = field(default_factory=Diagnosis)  # measure/diagnose.py, judged there
     max_batch: MaxBatch = field(default_factory=MaxBatch)  # measure/maxbatch.py, in a child
-    env: dict | None = None  # versions, devices, host, git commit (hardware/env.py)
+    env: dict | None = json_only()  # versions, devices, host, git commit (hardware/env.py)
     wall_s: float | None = None  # the job process's clock around the whole point
     finished_at: str | None = None
-    steps: list[dict] = field(default_factory=list)  # steps.csv rows; not in result.json
+    # steps.csv's rows: in no summary (to_dict leaves them out unless asked)
+    steps: list[dict] = field(default_factory=list, metadata={STEPS: True})
 
     def to_dict(self, steps: bool = False) -> dict[str, Any]:
-        """The flat record: the table's columns first, then the nested extras."""
-        flat: dict[str, Any] = {"status": self.status, "error": self.error}
-        for name in PARTS:
-            flat.update(dataclasses.asdict(getattr(self, name)))
-        flat.update(env=self.env, wall_s=self.wall_s, finished_at=self.finished_at)
-        ordered = {col: flat.pop(col) for col in RESULT_COLUMNS}
+        """The flat record: the table's columns first (`columns()`), then the json-only fields."""
+        flat = {name: value for name, _, value in _flat_values(self)}
+        ordered = {col: flat.pop(col) for col in columns()}
         ordered.update(flat)
         if steps:
             ordered["steps"] = self.steps
@@ -405,5 +318,54 @@ class Record:
             name: part(**{f.name: flat[f.name] for f in dataclasses.fields(part) if f.name in flat})
             for name, part in PARTS.items()
         }
-        top = ("status", "error", "env", "wall_s", "finished_at", "steps")
+        top = [f.name for f in dataclasses.fields(cls) if f.name not in PARTS]
         return cls(**parts, **{key: flat[key] for key in top if key in flat})
+
+
+TOP = "point"  # the W&B namespace of the record's own fields (status, error, wall_s, ...)
+
+
+def _flat_fields() -> list[tuple[str, str, dataclasses.Field]]:
+    """(name, part, field) of every flat field, in the record's order: its own fields where
+    they stand, each part's fields in place of the part. steps.csv's rows are no field here."""
+    out = []
+    for top in dataclasses.fields(Record):
+        if top.name in PARTS:
+            out += [(f.name, top.name, f) for f in dataclasses.fields(PARTS[top.name])]
+        elif not top.metadata.get(STEPS):
+            out.append((top.name, TOP, top))
+    return out
+
+
+def _flat_values(record: Record):
+    for name, part, _ in _flat_fields():
+        owner = record if part == TOP else getattr(record, part)
+        value = getattr(owner, name)
+        yield name, part, dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def columns() -> tuple[str, ...]:
+    """summary.csv's columns, in order: every flat field of the record not marked json_only.
+    A field added to a part is a column with no other edit; mark it json_only() to keep it in
+    result.json only (a dict, a per-step list, text the table repeats)."""
+    return tuple(name for name, _, f in _flat_fields() if not f.metadata.get(JSON_ONLY))
+
+
+def part_of(name: str) -> str:
+    """The part a flat field belongs to ("timing" for step_ms_median; TOP for status)."""
+    for field_name, part, _ in _flat_fields():
+        if field_name == name:
+            return part
+    raise KeyError(name)
+
+
+def summary_key(name: str) -> str:
+    """A flat field's key in the W&B run summary, namespaced by its part as torchtitan names
+    its metrics: "timing/step_ms_median", "rates/tokens_per_s", "point/status"."""
+    return f"{part_of(name)}/{name}"
+
+
+def namespaced(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat record (or part of one) keyed by summary_key; keys the record has not, as given."""
+    parts = {name: part for name, part, _ in _flat_fields()}
+    return {f"{parts[k]}/{k}" if k in parts else k: v for k, v in flat.items()}

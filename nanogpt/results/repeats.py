@@ -4,9 +4,10 @@ A process hides part of the noise: its allocator state, its compiled code, the c
 at. Repeats show it. The pooled record keeps each repeat's median (step_ms_median_per_repeat)
 and its measured steps (step_ms_measured, a list per repeat); its step time is the median of
 the repeats' medians, with a hierarchical bootstrap interval (results/stats.py), and every
-derived figure is recomputed from it by results/derive.py. Peaks of memory are the largest of
-any repeat; energy is summed over all measured steps; a point is `contended` if any repeat
-was. The rest (the model's figures, the first
+derived figure is recomputed from the pooled record by the one function the loop calls,
+results/derive.rates(record, ceilings). The wall-clock step is the repeats' windows' wall time
+over their steps. Peaks of memory are the largest of any repeat; energy is summed over all
+measured steps; a point is `contended` if any repeat was. The rest (the model's figures, the first
 step, the profile, the diagnosis) is the first repeat's. steps.csv keeps every repeat's rows,
 numbered.
 """
@@ -19,7 +20,7 @@ from nanogpt.results import derive, stats
 from nanogpt.results.record import Record
 
 
-def pool(records: list[Record], compiled: bool, checkpointing: bool, dtype: str) -> Record:
+def pool(records: list[Record]) -> Record:
     first = records[0]
     pooled = dataclasses.replace(first, steps=[])
     for number, record in enumerate(records, 1):
@@ -33,24 +34,13 @@ def pool(records: list[Record], compiled: bool, checkpointing: bool, dtype: str)
     timing.measured_steps = sum(r.timing.measured_steps or 0 for r in records)
     timing.loss_last = records[-1].timing.loss_last
     _any_contended(timing, records)
+    walls = [(r.timing.step_ms_wall, r.timing.measured_steps) for r in records]
+    if all(wall and steps for wall, steps in walls):  # the windows' wall time over their steps
+        timing.step_ms_wall = sum(w * n for w, n in walls) / sum(n for _, n in walls)
     pooled.timing = timing
     pooled.memory = _largest_peaks(records)
     pooled.energy = _summed_energy(records)
-    rates = first.rates
-    peak = derive.Peak(rates.peak_tflops * 1e12 if rates.peak_tflops else None, rates.peak_source)
-    achievable = rates.achievable_tflops * 1e12 if rates.achievable_tflops else None
-    pooled.rates = derive.rates(
-        first.setup,
-        timing.step_ms_median,
-        timing.first_step_ms,
-        derive.Ceilings(peak, achievable, rates.calibration),
-        compiled=compiled,
-        checkpointing=checkpointing,
-        dtype=dtype,
-        step_ms_ci=(timing.step_ms_ci_low, timing.step_ms_ci_high),
-        energy=pooled.energy,
-        measured_steps=timing.measured_steps,
-    )
+    pooled.rates = derive.rates(pooled, derive.ceilings_of(first))
     return pooled
 
 

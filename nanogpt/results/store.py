@@ -57,10 +57,13 @@ def point_key(overrides: list[str]) -> str:
     return " ".join(sorted(overrides))
 
 
-def iter_records(sweep_dir: Path):
-    """(path, record or None) for every result.json below a sweep dir."""
+def iter_records(sweep_dir: Path, moved: bool = True):
+    """(path, record or None) for every result.json below a sweep dir; moved=False leaves out
+    those under SWEEP_DIR/moved/ (points the sweep no longer has there: no rows of its table)."""
+    aside = Path(sweep_dir) / MOVED_DIR
     for path in sorted(sweep_dir.rglob(RESULT_FILE)):
-        yield path, read_result(path)
+        if moved or not path.is_relative_to(aside):
+            yield path, read_result(path)
 
 
 def same_point(record: dict, pid: str, overrides: list[str]) -> bool:

@@ -5,7 +5,8 @@ point is the baseline); `publish` also writes DIR/summary.csv, summary.parquet, 
 and summary.md (results/tidy.py) and prints it; the entry points draw the plots
 (nanogpt/reporters/plots.py). The multirun callback calls
 it at the end of a sweep, `python -m nanogpt.report DIR` for any sweep dir, finished or not,
-and the notebook builds the same table. Columns: the record's (results/record.py), one per
+and the notebook builds the same table. Columns: the record's (results/record.py `columns()`:
+every field of its dataclasses not marked json-only), one per
 swept key after `overrides` (results/swept.py; a key that is already a record column, such as
 `model`, is not repeated), then speedups against the baseline (results/baseline.py), break-even
 and cost. Unreadable or half-written records are skipped and listed, never fatal.
@@ -24,11 +25,11 @@ import pandas as pd
 from nanogpt.faults import FAILED_STATUSES
 from nanogpt.results import baseline as baseline_rule
 from nanogpt.results import compare, stats, store, sweep_steps, swept, tidy
+from nanogpt.results.derive import DRIFT
 from nanogpt.results.labels import point_labels
-from nanogpt.results.record import RESULT_COLUMNS
-from nanogpt.results.tidy import SUMMARY_CSV, read_summary  # noqa: F401 (documented here)
+from nanogpt.results.record import columns
+from nanogpt.results.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
 
-SUMMARY_MD = "summary.md"
 PRINTED_COLUMNS = (
     "overrides",
     "status",
@@ -51,10 +52,12 @@ class ReportError(Exception):
 
 
 def load_records(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
-    """Readable records, one per point (the newest ok one wins), and the unreadable files."""
+    """Readable records, one per point (the newest ok one wins), and the unreadable files. A
+    record moved aside (SWEEP_DIR/moved/: a resumed sweep whose points changed) is no row: the
+    table is the sweep's current points."""
     by_point: dict[str, dict] = {}
     unreadable = []
-    for path, record in store.iter_records(sweep_dir):
+    for path, record in store.iter_records(sweep_dir, moved=False):
         if record is None:
             unreadable.append(path)
             continue
@@ -89,10 +92,6 @@ class Sweep:
     baseline: str  # which point is the speedup baseline, and why
     unreadable: list[Path] = field(default_factory=list)
 
-    def __iter__(self):
-        """`table, unreadable = build_table(...)` still reads as it did when it was a tuple."""
-        return iter((self.table, self.unreadable))
-
     def series(self) -> list:
         """Each row's measured steps (a list per repeat), found by its job_dir."""
         return sweep_steps.series(self.steps, self.table["job_dir"])
@@ -113,10 +112,8 @@ def build_table(
             f"no readable result.json below {sweep_dir}; point the report at a sweep dir "
             "such as multirun/DATE/TIME"
         )
-    table = pd.DataFrame(
-        [{col: row.get(col) for col in RESULT_COLUMNS} for row in rows],
-        columns=list(RESULT_COLUMNS),
-    )
+    names = columns()  # the record's own (results/record.py): its fields not json-only
+    table = pd.DataFrame([{col: row.get(col) for col in names} for row in rows], columns=names)
     table["overrides"] = [" ".join(row.get("overrides") or []) or "defaults" for row in rows]
     points = [row.get("overrides") or [] for row in rows]
     keys = [key for key in swept.swept_keys(points) if key not in table.columns]
@@ -139,16 +136,6 @@ def build_table(
         name = point_labels(table)[choice.position] or "defaults"
         sweep.baseline = f"baseline: {name} ({choice.reason})"
     return sweep
-
-
-def baseline_row(table: pd.DataFrame, baseline: str | None = None) -> pd.Series | None:
-    """The row speedups are measured against (results/baseline.py: `baseline` text if given,
-    else the point whose swept knobs are at their reference); None when no point is ok."""
-    try:
-        position = baseline_rule.choose(table, baseline).position
-    except baseline_rule.BaselineError as err:
-        raise ReportError(str(err)) from None
-    return None if position is None else table.iloc[position]
 
 
 def to_markdown(table: pd.DataFrame) -> str:
@@ -195,17 +182,20 @@ def printable(table: pd.DataFrame) -> str:
 
 
 def steady_text(row: pd.Series) -> str:
-    """ "yes", or why the window may not read the steady state: "short" (cut or under a GPU's
-    settling time) and/or "drift+3.1%" (the last third of the steps against the first)."""
+    """ "yes", or why the window may not read the steady state, from the record's reason codes
+    (results/derive.py): "short" (cut or under a GPU's settling time) and/or "drift+3.1%" (the
+    last third of the steps against the first)."""
     if row["steady"] is None or pd.isna(row["steady"]):
         return "-"
     if bool(row["steady"]):
         return "yes"
-    note, marks = row["steady_note"] or "", []
-    if "measured" in note:
-        marks.append("short")
-    if "third" in note and pd.notna(row["drift_pct"]):
-        marks.append(f"drift{row['drift_pct']:+.1f}%")
+    reasons = row.get("unsteady_reasons")
+    marks = []
+    for reason in reasons if isinstance(reasons, list) else []:
+        if reason == DRIFT and pd.notna(row["drift_pct"]):
+            marks.append(f"drift{row['drift_pct']:+.1f}%")
+        else:
+            marks.append(reason)
     return ",".join(marks) or "no"
 
 

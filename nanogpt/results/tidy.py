@@ -20,6 +20,7 @@ from nanogpt.files import write_atomic
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PARQUET = "summary.parquet"
 STEPS_PARQUET = "steps.parquet"
+SUMMARY_MD = "summary.md"
 
 
 def _is_container(value) -> bool:
@@ -98,4 +99,4 @@ def write(sweep_dir: Path, table: pd.DataFrame, steps: pd.DataFrame, markdown: s
     write_atomic(sweep_dir / SUMMARY_CSV, to_csv(table))
     write_atomic(sweep_dir / SUMMARY_PARQUET, to_parquet(table))
     write_atomic(sweep_dir / STEPS_PARQUET, to_parquet(steps))
-    write_atomic(sweep_dir / "summary.md", markdown)
+    write_atomic(sweep_dir / SUMMARY_MD, markdown)
