@@ -24,6 +24,7 @@ from nanogpt.measure import memory
 from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import table as report
+from nanogpt.results.record import summary_key
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
 from .conftest import run_cli, with_micro
@@ -160,7 +161,7 @@ def test_a_point_measured_beside_a_busy_process_is_flagged(crowded_sweep):
     from tests.wandb_reader import read_run, run_file
 
     (run_dir,) = sorted((job_dir / "wandb").glob("offline-run-*"))
-    assert read_run(run_file(run_dir)).summary["contended"] is True
+    assert read_run(run_file(run_dir)).summary[summary_key("contended")] is True
 
 
 def test_exclusive_fail_fails_the_point_and_keeps_its_figures(crowded_sweep):

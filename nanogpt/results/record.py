@@ -158,8 +158,8 @@ class Timing:
     contended: bool | None = None  # null: not probed (contention says why)
     contention: str | None = None  # what was seen, in words
     contention_window_s: float | None = json_only()
-    own_cpu_s: float | None = None  # the point's CPU time in the window (all ranks)
-    others_cpu_s: float | None = None  # CPU: other processes' CPU time in the window
+    own_cpu_s: float | None = json_only()  # the point's CPU time in the window (all ranks)
+    others_cpu_s: float | None = json_only()  # CPU: other processes' CPU time in the window
     others_gpu_processes: list | None = json_only()  # CUDA: pids of other compute processes (NVML)
     scaler_skipped_steps: int | None = None  # fp16: measured steps the GradScaler skipped
     scaler_settled: bool | None = None  # fp16: warmup ended with a step it did not skip
@@ -197,9 +197,9 @@ class Memory:
     memory_snapshot: str | None = json_only()  # file name, written on a CUDA OOM when asked
     # The peaks above are the measured steps' (measure/memory.py, MemoryProbe.split); warmup's,
     # first-step compilation and autotuning included, apart:
-    mem_warmup_peak_allocated_bytes: int | None = None
-    mem_warmup_peak_reserved_bytes: int | None = None
-    mem_warmup_peak_rss_bytes: int | None = None
+    mem_warmup_peak_allocated_bytes: int | None = json_only()
+    mem_warmup_peak_reserved_bytes: int | None = json_only()
+    mem_warmup_peak_rss_bytes: int | None = json_only()
 
 
 @dataclass
