@@ -34,7 +34,7 @@ from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import run_point
 from nanogpt.launch.worker import follow, release_followers
-from nanogpt.logs import capture_warnings
+from nanogpt.logs import capture_warnings, say_once_per_sweep
 from nanogpt.results.store import sweep_id
 from nanogpt.spec import RunSpec
 
@@ -108,7 +108,9 @@ def main(cfg: DictConfig) -> str | int:
         if world.size > 1:
             release_followers(world)
         sys.exit(CONFIG_EXIT)
-    status = run_point(spec, job_from_hydra(cfg))
+    job = job_from_hydra(cfg)
+    say_once_per_sweep(job.sweep_dir)  # a line every point says alike: once on the console
+    status = run_point(spec, job)
     if world.size > 1 and status not in ("ok", "skipped"):
         # No more messages: a follower may still be stuck in a collective. Under torchrun, exit
         # non-zero so that torchrun stops them. A submitit task returns (a failed task would

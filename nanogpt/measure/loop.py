@@ -35,6 +35,7 @@ from nanogpt.faults import classify, describe
 from nanogpt.measure import memory
 from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
+from nanogpt.measure.kineto_log import without_trace_points
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.progress import Progress
 from nanogpt.measure.setup import describe_setup
@@ -124,7 +125,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         _measured_steps(spec, trainer, record, log, bar, emit)
         record.energy = energy.stop()  # the last window's close synced the device
         if bench.profile:  # after the measured steps: the profiler cannot touch them
-            _profile(spec, trainer, record, log, out_dir)
+            with without_trace_points():
+                _profile(spec, trainer, record, log, out_dir)
     finally:
         energy.halt()  # a failure mid-window leaves no thread polling
         bar.close()
@@ -132,7 +134,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
             setattr(record.memory, key, value)
     _derive(spec, trainer, ceilings, record, log)
     # After the measured steps and their memory peaks: the profiled steps enter no statistic.
-    run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
+    with without_trace_points():
+        run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
 
 
 def _graph_mode(spec: RunSpec) -> str | None:
