@@ -3,9 +3,13 @@ the default: a child forked from the sweep's fork server) beyond the same point 
 sweep's own process (bench.isolate=false). Goal: at most 1 s a point on 2 CPU cores.
 
 Measured side by side in one run, rounds interleaved so that machine noise hits both alike. The
-cost of one point is the slope: (a sweep of N points - a sweep of 1 point) / (N - 1), minus the
-time its training steps took (steps.csv), so the once-per-sweep start-up (interpreter, imports,
-the fork server's start, the table) is left out.
+cost of one point is, by default, the median over a sweep's points but its first of the point's
+wall_s (result.json: the job process's clock around the whole point, the child's start, run and
+exit included) minus the time its training steps took (steps.csv); the first point (which
+starts the fork server, or warms the sweep's own process) and the once-per-sweep start-up are
+left out. --slope measures it as before: (a sweep of N points - a sweep of 1 point) / (N - 1),
+minus the steps' time, which Hydra's own per-job cost enters alike for both modes, and which on
+a loaded machine carries the noise of two whole sweeps.
 
 --tree DIR (a checkout of another commit, e.g. from `git archive`) measures that code too, in
 the same interleaved rounds, and prints both trees' extra cost side by side: before/after.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import subprocess
@@ -65,6 +70,28 @@ def sweep_overhead(tmp: Path, mode: str, points: int, tree: Path = ROOT) -> floa
     return wall - training
 
 
+def per_record(tmp: Path, mode: str, points: int, tree: Path = ROOT) -> float:
+    """The median of the points' wall_s minus their steps' time, the first point left out."""
+    isolate, env = MODES[mode]
+    sweep = tmp / f"sweep_{points}_{time.monotonic_ns()}"
+    seeds = ",".join(str(s) for s in range(points))
+    args = ["-m", *MICRO, f"bench.isolate={str(isolate).lower()}", f"bench.seed={seeds}"]
+    subprocess.run(
+        [sys.executable, "-m", "nanogpt.run", *args, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp,
+        check=True,
+        capture_output=True,
+        env={**os.environ, **env, "PYTHONPATH": str(tree)},
+    )
+    costs = []
+    for number in range(1, points):
+        job = sweep / str(number)
+        wall = json.loads((job / "result.json").read_text())["wall_s"]
+        with open(job / "steps.csv") as f:
+            costs.append(wall - sum(float(row["step_ms"]) for row in csv.DictReader(f)) / 1e3)
+    return statistics.median(costs)
+
+
 def per_point(tmp: Path, mode: str, points: int, tree: Path = ROOT) -> float:
     one = sweep_overhead(tmp, mode, 1, tree)
     many = sweep_overhead(tmp, mode, points, tree)
@@ -76,6 +103,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--points", type=int, default=6)
     parser.add_argument("--tree", type=Path, help="another checkout, measured side by side")
+    parser.add_argument("--slope", action="store_true", help="sweep of N - sweep of 1 points")
     parser.add_argument(
         "--modes", default=",".join(MODES), help="comma-separated, of: " + ", ".join(MODES)
     )
@@ -87,7 +115,8 @@ def main() -> None:
         tmp = Path(name)
         for i in range(args.rounds):
             for (tree, mode), seconds in costs.items():
-                seconds.append(per_point(tmp, mode, args.points, trees[tree]))
+                measure = per_point if args.slope else per_record
+                seconds.append(measure(tmp, mode, args.points, trees[tree]))
             print(
                 f"round {i}: " + ", ".join(f"{t} {m} {s[-1]:.2f} s" for (t, m), s in costs.items())
             )
