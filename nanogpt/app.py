@@ -35,14 +35,20 @@ register_presets()  # sweeps/ as the `sweep` group: +sweep=NAME
 PRINT_CONFIG = "`python -m nanogpt.run --cfg job --resolve ...` prints every key and its value"
 
 # Defaults by device (conf/model/auto.yaml, conf/perf/default.yaml): on CUDA what GPU users
-# measure, nanoGPT bench.py's GPT-2 124M at block 1024 and batch 12; elsewhere the nano model.
+# measure, nanoGPT bench.py's GPT-2 124M at block 1024 and batch 12; elsewhere nano-1k, a small
+# model whose FLOPs split between blocks and head as a GPT's do (conf/model/nano-1k.yaml).
 DEVICE_DEFAULTS = {
     True: (
         "gpt2",
         12,
         "nanoGPT bench.py's configuration: GPT-2 124M without biases, block 1024, batch 12",
     ),
-    False: ("nano", 8, "a small model: GPT-2 takes seconds a step on a CPU"),
+    False: (
+        "nano-1k",
+        8,
+        "a small model (GPT-2 takes seconds a step on a CPU) with a 1,024-token vocabulary, "
+        "most of its FLOPs in the blocks as in a GPT",
+    ),
 }
 
 

@@ -34,6 +34,7 @@ class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         """Before anything is measured, every point of the sweep is composed and validated."""
         self.started = time.time()
+        logs.forget_said(Path(config.hydra.sweep.dir))
         try:
             points = sweep_points(config)
             if points:

@@ -9,16 +9,28 @@ resolved by the job process (its file an absolute path), and appends to the same
 Progress: while the step bar is drawn on a terminal, the per-window progress lines go to the
 log file only (`NotUnderTheBar`); elsewhere (a file, CI, SLURM) there is no bar, and they are the
 progress, one line a window.
+
+Once per sweep: a line that every point of a sweep says alike (a Python warning such as "no
+known peak for this CPU's dtype", a record marked ONCE such as where W&B logs) reaches the
+console for the first point only (`OncePerSweep`); each point's run.log keeps it. The points'
+processes share what was said through marker files in SWEEP_DIR/.said/, which each run of the
+sweep (a resume too) starts empty (`forget_said`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import logging.config
+import os
+import shutil
 import sys
 import warnings
+from pathlib import Path
 
 PROGRESS = "progress"  # a record's attribute: a progress line (extra={PROGRESS: True})
+ONCE = "once_per_sweep"  # a record's attribute: its key when every point says it alike
+SAID_DIR = ".said"  # under the sweep dir: a marker file per line said once
 
 
 def bar_drawn() -> bool:
@@ -47,7 +59,46 @@ class LevelFormatter(logging.Formatter):
         return f"{record.levelname.lower()}: {super().format(record)}"
 
 
-def configure(config: dict | None) -> None:
+class OncePerSweep(logging.Filter):
+    """Lets a line that every point says alike (a Python warning, by its text; a record with
+    ONCE, by that key) through for the first point of the sweep only."""
+
+    def __init__(self, said: Path):
+        super().__init__()
+        self.said = said
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = getattr(record, ONCE, None)
+        if key is None and record.name == "py.warnings":
+            key = record.getMessage()
+        if key is None:
+            return True
+        self.said.mkdir(parents=True, exist_ok=True)
+        marker = self.said / hashlib.sha256(str(key).encode()).hexdigest()[:16]
+        try:  # atomic: of the points' processes, one creates it
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def say_once_per_sweep(sweep_dir: Path | None) -> None:
+    """In a multirun's job or measuring process: the console handlers (not run.log's) say each
+    line that every point says alike once per sweep. A single run (sweep_dir None) says all."""
+    if sweep_dir is None:
+        return
+    once = OncePerSweep(Path(sweep_dir) / SAID_DIR)
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler):
+            handler.addFilter(once)
+
+
+def forget_said(sweep_dir: Path) -> None:
+    """At a multirun's start: nothing said yet (a resumed sweep says its lines again)."""
+    shutil.rmtree(Path(sweep_dir) / SAID_DIR, ignore_errors=True)
+
+
+def configure(config: dict | None, sweep_dir: Path | None = None) -> None:
     """In a child process: the job's logging (Hydra's job_logging, resolved), warnings
     included. None (no Hydra job, e.g. a test's handoff): warnings and up on stderr."""
     if config:
@@ -55,6 +106,7 @@ def configure(config: dict | None) -> None:
     else:
         console()
     capture_warnings()
+    say_once_per_sweep(sweep_dir)
 
 
 def capture_warnings() -> None:

@@ -35,7 +35,7 @@ from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import run_point
 from nanogpt.launch.worker import follow, release_followers
-from nanogpt.logs import capture_warnings
+from nanogpt.logs import capture_warnings, say_once_per_sweep
 from nanogpt.results import store
 from nanogpt.results.store import sweep_id
 from nanogpt.spec import RunSpec
@@ -125,6 +125,7 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
             release_followers(world)
         sys.exit(CONFIG_EXIT)
     job = job_from_hydra(cfg)
+    say_once_per_sweep(job.sweep_dir)  # a line every point says alike: once on the console
     status = run_point(spec, job)
     if world.size > 1 and status not in ("ok", "skipped"):
         # No more messages: a follower may still be stuck in a collective. Under torchrun, exit

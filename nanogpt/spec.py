@@ -137,7 +137,7 @@ class BenchConfig:
     warmup_s: float = 0.0
     measure_steps: int = 20
     measure_s: float = 0.0
-    time_budget_s: float = 20.0  # stop measuring after this long ...
+    time_budget_s: float = 20.0  # a point's steps (warmup, diagnosis too) stop after this long ...
     min_measure_steps: int = 5  # ... once this many steps are in
     repeats: int = 1  # measure the point this many times, each in a fresh process
     isolate: bool = True  # measure in a fresh child process

@@ -75,11 +75,12 @@ def check_sizes(spec: RunSpec) -> None:
     for key, value in {"bench.warmup_s": b.warmup_s, "bench.measure_s": b.measure_s}.items():
         if not value >= 0:
             raise ConfigError(key, f"is {value} but must be 0 or more", f"set {key}=0 for none")
-    if b.measure_s > b.time_budget_s:
+    if b.warmup_s + b.measure_s > b.time_budget_s:  # the budget is the point's, warmup's too
+        floors = b.warmup_s + b.measure_s
         raise ConfigError(
-            "bench.measure_s",
-            f"is {b.measure_s} s, longer than bench.time_budget_s={b.time_budget_s} s",
-            f"raise bench.time_budget_s to at least {b.measure_s}",
+            "bench.time_budget_s",
+            f"is {b.time_budget_s} s, less than bench.warmup_s + bench.measure_s = {floors} s",
+            f"raise bench.time_budget_s to at least {floors}",
         )
     if not spec.logger.init_timeout_s > 0:
         raise ConfigError("logger.init_timeout_s", "must be positive", "set it to seconds, e.g. 30")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -14,6 +15,8 @@ from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR, runs_here
 from nanogpt.devices import resolve_device
 from nanogpt.errors import ConfigError
+from nanogpt.measure.flops import counted_head_share
+from nanogpt.model import GPTConfig
 from nanogpt.spec import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
 from nanogpt.validate import check
 
@@ -28,16 +31,20 @@ def composed(*overrides: str):
 def test_defaults_compose_to_a_valid_spec():
     spec = to_spec(composed("bench.device=cpu"))
     assert isinstance(spec, RunSpec)
-    assert spec.model.name == "nano" and spec.perf.dtype is Dtype.fp32
+    assert spec.model.name == "nano-1k" and spec.perf.dtype is Dtype.fp32
     assert spec.perf.compile is False and spec.bench.isolate is True
 
 
 def test_the_default_model_is_the_one_the_device_is_for():
-    # On CPU the nano model at batch 8; on CUDA nanoGPT bench.py's GPT-2 124M, block 1024,
-    # batch 12. Composed, not validated: this machine may have no GPU.
+    # On CPU nano-1k at batch 8, a GPT's split of FLOPs (the blocks most, the head a quarter
+    # or less, as GPT-2 124M's 27 %); on CUDA nanoGPT bench.py's GPT-2 124M, block 1024, batch
+    # 12. Composed, not validated: this machine may have no GPU.
     cpu = OmegaConf.to_object(composed("bench.device=cpu"))
-    assert (cpu.model.name, cpu.model.n_layer, cpu.perf.batch_size) == ("nano", 4, 8)
-    assert "nano" in cpu.model.chosen_by
+    assert (cpu.model.name, cpu.model.n_layer, cpu.perf.batch_size) == ("nano-1k", 4, 8)
+    assert "nano-1k" in cpu.model.chosen_by
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    shape = {k: v for k, v in dataclasses.asdict(cpu.model).items() if k in fields}
+    assert counted_head_share(GPTConfig(**shape)) < 0.3
     gpu = OmegaConf.to_object(composed("bench.device=cuda:1"))
     m = gpu.model
     # nanoGPT's train.py and bench.py train GPT-2 without biases

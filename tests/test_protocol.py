@@ -23,6 +23,7 @@ from nanogpt.errors import ConfigError
 from nanogpt.hardware import matmul
 from nanogpt.measure.counters import CounterSampler
 from nanogpt.measure.energy import EnergyProbe
+from nanogpt.measure.loop import measure, steps_after
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import compare, derive
 from nanogpt.results.record import Asked, Energy, Record, Setup, Timing
@@ -251,3 +252,27 @@ def test_micro_defaults_still_measure_quickly():
     # The tests' micro point is a CPU point: no time floors (the suite stays fast).
     bench = composed(*MICRO).bench
     assert bench.warmup_s == 0 and bench.measure_s == 0
+
+
+def test_the_time_budget_is_the_points_warmup_and_diagnosis_included(tmp_path):
+    """Warmup spends the budget first and the diagnosis's steps are set aside from it: the
+    measured steps get what is left (3 s - 1 s of warmup - the diagnosis), not 3 s."""
+    spec = composed(
+        *MICRO,
+        "bench.warmup_s=1.0",
+        "bench.time_budget_s=3.0",
+        "bench.measure_steps=100000",
+        "bench.min_measure_steps=1",
+        "logger.log_interval=1",  # windows end at every step: warmup stops on time
+    )
+    ceilings = derive.Ceilings(derive.Peak(None, "unknown"))
+    record = measure(spec, CPU, World(), ceilings, tmp_path, [])
+    assert record.status == "ok" and record.timing.stopped_by_budget
+    timing, steps = record.timing, [r for r in record.steps if r["phase"] == "measure"]
+    slowest_s = max(r["step_ms"] for r in steps) / 1e3
+    mean_s = timing.measured_s / timing.measured_steps
+    left_s = spec.bench.time_budget_s - timing.warmup_s_run - steps_after(spec.bench) * mean_s
+    assert timing.warmup_s_run >= 1.0
+    # stopped within a step or two of what was left (at least one step: min_measure_steps)
+    assert timing.measured_s <= max(left_s, 0) + 2 * slowest_s
+    assert [r["phase"] for r in record.steps].count("diagnose") == steps_after(spec.bench)

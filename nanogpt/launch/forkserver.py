@@ -17,12 +17,14 @@ benchmark's comparison).
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+from multiprocessing import spawn
 from pathlib import Path
 
 from nanogpt.launch.handoff import Handoff, take_answer
@@ -31,6 +33,8 @@ from nanogpt.launch.worker import FORK_UNSAFE, forked_main
 
 log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.launch.forkserver_preload"]
+# How the server finds the sweep's main module, to run it once (the preload says why).
+MAIN_ENV = "NANOGPT_FORKSERVER_MAIN"
 _context: multiprocessing.context.BaseContext | None = None
 # Linux: PR_SET_PDEATHSIG, and where the fork server is tested.
 _fork_safe = sys.platform.startswith("linux") and os.environ.get("NANOGPT_FORKSERVER") != "0"
@@ -65,7 +69,15 @@ def _server() -> multiprocessing.context.BaseContext:
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
+        os.environ[MAIN_ENV] = json.dumps(_main_module())  # the server inherits it at its start
     return _context
+
+
+def _main_module() -> dict[str, str]:
+    """How a child of the server would find this process's main module: by name (`python -m`)
+    or by path (a script)."""
+    data = spawn.get_preparation_data("fork server")
+    return {key: value for key, value in data.items() if key.startswith("init_main_from")}
 
 
 class _Forked:

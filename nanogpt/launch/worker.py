@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
     if task == "point" and not World.from_env().is_main:
         return follow()
     handoff = Handoff.read(folder, task)
-    logs.configure(handoff.job.logging)  # this point's run.log, as the job process's
+    logs.configure(handoff.job.logging, handoff.job.sweep_dir)  # run.log, as the job process's
     spec = handoff.spec
     if task in ("max-batch", "calibrate"):
         device = torch.device(spec.bench.device)  # the exact device (Handoff.for_task)

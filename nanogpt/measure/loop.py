@@ -7,7 +7,9 @@ The loop is written so that measuring does not change what is measured:
   step and time floors are met and fp16's loss scale has settled (nanogpt/protocol.py), and
   never enters a statistic;
 - the measured window lasts at least bench.measure_steps and bench.measure_s (a GPU's clocks
-  settle in seconds), and a time budget stops it once enough steps are in;
+  settle in seconds), and a time budget stops it once enough steps are in. The budget is the
+  point's, from the end of its first (compiling) step: warmup spends it first, and the profiled
+  steps that follow the measured ones (diagnosis, profile) are set aside from it;
 - diagnostics stay out of the measured steps: the profiler runs after them (Kineto can leave
   CUPTI attached to the steps that follow it), the allocator history for an OOM snapshot is
   recorded during warmup only, and whatever did run beside them is listed in the record
@@ -34,6 +36,7 @@ from nanogpt.measure import memory
 from nanogpt.measure.contention import ContentionProbe
 from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
+from nanogpt.measure.kineto_log import without_trace_points
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.progress import Progress
 from nanogpt.measure.setup import describe_setup
@@ -132,7 +135,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
             setattr(record.timing, key, value)
         contention.enforce()  # bench.exclusive=fail: the point fails, its figures kept
         if bench.profile:  # after the measured steps: the profiler cannot touch them
-            _profile(spec, trainer, record, log, out_dir)
+            with without_trace_points():
+                _profile(spec, trainer, record, log, out_dir)
     finally:
         energy.halt()  # a failure mid-window leaves no thread polling
         bar.close()
@@ -140,7 +144,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
             setattr(record.memory, key, value)
     _derive(spec, trainer, ceilings, record, log)
     # After the measured steps and their memory peaks: the profiled steps enter no statistic.
-    run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
+    with without_trace_points():
+        run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
 
 
 def _graph_mode(spec: RunSpec) -> str | None:
@@ -214,13 +219,22 @@ def _profile(spec, trainer: Trainer, record: Record, log: StepLog, out_dir: Path
         setattr(record.profile, key, value)
 
 
+def steps_after(bench) -> int:
+    """The profiled steps that follow the measured ones: the diagnosis (its recorded steps and
+    the one the profiler warms up on) and bench.profile's."""
+    return (bench.diagnose_steps + 1) * bench.diagnose + bench.profile_steps * bench.profile
+
+
 def _measured_steps(spec, trainer: Trainer, record: Record, log, bar, emit) -> None:
     """Windows of steps until bench.measure_steps and bench.measure_s are both done, or the
-    time budget is spent once bench.min_measure_steps are in."""
+    time budget is spent once bench.min_measure_steps are in. What the budget allows them is
+    bench.time_budget_s less the warmup (after the first step) and less the steps that follow,
+    each counted at the measured steps' mean so far."""
     bench, world, timing = spec.bench, trainer.world, record.timing
     interval = spec.logger.log_interval
     window = Window(trainer, log, "measure")
     skipped_before = int(trainer.skipped_steps.item())  # synced already: warmup's last window
+    budget_s, after = bench.time_budget_s - timing.warmup_s_run, steps_after(bench)
     started = time.perf_counter()
     done = 0
     while True:
@@ -228,7 +242,7 @@ def _measured_steps(spec, trainer: Trainer, record: Record, log, bar, emit) -> N
         done += 1
         bar.update(1)
         elapsed = time.perf_counter() - started
-        over_budget = elapsed > bench.time_budget_s
+        over_budget = elapsed * (1 + after / done) > budget_s
         # The ranks of a data-parallel job must stop after the same step: one that stopped alone
         # would leave the others waiting in DDP's all-reduce. They decide together at window
         # ends, where the device is read anyway: all ranks past both floors, or any rank's clock

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nanogpt.faults import RESULT_STATUSES, describe
+from nanogpt.logs import ONCE
 from nanogpt.reporters.wandb_mode import resolve_mode, warn
 from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
 from nanogpt.results.record import namespaced
@@ -190,7 +191,7 @@ def start_run(
     except Exception as exc:  # any wandb failure costs W&B only, never the result
         warn(f"wandb.init failed ({describe(exc)}); this run goes on without W&B")
         return None
-    log.info(_where(run, mode, reason))
+    log.info(_where(run, mode, reason), extra={ONCE: f"W&B {job_type} {mode}"})
     if mode == "online" and supersedes:
         tag_superseded(run, supersedes, FINISH_TIMEOUT_S)
     return GuardedRun(run)

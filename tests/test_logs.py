@@ -1,0 +1,90 @@
+"""The console says what helps: Kineto's trace-point lines never, a line that every point says
+alike once per sweep (nanogpt/logs.py, nanogpt/measure/kineto_log.py)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+
+import pytest
+import torch
+from torch.autograd.profiler import profile
+
+from nanogpt import logs
+from nanogpt.measure.kineto_log import without_trace_points
+
+from .conftest import run_cli, with_micro
+
+
+def _profiled() -> None:
+    with profile(use_kineto=True):
+        torch.ones(4).add_(1)
+
+
+def test_kineto_trace_points_are_dropped_and_other_stderr_lines_kept(capfd):
+    _profiled()  # as it was: Kineto writes its trace points to descriptor 2
+    assert "profiler_start" in capfd.readouterr().err
+    with without_trace_points():
+        _profiled()
+        os.write(2, b"a native line\n")
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_" not in err
+    assert err == "a native line\n"
+
+
+def _point_process(said, file_lines: io.StringIO) -> io.StringIO:
+    """One point's process: a console handler with the sweep's filter, and its run.log."""
+    console = io.StringIO()
+    root = logging.getLogger("point")
+    root.handlers = [logging.StreamHandler(console), logging.StreamHandler(file_lines)]
+    root.handlers[0].addFilter(logs.OncePerSweep(said))
+    return console
+
+
+def test_a_line_every_point_says_reaches_the_console_once_per_sweep(tmp_path):
+    said, run_log = tmp_path / logs.SAID_DIR, io.StringIO()
+    consoles = []
+    for point in range(3):
+        consoles.append(_point_process(said, run_log))
+        log = logging.getLogger("point")
+        log.warning(f"W&B: logging offline to run {point}", extra={logs.ONCE: "W&B point"})
+        log.warning(f"point {point} measured")  # unmarked: always said
+    assert consoles[0].getvalue() == "W&B: logging offline to run 0\npoint 0 measured\n"
+    for later in consoles[1:]:
+        assert "W&B" not in later.getvalue() and "measured" in later.getvalue()
+    assert run_log.getvalue().count("W&B") == 3  # each point's log keeps its own line
+    logs.forget_said(tmp_path)  # the sweep runs again (a resume): said again
+    again = _point_process(said, run_log)
+    logging.getLogger("point").warning("x", extra={logs.ONCE: "W&B point"})
+    assert again.getvalue() == "x\n"
+
+
+def test_python_warnings_are_keyed_by_their_text(tmp_path):
+    said = tmp_path / logs.SAID_DIR
+    record = logging.LogRecord("py.warnings", logging.WARNING, __file__, 1, "no peak", (), None)
+    first, second = logs.OncePerSweep(said), logs.OncePerSweep(said)  # two points' processes
+    assert first.filter(record) and not second.filter(record)
+    other = logging.LogRecord("py.warnings", logging.WARNING, __file__, 1, "other", (), None)
+    assert second.filter(other)
+    plain = logging.LogRecord("nanogpt", logging.WARNING, __file__, 1, "no peak", (), None)
+    assert second.filter(plain)  # not a Python warning, not marked: said every time
+
+
+@pytest.mark.slow
+def test_a_real_sweep_says_its_same_lines_once(tmp_path):
+    """Two points, each measured in its own process, both with no known peak for bf16 on this
+    CPU and both logging to W&B offline: the console has each such line once, each point's
+    run.log its own, and no Kineto trace point."""
+    sweep_dir = tmp_path / "sweep"
+    overrides = ["perf.batch_size=1,2", "perf.dtype=bf16", "logger=wandb", "logger.mode=offline"]
+    args = ["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = proc.stdout + proc.stderr
+    if "No peak FLOP/s known" in console:  # a CPU whose bf16 has a known path says nothing
+        assert console.count("No peak FLOP/s known") == 1
+    assert console.count("W&B: logging offline to") == 2  # a point's, the summary run's
+    assert "USDT" not in console
+    for point in ("0", "1"):
+        assert "W&B: logging offline to" in (sweep_dir / point / "run.log").read_text()
