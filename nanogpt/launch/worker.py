@@ -29,6 +29,7 @@ from nanogpt.distributed import World
 from nanogpt.faults import IO_EXIT, handle_sigterm
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
+from nanogpt.launch import placement
 from nanogpt.launch.handoff import Handoff, write_answer
 from nanogpt.launch.process import die_with_parent, run_child
 from nanogpt.measure import maxbatch
@@ -43,6 +44,7 @@ def finish_record(record: Record, handoff: Handoff) -> Record:
     record.asked = Asked.of(handoff.spec, job.overrides, str(job.job_dir))
     record.finished_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
     record.env = environment()
+    placement.fill(record.setup)
     return record
 
 

@@ -61,6 +61,9 @@ RESULT_COLUMNS = (
     "device",
     "device_name",
     "world_size",
+    "slurm_job_id",  # where the point ran: its SLURM job (array task) and node, when it did
+    "slurm_node",
+    "co_running",  # a list: the points that ran beside it (hydra/launcher=parallel)
     "warmup_steps",
     "warmup_steps_run",
     "warmup_s_run",
@@ -224,6 +227,13 @@ class Setup:
     inductor_cache: str | None = None  # cold | warm, with compile
     mem_estimate_bytes: int | None = None
     mem_estimate: dict | None = None  # the estimate by component
+    # Where the point ran (launch/placement.py): null when not under SLURM / not beside others
+    slurm_job_id: str | None = None  # "ARRAYJOB_TASK" (scancel/squeue take it) or the job id
+    slurm_node: str | None = None
+    slurm_restarts: int | None = None  # times SLURM requeued the job before this run
+    cpu_set: list | None = None  # the cores the point was pinned to (hydra/launcher=parallel)
+    gpu_set: str | None = None  # CUDA_VISIBLE_DEVICES the launcher gave it
+    co_running: list | None = None  # overrides of the points that ran beside it ([]: none)
 
 
 @dataclass
