@@ -11,8 +11,9 @@ data_packages = [
     for package, folder in DATA.items()
     for sub in ["", *find_namespace_packages(folder)]
 ]
+launcher_packages = ["hydra_plugins.nanogpt_launchers"]  # Hydra finds launchers only there
 
 setup(
-    packages=[*find_packages(include=["nanogpt", "nanogpt.*"]), *data_packages],
+    packages=[*find_packages(include=["nanogpt", "nanogpt.*"]), *data_packages, *launcher_packages],
     package_dir=DATA,
 )

@@ -62,7 +62,9 @@ def check_slurm() -> None:
             "cluster's login node, or drop hydra/launcher=slurm to run it here."
         )
     try:
-        probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60)
+        probe = subprocess.run(
+            ["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60
+        )
         answer = probe.stderr.strip().splitlines()[-1:] if probe.returncode else []
     except (OSError, subprocess.TimeoutExpired) as err:
         answer = [str(err)]
@@ -180,7 +182,10 @@ class SlurmLauncher(SubmititSlurmLauncher):
                     continue
                 unseen[job.job_id] += 1  # forgotten by the controller (MinJobAge): ended
                 if job.paths.result_pickle.exists() or unseen[job.job_id] > 5:
-                    states[job.job_id] = ("COMPLETED" if job.paths.result_pickle.exists() else "UNKNOWN", "")
+                    states[job.job_id] = (
+                        "COMPLETED" if job.paths.result_pickle.exists() else "UNKNOWN",
+                        "",
+                    )
             time.sleep(POLL_S)
 
     def _outcome(self, job, overrides, number: int, state: tuple[str, str]) -> JobReturn:
@@ -229,6 +234,8 @@ class SlurmLauncher(SubmititSlurmLauncher):
         states = scheduler_states(earlier)
         alive = [jid for jid in earlier if jid in states and states[jid][0] not in ENDED]
         if alive:
-            print(f"resume: cancelling {len(alive)} SLURM job(s) of an earlier run: {' '.join(alive)}")
+            print(
+                f"resume: cancelling {len(alive)} SLURM job(s) of an earlier run: {' '.join(alive)}"
+            )
             cancel(alive)
             wait_ended(alive, at_most_s=120)

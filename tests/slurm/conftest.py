@@ -104,7 +104,9 @@ def slurm_start(tmp_path, slurm_env):
             proc.kill()
             proc.wait()
         out.close()
-    subprocess.run(["scancel", "-u", os.environ.get("USER", "root")], env={**os.environ, **slurm_env})
+    subprocess.run(
+        ["scancel", "-u", os.environ.get("USER", "root")], env={**os.environ, **slurm_env}
+    )
 
 
 def squeue(env: dict, *args: str) -> str:
