@@ -16,6 +16,7 @@ import logging
 import time
 from pathlib import Path
 
+from nanogpt.distributed import World
 from nanogpt.files import read_json, write_atomic, write_json
 from nanogpt.launch import forkserver, placement
 from nanogpt.launch.handoff import Handoff, Job
@@ -74,7 +75,10 @@ def run_point(spec: RunSpec, job: Job) -> str:
 def _measure_once(handoff: Handoff) -> Record:
     spec = handoff.spec
     try:
-        if spec.bench.isolate or spec.dist.nproc > 1:
+        # dist.nproc ranks are started here (torchrun), unless SLURM started them as the job's
+        # tasks (hydra/launcher=slurm): then this process is rank 0 and measures in place.
+        ranks_here = World.from_env().size == spec.dist.nproc > 1
+        if (spec.bench.isolate or spec.dist.nproc > 1) and not ranks_here:
             return _measure_in_child(handoff)
         return measure_point(handoff)
     except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself

@@ -35,7 +35,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 from omegaconf import OmegaConf, open_dict
 
 from nanogpt.app import to_spec
-from nanogpt.faults import CONFIG_EXIT, interrupted_exit
+from nanogpt.faults import CONFIG_EXIT, describe, interrupted_exit
 from nanogpt.files import read_json, write_json
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import record_ended_outside
@@ -140,10 +140,30 @@ class SlurmLauncher(SubmititSlurmLauncher):
         ]
 
     def _submit(self, job_overrides, initial_job_idx: int) -> list:
-        """Submit the points as one job array, as hydra-submitit-launcher does."""
+        """One job array per dist.nproc among the points: a point of dist.nproc=N is a job of
+        N tasks (its ranks, from SLURM's environment); the jobs in the points' order."""
+        groups: dict[int, list[int]] = {}
+        for i, overrides in enumerate(job_overrides):
+            config = self.hydra_context.config_loader.load_sweep_config(
+                self.config, list(overrides)
+            )
+            groups.setdefault(int(config.dist.nproc), []).append(i)
+        jobs: list = [None] * len(job_overrides)
+        for nproc, members in groups.items():
+            submitted = self._submit_array(
+                [job_overrides[i] for i in members], [initial_job_idx + i for i in members], nproc
+            )
+            for i, job in zip(members, submitted, strict=True):
+                jobs[i] = job
+        return jobs
+
+    def _submit_array(self, job_overrides, numbers: list[int], nproc: int) -> list:
+        """Submit points as one job array, as hydra-submitit-launcher does."""
         import submitit
 
         params = dict(self.params)
+        if nproc > 1:
+            params["tasks_per_node"] = nproc
         folder = params.pop("submitit_folder")
         max_num_timeout = params.pop("max_num_timeout")
         executor = submitit.AutoExecutor(
@@ -153,7 +173,6 @@ class SlurmLauncher(SubmititSlurmLauncher):
         executor.update_parameters(
             **{key if key in generic else f"slurm_{key}": v for key, v in params.items()}
         )
-        numbers = list(range(initial_job_idx, initial_job_idx + len(job_overrides)))
         for number, overrides in zip(numbers, job_overrides, strict=True):
             print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
         state = Singleton.get_state()
@@ -193,19 +212,22 @@ class SlurmLauncher(SubmititSlurmLauncher):
         try:
             returned = job.results()[0] if job.paths.result_pickle.exists() else None
         except Exception as err:  # the job raised, or submitit gave up on it
-            returned, why = None, str(err).strip().splitlines()[0]
+            returned, why = None, describe(err)
         else:
             why = None
+        if isinstance(returned, JobReturn) and returned.status == JobStatus.FAILED:
+            # raised inside Hydra's job: submitit's time-limit handler gives up this way
+            returned, why = None, describe(returned._return_value)
         config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         with open_dict(config):
             config.hydra.job.num = number
             config.hydra.job.id = job.job_id
         job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         scheduler_state, node = state
-        status = returned.return_value if isinstance(returned, JobReturn) else None
-        if scheduler_state == "COMPLETED" and status is not None:
+        if scheduler_state == "COMPLETED" and isinstance(returned, JobReturn):
             return returned
-        slurm_status = STATUS_OF.get(scheduler_state, "error")
+        timed_out = why is not None and "timed-out" in why
+        slurm_status = STATUS_OF.get(scheduler_state, "timeout" if timed_out else "error")
         error = (
             f"SlurmJob: job {job.job_id} ended {scheduler_state}"
             + (f" on {node}" if node else "")
