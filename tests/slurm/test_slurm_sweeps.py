@@ -114,10 +114,12 @@ def test_scancel_of_one_point_records_it_cancelled_and_the_sweep_fails_with_its_
 
 def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_start):
     # submitit asks SLURM for SIGUSR2 signal_delay_s before the limit: the first time it
-    # requeues the job (max_num_timeout=1), the second it gives up.
+    # requeues the job (max_num_timeout=1), the second it gives up. (The job needs its signal
+    # handler in place by then: 30 s in, on a loaded machine. SLURM makes a requeued job wait
+    # about 2 minutes before it is eligible again.)
     proc, sweep_dir = slurm_start(
         "hydra.launcher.timeout_min=1",
-        "hydra.launcher.signal_delay_s=45",
+        "hydra.launcher.signal_delay_s=30",
         "hydra.launcher.max_num_timeout=1",
         "bench.measure_steps=1000000",
         "bench.time_budget_s=600",
@@ -126,6 +128,8 @@ def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_
     (record,) = records(sweep_dir).values()
     assert record["status"] == "timeout", record["error"]
     assert "timed-out too many times" in record["error"]
+    (log,) = sweep_dir.glob(".submitit/*/*_0_log.out")
+    assert "Requeued job" in log.read_text()  # the first signal: checkpoint and requeue
     assert len(pd.read_csv(sweep_dir / "summary.csv")) == 1
 
 
