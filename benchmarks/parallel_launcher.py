@@ -9,7 +9,7 @@ serial sweep's threads, in different measure). Each sweep gets a fresh sweep dir
 resumed. Every point trains a small GPT for a fixed number of steps (no time budget), so both
 sweeps do the same work.
 
-Usage: python benchmarks/parallel_launcher.py [--rounds 3] [--steps 60]
+Usage: python benchmarks/parallel_launcher.py [--rounds 3] [--steps 100]
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-POINT = [  # a few hundred ms of compute a step on one core: the sweep's time is its points'
+POINT = [  # tens of ms a step on one core, fp32 (this CPU emulates 16-bit matmuls)
     "model.n_layer=2",
     "model.n_head=4",
-    "model.n_embd=128",
-    "model.block_size=128",
-    "model.vocab_size=512",
-    "perf.batch_size=8",
+    "model.n_embd=64",
+    "model.block_size=64",
+    "model.vocab_size=256",
+    "perf.batch_size=4",
+    "perf.dtype=fp32",
     "bench.device=cpu",
     "bench.warmup_steps=2",
     "bench.min_measure_steps=1",
@@ -57,7 +58,7 @@ def sweep_wall(tmp: Path, name: str, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     os.environ.setdefault("WANDB_MODE", "offline")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
