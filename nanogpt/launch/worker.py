@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -176,6 +177,8 @@ def main(argv: list[str]) -> int:
     """Run TASK of the handoff in DIR; exit code 1 when a measured point failed (the job process
     reads the answer either way)."""
     handle_sigterm()  # SIGTERM records the point as interrupted, as Ctrl-C does
+    # SLURM's time-limit warning (submitit's SIGUSR2) is the job process's to handle
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     folder, task = Path(argv[0]), argv[1]
     if task == "point" and not World.from_env().is_main:
         return follow()
