@@ -60,9 +60,8 @@ def test_the_readme_sweep_runs_every_point_as_a_slurm_job(slurm_sweep, tmp_path)
     )  # fmt: skip
     assert local.returncode == 0, local.stderr[-2000:]
     local_table = pd.read_csv(tmp_path / "local" / "summary.csv")
-    # the same columns, but a column per swept key: the local sweep does not sweep compile
-    assert set(table.columns) - set(local_table.columns) == {"perf.compile"}
-    assert set(local_table.columns) <= set(table.columns)
+    # the same columns, and one more per swept key: the local sweep does not sweep compile
+    assert set(local_table.columns) <= set(table.columns) and "perf.compile" in table
 
     def points(t):
         return set(zip(t["compile"], t["dtype"], strict=True))
@@ -151,7 +150,7 @@ def test_dist_nproc_2_is_two_slurm_tasks_of_one_job(slurm_sweep):
 
 
 def test_the_sweep_killed_then_run_again_keeps_its_finished_points(slurm_start, tmp_path):
-    sweep = ["bench.measure_steps=100000", "bench.time_budget_s=1,25"]
+    sweep = ["bench.measure_steps=100000", "bench.time_budget_s=1,60"]
     proc, sweep_dir = slurm_start(*sweep)
     wait_for(lambda: records(sweep_dir).get("0", {}).get("status") == "ok", 300, "the first point")
     first = records(sweep_dir)["0"]
