@@ -46,6 +46,7 @@ ENDED = {  # SLURM job states after which a job never runs again
 }  # fmt: skip
 STATUS_OF = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
 POLL_S = 2.0
+CONFIRM_S = 15.0  # how long a failed end must last before it is the job's end
 JOBS_FILE = "slurm_jobs.json"  # point number -> SLURM job id, for a later run of the sweep
 
 
@@ -190,6 +191,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         """Until every job has ended in SLURM's view (a requeued job is pending again)."""
         states: dict[str, tuple[str, str]] = {}
         unseen = dict.fromkeys((job.job_id for job in jobs), 0)
+        failed_since: dict[str, float] = {}  # when a job was first seen ended but not COMPLETED
         while True:
             pending = [job for job in jobs if states.get(job.job_id, ("",))[0] not in ENDED]
             if not pending:
@@ -197,7 +199,16 @@ class SlurmLauncher(SubmititSlurmLauncher):
             now = scheduler_states([job.job_id for job in pending])
             for job in pending:
                 if job.job_id in now:
-                    states[job.job_id] = now[job.job_id]
+                    state = now[job.job_id]
+                    # A job that submitit requeues (its time limit) first ends FAILED for a
+                    # moment, then is pending again: trust a failed end once it has lasted.
+                    if state[0] in ENDED and state[0] != "COMPLETED":
+                        first = failed_since.setdefault(job.job_id, time.monotonic())
+                        if time.monotonic() - first < CONFIRM_S:
+                            continue
+                    else:
+                        failed_since.pop(job.job_id, None)
+                    states[job.job_id] = state
                     continue
                 unseen[job.job_id] += 1  # forgotten by the controller (MinJobAge): ended
                 if job.paths.result_pickle.exists() or unseen[job.job_id] > 5:
