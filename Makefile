@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup sweep test test-fast test-gpu lint bench clean
+.PHONY: setup sweep test test-fast test-gpu test-slurm lint bench clean
 
 setup: $(STAMP)
 
@@ -24,10 +24,16 @@ sweep: $(STAMP)
 	$(BIN)/python -m nanogpt.run -m perf.compile=true,false perf.dtype=bf16,fp16
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slurm"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# A real one-node SLURM cluster (scripts/slurm_cluster.sh installs and starts it; root): the
+# tests of hydra/launcher=slurm, minutes each.
+test-slurm: $(STAMP)
+	scripts/slurm_cluster.sh install
+	$(BIN)/python -m pytest -q -m slurm tests/slurm
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m cuda

@@ -11,10 +11,15 @@ data_packages = [
     for package, folder in DATA.items()
     for sub in ["", *find_namespace_packages(folder)]
 ]
-
-TUNE_PLUGIN = ["hydra_plugins.nanogpt_tune"]  # hydra/sweeper=tune (no hydra_plugins/__init__.py)
+# Hydra finds launchers and sweepers only in the hydra_plugins namespace (no __init__.py there):
+# hydra/launcher=parallel|slurm, hydra/sweeper=tune
+plugin_packages = ["hydra_plugins.nanogpt_launchers", "hydra_plugins.nanogpt_tune"]
 
 setup(
-    packages=[*find_packages(include=["nanogpt", "nanogpt.*"]), *data_packages, *TUNE_PLUGIN],
+    packages=[
+        *find_packages(include=["nanogpt", "nanogpt.*"]),
+        *data_packages,
+        *plugin_packages,
+    ],
     package_dir=DATA,
 )

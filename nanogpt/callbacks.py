@@ -9,6 +9,7 @@ is done and stops the sweep with exit status 130 (128 + SIGINT, the shell's conv
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,8 +25,15 @@ from nanogpt.configs import runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
 from nanogpt.launch.job import point_status, skipped_since
+from nanogpt.launch.placement import CORUN_ENV
 from nanogpt.reporters import wandb_sink, wandb_view
 from nanogpt.results import table as sweep_table
+
+
+def away_from_the_sweep() -> bool:
+    """Whether this job runs in a process of its own launcher's (a slot of
+    hydra/launcher=parallel, a SLURM job): the sweep's process decides when it stops."""
+    return bool(os.environ.get(CORUN_ENV)) or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
 
 
 class SweepReport(Callback):
@@ -52,7 +60,7 @@ class SweepReport(Callback):
         status = point_status(Path(config.hydra.runtime.output_dir))
         point = " ".join(job_return.overrides or []) or "defaults"
         multirun = config.hydra.mode == RunMode.MULTIRUN
-        if status == "interrupted" and multirun:
+        if status == "interrupted" and multirun and not away_from_the_sweep():
             sweep_dir, _ = self._table(config)
             resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
             print(f"interrupted at {point}; {resume} (ok points are kept)", file=sys.stderr)
@@ -69,12 +77,33 @@ class SweepReport(Callback):
         summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
         wandb_sink.log_sweep_table(logger, sweep_dir, table, summary_csv)
         wandb_view.save_and_publish(logger, sweep_dir)  # the sweep's ready W&B view
+        stopped = table[table["status"] == "interrupted"]
+        if len(stopped):  # a launcher that runs points elsewhere (parallel slots, SLURM jobs)
+            resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
+            points = "; ".join(stopped["overrides"].astype(str))
+            print(f"interrupted at {points}; {resume} (ok points are kept)", file=sys.stderr)
+            sys.exit(interrupted_exit())
         failed = sweep_table.failed_points(table)
         if failed:
             print(f"{len(failed)} point(s) failed: {'; '.join(failed)}", file=sys.stderr)
             sys.exit(1)
 
     def _table(self, config: DictConfig):
+        """The table, once; a second Ctrl-C or SIGTERM while it is written stops with one line
+        that says how to build it from the records (they are all written by then)."""
+        try:
+            return self._publish(config)
+        except KeyboardInterrupt:
+            sweep_dir = Path(config.hydra.sweep.dir)
+            print(
+                f"interrupted while writing the table; build it with "
+                f"`python -m nanogpt.report {sweep_dir}` (every record is kept)",
+                file=sys.stderr,
+            )
+            sys.stdout.flush()
+            os._exit(interrupted_exit())  # no second traceback from Hydra or the interpreter
+
+    def _publish(self, config: DictConfig):
         """Build, write and print the sweep's table; say how many points a resume kept."""
         sweep_dir = Path(config.hydra.sweep.dir)
         report, cost = config.report, config.cost

@@ -8,6 +8,8 @@ Every point ends with a record whose status is one of:
   error        any other exception, or a crash of the measuring process (type and message kept)
   interrupted  Ctrl-C or SIGTERM: recorded, then the sweep stops (exit 130 or 143) after
                building its table
+  cancelled    (SLURM) the scheduler cancelled the point's job (scancel, a node failure)
+  timeout      (SLURM) the job reached its time limit, and was not (or no longer) requeued
   skipped      (returned, never recorded) a resumed sweep kept the point's earlier ok record
 
 A failed point's record keeps what was measured before the failure (static figures, first step,
@@ -31,7 +33,9 @@ import torch
 from nanogpt.errors import ConfigError
 
 RESULT_STATUSES = ("ok", "oom", "diverged")  # the sweep goes on and exits 0
-FAILED_STATUSES = ("error", "interrupted")  # the multirun exits 1 once its table is built
+# The multirun exits 1 once its table is built. cancelled and timeout are set by the SLURM
+# launcher (nanogpt/launchers/slurm.py), which sees how the scheduler ended a job.
+FAILED_STATUSES = ("error", "interrupted", "cancelled", "timeout")
 FAULT_KINDS = ("oom", "nan", "raise", "kill")
 # A single run's exit code by its point's status; bad input exits CONFIG_EXIT before any run.
 # interrupted is 128 + the signal, the shell's convention: 130 for Ctrl-C, 143 for SIGTERM.
@@ -65,7 +69,7 @@ def interrupted_exit() -> int:
 
 
 def exit_code(status: str) -> int:
-    return interrupted_exit() if status == "interrupted" else EXIT_CODES[status]
+    return interrupted_exit() if status == "interrupted" else EXIT_CODES.get(status, 1)
 
 
 class Diverged(RuntimeError):

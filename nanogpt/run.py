@@ -62,9 +62,10 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
     It is measured here: the ranks are this process and its peers, so there is no child process
     to isolate it in, and no torchrun to start (dist.nproc). A multirun under torchrun by hand
     is refused: its points would run one after another in the same processes, unisolated, and
-    one failed point would end them all.
+    one failed point would end them all. Under hydra/launcher=slurm, dist.nproc=N is a job of
+    N tasks (nanogpt/launchers/slurm.py): its ranks are those tasks.
     """
-    if spec.dist.nproc != 1:
+    if spec.dist.nproc != 1 and (by_torchrun or spec.dist.nproc != world.size):
         raise ConfigError(
             "dist.nproc",
             f"is {spec.dist.nproc} but this process already is rank 0 of {world.size} "

@@ -15,7 +15,9 @@ process needs, done once, before any fork.
 The server ignores SIGTERM: a scheduler that signals every process of a job would otherwise end
 the server, and with it (PR_SET_PDEATHSIG) the measuring child before it records the point. The
 child handles SIGTERM itself (faults.handle_sigterm); the server ends when the sweep's process
-does (multiprocessing closes its pipe).
+does (multiprocessing closes its pipe). SIGUSR2 is ignored too, here and so in every child
+forked from here: under SLURM submitit asks for it before the time limit, and every process of
+the job gets it; the job process's submitit handler checkpoints and requeues the point.
 """
 
 import gc
@@ -46,4 +48,5 @@ except ImportError:
 
 assert not torch.cuda.is_initialized(), "importing must not initialise CUDA before a fork"
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 gc.freeze()

@@ -16,8 +16,9 @@ import logging
 import time
 from pathlib import Path
 
+from nanogpt.distributed import World
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.launch import forkserver
+from nanogpt.launch import forkserver, placement
 from nanogpt.launch.handoff import Handoff, Job
 from nanogpt.launch.process import run_child
 from nanogpt.launch.worker import finish_record, measure_point
@@ -49,6 +50,7 @@ def run_point(spec: RunSpec, job: Job) -> str:
     # Measured again (a resume, bench.rerun): its new W&B runs supersede those in its dir.
     job = dataclasses.replace(job, supersedes=wandb_point.earlier_runs(job.job_dir))
     handoff = Handoff("point", spec, job)
+    beside = placement.Beside(job.name, job.job_dir.name)
     started = time.perf_counter()
     measured = []
     count = spec.bench.repeats
@@ -61,6 +63,7 @@ def run_point(spec: RunSpec, job: Job) -> str:
     if len(measured) > 1 and record.status == "ok":
         record = repeats.pool(measured)
     record.wall_s = time.perf_counter() - started
+    record.setup.co_running = beside.end()
     store.write_record(job.job_dir, record)
     log.info(summary_line(record))
     return record.status
@@ -69,7 +72,10 @@ def run_point(spec: RunSpec, job: Job) -> str:
 def _measure_once(handoff: Handoff) -> Record:
     spec = handoff.spec
     try:
-        if spec.bench.isolate or spec.dist.nproc > 1:
+        # dist.nproc ranks are started here (torchrun), unless SLURM started them as the job's
+        # tasks (hydra/launcher=slurm): then this process is rank 0 and measures in place.
+        ranks_here = World.from_env().size == spec.dist.nproc > 1
+        if (spec.bench.isolate or spec.dist.nproc > 1) and not ranks_here:
             return _measure_in_child(handoff)
         return measure_point(handoff)
     except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
@@ -99,6 +105,34 @@ def _measure_in_child(handoff: Handoff) -> Record:
 def _failure(handoff: Handoff, status: str, error: str) -> Record:
     """The record of a point that ended before the measuring code could report any figures."""
     return finish_record(Record(status=status, error=error), handoff)
+
+
+def record_ended_outside(
+    spec: RunSpec, job: Job, status: str, error: str, slurm_job_id: str, node: str | None
+) -> str:
+    """A point whose job the scheduler ended (scancel, time limit): record it with `status`,
+    keeping what its job recorded before it was stopped (an `interrupted` record after SIGTERM).
+    An ok record stays ok: the job had finished measuring. Returns the point's status."""
+    job.job_dir.mkdir(parents=True, exist_ok=True)
+    earlier = store.read_result(job.job_dir / store.RESULT_FILE)
+    if earlier and earlier.get("point_id") != point_id_of(spec):
+        earlier = None  # another point's, from an earlier run of the sweep
+    if earlier and earlier["status"] == "ok":
+        return "ok"
+    if earlier:
+        record = Record.from_dict(earlier)
+        error = f"{error}; before that: {record.error}" if record.error else error
+    else:
+        record = _failure(Handoff("point", spec, job), status, error)
+    record.status, record.error = status, error
+    record.setup.slurm_job_id = record.setup.slurm_job_id or slurm_job_id
+    record.setup.slurm_node = record.setup.slurm_node or node
+    if earlier:
+        store.write_result(job.job_dir, record.to_dict())  # its steps.csv stays
+    else:
+        store.write_record(job.job_dir, record)
+    log.info(summary_line(record))
+    return status
 
 
 def _keep_record(done: Path, job_dir: Path) -> None:

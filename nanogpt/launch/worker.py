@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -29,6 +30,7 @@ from nanogpt.distributed import World
 from nanogpt.faults import IO_EXIT, handle_sigterm
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
+from nanogpt.launch import placement
 from nanogpt.launch.handoff import Handoff, write_answer
 from nanogpt.launch.process import die_with_parent, run_child
 from nanogpt.measure import maxbatch
@@ -44,6 +46,7 @@ def finish_record(record: Record, handoff: Handoff) -> Record:
     record.asked = Asked.of(handoff.spec, job.overrides, str(job.job_dir))
     record.finished_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
     record.env = environment()
+    placement.fill(record.setup)
     return record
 
 
@@ -176,6 +179,8 @@ def main(argv: list[str]) -> int:
     """Run TASK of the handoff in DIR; exit code 1 when a measured point failed (the job process
     reads the answer either way)."""
     handle_sigterm()  # SIGTERM records the point as interrupted, as Ctrl-C does
+    # SLURM's time-limit warning (submitit's SIGUSR2) is the job process's to handle
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     folder, task = Path(argv[0]), argv[1]
     if task == "point" and not World.from_env().is_main:
         return follow()

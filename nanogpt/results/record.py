@@ -132,6 +132,13 @@ class Setup:
     inductor_cache: str | None = None  # cold | warm, with compile
     mem_estimate_bytes: int | None = None
     mem_estimate: dict | None = json_only()  # the estimate by component
+    # Where the point ran (launch/placement.py): null when not under SLURM / not beside others
+    slurm_job_id: str | None = None  # "ARRAYJOB_TASK" (scancel/squeue take it) or the job id
+    slurm_node: str | None = None
+    slurm_restarts: int | None = None  # times SLURM requeued the job before this run
+    cpu_set: list | None = json_only()  # the cores the point was pinned to (launcher=parallel)
+    gpu_set: str | None = json_only()  # CUDA_VISIBLE_DEVICES the launcher gave it
+    co_running: list | None = None  # overrides of the points that ran beside it ([]: none)
 
 
 @dataclass

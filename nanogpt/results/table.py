@@ -169,6 +169,10 @@ def printable(table: pd.DataFrame) -> str:
     shown = table[list(PRINTED_COLUMNS)].fillna(float("nan"))  # None prints as "-" too
     shown["speedup"] = [speedup_text(row) for _, row in table.iterrows()]
     shown["steady"] = [steady_text(row) + contended_text(row) for _, row in table.iterrows()]
+    if "co_running" in table and table["co_running"].map(lambda v: isinstance(v, list)).any():
+        # points run side by side (hydra/launcher=parallel): how many ran beside each
+        beside = [len(v) if isinstance(v, list) else "-" for v in table["co_running"]]
+        shown.insert(2, "beside", beside)
     for col in ("mem_peak_rss_bytes", "mem_peak_allocated_bytes"):
         shown[col] = shown[col].astype("float64") / 2**20
     shown = shown.rename(

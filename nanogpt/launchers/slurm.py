@@ -1,0 +1,274 @@
+"""`hydra/launcher=slurm`: every point of a sweep is one task of a SLURM job array (submitit).
+
+Built on hydra-submitit-launcher's SlurmLauncher, which runs each point's Hydra job inside its
+SLURM job. What this class adds, from the submitting side:
+- before anything is written, SLURM must be here and answer: else one line naming
+  hydra/launcher and what is missing, exit 2;
+- it waits on the scheduler's own state of each job (squeue keeps ended jobs for MinJobAge),
+  not on accounting (sacct), which a cluster may not run; a requeued job is waited for again;
+- a job that ended without a result (scancel, its time limit, a node failure) is recorded in
+  its job dir with a status that says so (`cancelled`, `timeout`, `error`), keeping what the
+  job measured before SLURM's SIGTERM; a point whose job wrote an ok record stays ok;
+- the sweep dir remembers its jobs (slurm_jobs.json): the same command run again after the
+  submitting process died first cancels that run's jobs still queued or running, then resumes
+  (points with an ok record are skipped, as ever);
+- Ctrl-C or SIGTERM while waiting cancels the sweep's jobs and says how to resume and how to
+  build the table of what is done.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
+    SlurmLauncher as SubmititSlurmLauncher,
+)
+from omegaconf import OmegaConf, open_dict
+
+from nanogpt.app import to_spec
+from nanogpt.faults import CONFIG_EXIT, describe, interrupted_exit
+from nanogpt.files import read_json, write_json
+from nanogpt.launch.handoff import Job
+from nanogpt.launch.job import record_ended_outside
+
+ENDED = {  # SLURM job states after which a job never runs again
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT",
+}  # fmt: skip
+STATUS_OF = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
+POLL_S = 2.0
+CONFIRM_S = 15.0  # how long a failed end must last before it is the job's end
+JOBS_FILE = "slurm_jobs.json"  # point number -> SLURM job id, for a later run of the sweep
+
+
+def fail(what: str) -> None:
+    print(f"error: hydra/launcher=slurm: {what}", file=sys.stderr)
+    sys.exit(CONFIG_EXIT)
+
+
+def check_slurm() -> None:
+    """SLURM's client is here and its controller answers; else one line and exit 2."""
+    if shutil.which("sbatch") is None:
+        fail(
+            "sbatch is not on PATH (no SLURM client on this machine); run the sweep on the "
+            "cluster's login node, or drop hydra/launcher=slurm to run it here."
+        )
+    try:
+        probe = subprocess.run(
+            ["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60
+        )
+        answer = probe.stderr.strip().splitlines()[-1:] if probe.returncode else []
+    except (OSError, subprocess.TimeoutExpired) as err:
+        answer = [str(err)]
+    if answer:
+        fail(
+            f"sbatch is here but no SLURM controller answers ({answer[0].strip()}); "
+            "set SLURM_CONF to the cluster's slurm.conf or start slurmctld, then rerun."
+        )
+
+
+def scheduler_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """job id -> (state, node) for the jobs the controller still knows (array tasks one each)."""
+    if not job_ids:
+        return {}
+    arrays = sorted({jid.split("_")[0] for jid in job_ids})
+    command = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N", "-j", ",".join(arrays)]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    states = {}
+    for line in out.splitlines():
+        jid, state, node = (line.split("|") + ["", ""])[:3]
+        states[jid.strip()] = (state.strip(), node.strip())
+    return states
+
+
+def cancel(job_ids: list[str]) -> None:
+    if job_ids:
+        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
+
+
+def wait_ended(job_ids: list[str], at_most_s: float) -> dict[str, tuple[str, str]]:
+    """Poll until every job has ended (or the controller forgot it); their last states."""
+    deadline = time.monotonic() + at_most_s
+    states: dict[str, tuple[str, str]] = {}
+    while True:
+        states.update(scheduler_states(job_ids))
+        running = [j for j in job_ids if j in states and states[j][0] not in ENDED]
+        if not running or time.monotonic() > deadline:
+            return states
+        time.sleep(POLL_S)
+
+
+class SlurmLauncher(SubmititSlurmLauncher):
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        check_slurm()  # before the sweeper writes multirun.yaml
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self._end_earlier_jobs(sweep_dir)
+        jobs = self._submit(job_overrides, initial_job_idx)
+        known = read_json(sweep_dir / JOBS_FILE) or {}
+        numbers = range(initial_job_idx, initial_job_idx + len(jobs))
+        known.update({str(n): job.job_id for n, job in zip(numbers, jobs, strict=True)})
+        write_json(sweep_dir / JOBS_FILE, known)
+        try:
+            states = self._wait(jobs)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (faults.Stopped) on the submitting side
+            cancel([job.job_id for job in jobs])
+            print(
+                f"interrupted: cancelled the sweep's SLURM jobs; the table of what is done: "
+                f"`python -m nanogpt.report {sweep_dir}`; rerun the same command with "
+                f"hydra.sweep.dir={sweep_dir} to resume (ok points are kept)",
+                file=sys.stderr,
+            )
+            sys.exit(interrupted_exit())
+        return [
+            self._outcome(job, overrides, number, states.get(job.job_id, ("UNKNOWN", "")))
+            for job, overrides, number in zip(jobs, job_overrides, numbers, strict=True)
+        ]
+
+    def _submit(self, job_overrides, initial_job_idx: int) -> list:
+        """One job array per dist.nproc among the points: a point of dist.nproc=N is a job of
+        N tasks (its ranks, from SLURM's environment); the jobs in the points' order."""
+        groups: dict[int, list[int]] = {}
+        for i, overrides in enumerate(job_overrides):
+            config = self.hydra_context.config_loader.load_sweep_config(
+                self.config, list(overrides)
+            )
+            groups.setdefault(int(config.dist.nproc), []).append(i)
+        jobs: list = [None] * len(job_overrides)
+        for nproc, members in groups.items():
+            submitted = self._submit_array(
+                [job_overrides[i] for i in members], [initial_job_idx + i for i in members], nproc
+            )
+            for i, job in zip(members, submitted, strict=True):
+                jobs[i] = job
+        return jobs
+
+    def _submit_array(self, job_overrides, numbers: list[int], nproc: int) -> list:
+        """Submit points as one job array, as hydra-submitit-launcher does."""
+        import submitit
+
+        params = dict(self.params)
+        if nproc > 1:
+            params["tasks_per_node"] = nproc
+        folder = params.pop("submitit_folder")
+        max_num_timeout = params.pop("max_num_timeout")
+        executor = submitit.AutoExecutor(
+            cluster="slurm", folder=folder, slurm_max_num_timeout=max_num_timeout
+        )
+        generic = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(
+            **{key if key in generic else f"slurm_{key}": v for key, v in params.items()}
+        )
+        for number, overrides in zip(numbers, job_overrides, strict=True):
+            print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
+        state = Singleton.get_state()
+        count = len(numbers)
+        return executor.map_array(
+            self,
+            [list(o) for o in job_overrides],
+            ["hydra.sweep.dir"] * count,
+            numbers,
+            [f"job_id_for_{n}" for n in numbers],
+            [state] * count,
+        )
+
+    def _wait(self, jobs: list) -> dict[str, tuple[str, str]]:
+        """Until every job has ended in SLURM's view (a requeued job is pending again)."""
+        states: dict[str, tuple[str, str]] = {}
+        unseen = dict.fromkeys((job.job_id for job in jobs), 0)
+        failed_since: dict[str, float] = {}  # when a job was first seen ended but not COMPLETED
+        while True:
+            pending = [job for job in jobs if states.get(job.job_id, ("",))[0] not in ENDED]
+            if not pending:
+                return states
+            now = scheduler_states([job.job_id for job in pending])
+            for job in pending:
+                if job.job_id in now:
+                    state = now[job.job_id]
+                    # A job that submitit requeues (its time limit) first ends FAILED for a
+                    # moment, then is pending again: trust a failed end once it has lasted.
+                    if state[0] in ENDED and state[0] != "COMPLETED":
+                        first = failed_since.setdefault(job.job_id, time.monotonic())
+                        if time.monotonic() - first < CONFIRM_S:
+                            continue
+                    else:
+                        failed_since.pop(job.job_id, None)
+                    states[job.job_id] = state
+                    continue
+                unseen[job.job_id] += 1  # forgotten by the controller (MinJobAge): ended
+                if job.paths.result_pickle.exists() or unseen[job.job_id] > 5:
+                    states[job.job_id] = (
+                        "COMPLETED" if job.paths.result_pickle.exists() else "UNKNOWN",
+                        "",
+                    )
+            time.sleep(POLL_S)
+
+    def _outcome(self, job, overrides, number: int, state: tuple[str, str]) -> JobReturn:
+        """The point's JobReturn; a job that ended without an ok record is recorded here."""
+        try:
+            returned = job.results()[0] if job.paths.result_pickle.exists() else None
+        except Exception as err:  # the job raised, or submitit gave up on it
+            returned, why = None, describe(err)
+        else:
+            why = None
+        if isinstance(returned, JobReturn) and returned.status == JobStatus.FAILED:
+            # raised inside Hydra's job: submitit's time-limit handler gives up this way
+            returned, why = None, describe(returned._return_value)
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.num = number
+            config.hydra.job.id = job.job_id
+        job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+        scheduler_state, node = state
+        if scheduler_state == "COMPLETED" and isinstance(returned, JobReturn):
+            return returned
+        timed_out = why is not None and "timed-out" in why
+        slurm_status = STATUS_OF.get(scheduler_state, "timeout" if timed_out else "error")
+        error = (
+            f"SlurmJob: job {job.job_id} ended {scheduler_state}"
+            + (f" on {node}" if node else "")
+            + (f" ({why})" if why else "")
+        )
+        task = copy.deepcopy(config)
+        with open_dict(task):
+            del task["hydra"]
+        spec = to_spec(task, here=False)
+        point = Job(job_dir=job_dir, overrides=list(overrides), sweep_dir=job_dir.parent)
+        final = record_ended_outside(spec, point, slurm_status, error, job.job_id, node or None)
+        return JobReturn(
+            overrides=list(overrides),
+            cfg=task,
+            hydra_cfg=config,
+            working_dir=str(job_dir),
+            task_name=str(config.hydra.job.name),
+            status=JobStatus.COMPLETED,
+            _return_value=final,
+        )
+
+    def _end_earlier_jobs(self, sweep_dir: Path) -> None:
+        """Jobs of an earlier run of this sweep still queued or running: cancel them and wait
+        for them to end, so that no two jobs measure one point into one job dir."""
+        earlier = list((read_json(sweep_dir / JOBS_FILE) or {}).values())
+        states = scheduler_states(earlier)
+        alive = [jid for jid in earlier if jid in states and states[jid][0] not in ENDED]
+        if alive:
+            print(
+                f"resume: cancelling {len(alive)} SLURM job(s) of an earlier run: {' '.join(alive)}"
+            )
+            cancel(alive)
+            wait_ended(alive, at_most_s=120)
