@@ -187,8 +187,8 @@ def test_a_point_is_contended_when_any_of_its_repeats_was():
         )
         return Record(setup=setup, timing=timing, rates=rates)
 
-    quiet = repeats.pool([measured(False, "calm"), measured(False, "calm")], False, False, "fp32")
+    quiet = repeats.pool([measured(False, "calm"), measured(False, "calm")])
     assert quiet.timing.contended is False
     mixed = [measured(False, "calm"), measured(True, "busy")]
-    pooled = repeats.pool(mixed, False, False, "fp32")
+    pooled = repeats.pool(mixed)
     assert pooled.timing.contended is True and pooled.timing.contention == "repeat 2 of 2: busy"
