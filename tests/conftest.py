@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from .process_guard import ProcessGuard
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TIKTOKEN_CACHE = SHARED / "tiktoken_cache"
@@ -138,7 +140,17 @@ SLOW_FIXTURES = {
     "in_process_sweep",
     "result_keys",
     "bad_input_runs",
+    "diagnosed_sweep",
+    "tidy_sweep",
+    "attention_sweep",
 }
+
+
+def pytest_configure(config):
+    guard = ProcessGuard()
+    guard.install()
+    config.pluginmanager.register(guard, "process-guard")
+    config.add_cleanup(guard.uninstall)
 
 
 def pytest_collection_modifyitems(items):
