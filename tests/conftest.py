@@ -32,6 +32,17 @@ MICRO = [
     "logger=none",
 ]
 
+# Under pytest-xdist (make test), each worker process gets its share of the cores. torch's
+# default, a thread a core, would put 2 x 2 threads on 2 cores, and OpenMP's barrier then waits
+# for a thread the other worker's descheduled: a micro step took 1 s instead of 0.1 s. The
+# processes a test starts (sweeps, torchrun) inherit the share; a test that sets
+# OMP_NUM_THREADS for its own children still decides for them.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // WORKERS)))
+    if "torch" in sys.modules:  # imported before this file (a plugin): tell it too
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 if TIKTOKEN_CACHE.is_dir():
@@ -130,9 +141,31 @@ def single(tmp_path):
     return _run
 
 
+# One real micro sweep for every test that only reads a finished sweep (its records, table,
+# report and recommendation): 2 x 2 isolated points, with the report's memory budget and price.
+MICRO_SWEEP = [
+    "perf.batch_size=1,2",
+    "optimizer.impl=foreach,for_loop",
+    "report.memory_budget_gib=64",
+    "cost.usd_per_hour=3.6",
+]
+
+
+@pytest.fixture(scope="session")
+def micro_sweep(tmp_path_factory):
+    """MICRO_SWEEP, run once for the session: (process, sweep_dir). Tests read it; one that
+    changes a file works on a copy (shutil.copytree)."""
+    root = tmp_path_factory.mktemp("micro_sweep")
+    sweep_dir = root / "sweep"
+    proc = run_cli("-m", *with_micro(MICRO_SWEEP), f"hydra.sweep.dir={sweep_dir}", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
 # Fixtures that run real sweeps or processes: a test that uses one is `slow` (make test-fast
 # leaves it out). Tests that start processes themselves carry @pytest.mark.slow.
 SLOW_FIXTURES = {
+    "micro_sweep",
     "sweep",
     "single",
     "preset_sweep",
@@ -153,7 +186,44 @@ def pytest_configure(config):
     config.add_cleanup(guard.uninstall)
 
 
+# Module-scoped fixtures cheap enough to set up again on each worker: no grouping for them.
+CHEAP_SHARED = {"hydra_conf", "bad_data"}
+
+
+def shared_fixtures(item) -> list[str]:
+    """The module- and session-scoped fixtures of this suite that `item` uses, by key."""
+    info = getattr(item, "_fixtureinfo", None)
+    keys = []
+    for name, defs in (info.name2fixturedefs if info else {}).items():
+        fixture = defs[-1]
+        if name in CHEAP_SHARED or not fixture.baseid:  # cheap, or pytest's own
+            continue
+        if fixture.scope in ("module", "session"):
+            keys.append(name if fixture.scope == "session" else f"{fixture.baseid}::{name}")
+    return keys
+
+
 def pytest_collection_modifyitems(items):
+    """Mark what runs processes slow; put the tests that share a fixture in one xdist group.
+
+    Under `pytest -n N --dist loadgroup` (make test) a module- or session-scoped fixture (a
+    sweep) runs once per worker that needs it: the tests that share one, directly or through
+    another test, go to the same worker, so each shared sweep runs once. The rest spread out.
+    """
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        keys = shared_fixtures(item)
+        for key in keys[1:]:
+            parent[root(key)] = root(keys[0])
+    for item in items:
+        keys = shared_fixtures(item)
+        if keys:
+            item.add_marker(pytest.mark.xdist_group(root(keys[0])))
