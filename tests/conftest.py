@@ -113,6 +113,26 @@ def run_without_a_key(
     )
 
 
+def sweep_refusal(*overrides: str, baseline: str | None = None) -> str:
+    """The one line `python -m nanogpt.run -m OVERRIDES` (micro) stops with before it measures
+    anything, worked out in this process as the sweep's callback works it out
+    (SweepReport.on_multirun_start: every point composed and checked). That CLI path itself
+    (exit 2, one line, nothing written) runs for real in
+    test_faults.py::test_a_bad_point_anywhere_stops_the_sweep_before_anything_is_measured."""
+    from hydra import initialize_config_dir
+
+    from nanogpt.app import check_points
+    from nanogpt.configs import CONF_DIR, expand
+    from nanogpt.errors import ConfigError
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        try:
+            check_points(expand(with_micro(overrides)), baseline, here=True)
+        except ConfigError as err:
+            return f"error: {err} (nothing was measured)"
+    raise AssertionError(f"-m {' '.join(overrides)} would run")
+
+
 @pytest.fixture
 def sweep(tmp_path):
     """Run a multirun into tmp_path/sweep; returns (process, sweep_dir)."""
