@@ -49,7 +49,7 @@ def counts(output: str) -> dict[str, int]:
 
 
 def slowest(output: str, n: int = 5) -> list[str]:
-    """The first lines of pytest's --durations list."""
+    """The first lines of pytest's --durations list (then the failures, from -ra)."""
     return [line for line in output.splitlines() if re.match(r"^\d+\.\d+s (call|setup)", line)][:n]
 
 
@@ -66,6 +66,7 @@ def run_target(target: str, jobs: str) -> tuple[float, dict[str, int], list[str]
         for kind, number in counts(done.stdout).items():
             tally[kind] = tally.get(kind, 0) + number
         slow += slowest(done.stdout)
+        slow += [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     return total, tally, slow, code
 
 

@@ -223,6 +223,7 @@ def shared_fixtures(item) -> list[str]:
     return keys
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(items):
     """Mark what runs processes slow; put the tests that share a fixture in one xdist group.
 

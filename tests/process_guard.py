@@ -8,6 +8,10 @@ of starting a process in Python goes through (subprocess, multiprocessing, os.sy
 posix_spawn) while an unmarked test runs -- its set-up, call and tear-down, fixtures included --
 and fails the test naming what it started and the fix. The primitives still start the process
 afterwards: the guard observes, it does not fake.
+
+Tests marked `cuda` are left alone: on a GPU a compiled point starts Triton's and Inductor's
+compiler processes, and those tests run where `make test-gpu` runs them, not in a CPU
+machine's `make test-fast` (they skip there).
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ class ProcessGuard:
 
     def phase(self, item):
         """Run one phase of `item` watched if it is unmarked; fail it for any start seen."""
-        watched = item.get_closest_marker("slow") is None
+        watched = not (item.get_closest_marker("slow") or item.get_closest_marker("cuda"))
         self.item = item if watched else None
         self.started = []
         try:
