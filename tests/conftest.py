@@ -173,8 +173,9 @@ MICRO_SWEEP = [
 
 @pytest.fixture(scope="session")
 def micro_sweep(tmp_path_factory):
-    """MICRO_SWEEP, run once for the session: (process, sweep_dir). Tests read it; one that
-    changes a file works on a copy (shutil.copytree)."""
+    """MICRO_SWEEP, run once for the session (under xdist, once in each worker that needs it):
+    (process, sweep_dir). Tests read it; one that changes a file works on a copy
+    (shutil.copytree)."""
     root = tmp_path_factory.mktemp("micro_sweep")
     sweep_dir = root / "sweep"
     proc = run_cli("-m", *with_micro(MICRO_SWEEP), f"hydra.sweep.dir={sweep_dir}", cwd=root)
@@ -206,45 +207,7 @@ def pytest_configure(config):
     config.add_cleanup(guard.uninstall)
 
 
-# Module-scoped fixtures cheap enough to set up again on each worker: no grouping for them.
-CHEAP_SHARED = {"hydra_conf", "bad_data"}
-
-
-def shared_fixtures(item) -> list[str]:
-    """The module- and session-scoped fixtures of this suite that `item` uses, by key."""
-    info = getattr(item, "_fixtureinfo", None)
-    keys = []
-    for name, defs in (info.name2fixturedefs if info else {}).items():
-        fixture = defs[-1]
-        if name in CHEAP_SHARED or not fixture.baseid:  # cheap, or pytest's own
-            continue
-        if fixture.scope in ("module", "session"):
-            keys.append(name if fixture.scope == "session" else f"{fixture.baseid}::{name}")
-    return keys
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(items):
-    """Mark what runs processes slow; put the tests that share a fixture in one xdist group.
-
-    Under `pytest -n N --dist loadgroup` (make test) a module- or session-scoped fixture (a
-    sweep) runs once per worker that needs it: the tests that share one, directly or through
-    another test, go to the same worker, so each shared sweep runs once. The rest spread out.
-    """
-    parent: dict[str, str] = {}
-
-    def root(key: str) -> str:
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
-
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        keys = shared_fixtures(item)
-        for key in keys[1:]:
-            parent[root(key)] = root(keys[0])
-    for item in items:
-        keys = shared_fixtures(item)
-        if keys:
-            item.add_marker(pytest.mark.xdist_group(root(keys[0])))
