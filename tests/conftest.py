@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .process_guard import ProcessGuard
+from . import process_guard
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -201,10 +201,7 @@ SLOW_FIXTURES = {
 
 
 def pytest_configure(config):
-    guard = ProcessGuard()
-    guard.install()
-    config.pluginmanager.register(guard, "process-guard")
-    config.add_cleanup(guard.uninstall)
+    process_guard.register(config)  # make test-fast: an unmarked test may start no process
 
 
 def pytest_collection_modifyitems(items):

@@ -116,3 +116,12 @@ class ProcessGuard:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item):
         return (yield from self.phase(item))
+
+
+def register(config) -> ProcessGuard:
+    """Install the guard for this pytest session (tests/conftest.py's pytest_configure)."""
+    guard = ProcessGuard()
+    guard.install()
+    config.pluginmanager.register(guard, "process-guard")
+    config.add_cleanup(guard.uninstall)
+    return guard
