@@ -23,11 +23,18 @@ $(STAMP): pyproject.toml
 sweep: $(STAMP)
 	$(BIN)/python -m nanogpt.run -m perf.compile=true,false perf.dtype=bf16,fp16
 
+# The suite runs on JOBS worker processes (pytest-xdist), a test file to a worker (its module's
+# sweeps run once), and names its slowest tests; a test marked `alone` (it measures a
+# difference that needs every core idle) runs after, by itself.
+# `make test-fast` runs what starts no process (tests/process_guard.py fails one that does).
+JOBS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slurm"
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "not alone and not slurm" --durations=20
+	$(BIN)/python -m pytest -q -m "alone and not slurm" --durations=5
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "not slow" --durations=10
 
 # A real one-node SLURM cluster (scripts/slurm_cluster.sh installs and starts it; root): the
 # tests of hydra/launcher=slurm, minutes each.

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from . import process_guard
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TIKTOKEN_CACHE = SHARED / "tiktoken_cache"
@@ -32,6 +34,17 @@ MICRO = [
     "bench.exclusive=off",
     "logger=none",
 ]
+
+# Under pytest-xdist (make test), each worker process gets its share of the cores. torch's
+# default, a thread a core, would put 2 x 2 threads on 2 cores, and OpenMP's barrier then waits
+# for a thread the other worker's descheduled: a micro step took 1 s instead of 0.1 s. The
+# processes a test starts (sweeps, torchrun) inherit the share; a test that sets
+# OMP_NUM_THREADS for its own children still decides for them.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // WORKERS)))
+    if "torch" in sys.modules:  # imported before this file (a plugin): tell it too
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -103,6 +116,26 @@ def run_without_a_key(
     )
 
 
+def sweep_refusal(*overrides: str, baseline: str | None = None) -> str:
+    """The one line `python -m nanogpt.run -m OVERRIDES` (micro) stops with before it measures
+    anything, worked out in this process as the sweep's callback works it out
+    (SweepReport.on_multirun_start: every point composed and checked). That CLI path itself
+    (exit 2, one line, nothing written) runs for real in
+    test_faults.py::test_a_bad_point_anywhere_stops_the_sweep_before_anything_is_measured."""
+    from hydra import initialize_config_dir
+
+    from nanogpt.app import check_points
+    from nanogpt.configs import CONF_DIR, expand
+    from nanogpt.errors import ConfigError
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        try:
+            check_points(expand(with_micro(overrides)), baseline, here=True)
+        except ConfigError as err:
+            return f"error: {err} (nothing was measured)"
+    raise AssertionError(f"-m {' '.join(overrides)} would run")
+
+
 @pytest.fixture
 def sweep(tmp_path):
     """Run a multirun into tmp_path/sweep; returns (process, sweep_dir)."""
@@ -131,9 +164,32 @@ def single(tmp_path):
     return _run
 
 
+# One real micro sweep for every test that only reads a finished sweep (its records, table,
+# report and recommendation): 2 x 2 isolated points, with the report's memory budget and price.
+MICRO_SWEEP = [
+    "perf.batch_size=1,2",
+    "optimizer.impl=foreach,for_loop",
+    "report.memory_budget_gib=64",
+    "cost.usd_per_hour=3.6",
+]
+
+
+@pytest.fixture(scope="session")
+def micro_sweep(tmp_path_factory):
+    """MICRO_SWEEP, run once for the session (under xdist, once in each worker that needs it):
+    (process, sweep_dir). Tests read it; one that changes a file works on a copy
+    (shutil.copytree)."""
+    root = tmp_path_factory.mktemp("micro_sweep")
+    sweep_dir = root / "sweep"
+    proc = run_cli("-m", *with_micro(MICRO_SWEEP), f"hydra.sweep.dir={sweep_dir}", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
 # Fixtures that run real sweeps or processes: a test that uses one is `slow` (make test-fast
 # leaves it out). Tests that start processes themselves carry @pytest.mark.slow.
 SLOW_FIXTURES = {
+    "micro_sweep",
     "sweep",
     "single",
     "preset_sweep",
@@ -141,7 +197,14 @@ SLOW_FIXTURES = {
     "in_process_sweep",
     "result_keys",
     "bad_input_runs",
+    "diagnosed_sweep",
+    "tidy_sweep",
+    "attention_sweep",
 }
+
+
+def pytest_configure(config):
+    process_guard.register(config)  # make test-fast: an unmarked test may start no process
 
 
 def pytest_collection_modifyitems(items):

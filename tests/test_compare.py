@@ -109,6 +109,7 @@ THREADS = [
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # two threads against one: another test on the other core would decide it
 def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
     def sweep(name: str, threads: str, repeats: int = 2):
         args = [
@@ -176,10 +177,10 @@ def test_repeats_are_measured_apart_and_pooled(single):
     assert list(per_repeat) == pytest.approx(medians)  # each repeat's own steps
 
 
-def test_the_recommendation_names_the_best_points_and_their_leads(sweep):
-    proc, sweep_dir = sweep(
-        "perf.batch_size=1,8", "report.memory_budget_gib=64", "cost.usd_per_hour=3.6"
-    )
+def test_the_recommendation_names_the_best_points_and_their_leads(micro_sweep):
+    # perf.batch_size=1,2 x optimizer.impl=foreach,for_loop, report.memory_budget_gib=64 and
+    # cost.usd_per_hour=3.6 (tests/conftest.py MICRO_SWEEP)
+    proc, sweep_dir = micro_sweep
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = pd.read_csv(sweep_dir / "summary.csv")
     fastest = table.loc[table["tokens_per_s"].idxmax()]

@@ -7,6 +7,7 @@ and real `python -m nanogpt.run -m` processes.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from nanogpt.results.identity import measured_config, point_id_of
 from .conftest import REPO, run_cli, with_micro
 
 
+@functools.cache  # a composition costs ~0.3 s; the tests below compare against spec_of() often
 def spec_of(*overrides: str):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("config", overrides=with_micro(overrides))

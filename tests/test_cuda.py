@@ -205,6 +205,7 @@ def test_an_injected_oom_is_recorded_oom_with_the_snapshot_asked_for(tmp_path):
     assert (tmp_path / "memory_snapshot.pickle").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one NCCL rank each)")
 def test_torchrun_with_nccl_gives_one_record(tmp_path):
     overrides = ["dist.nproc=2", "bench.device=cuda", "perf.dtype=bf16", "logger=none"]

@@ -20,9 +20,14 @@ import pandas as pd
 import psutil
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
+from nanogpt.app import hydra_error_line, to_spec
+from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
-from nanogpt.faults import Fault, classify, describe
+from nanogpt.faults import CONFIG_EXIT, Fault, classify, describe
 
 from .conftest import run_cli, run_patched, with_micro
 
@@ -309,24 +314,38 @@ def _params(cases):
     return [pytest.param(*case, id=case[0]) for case in cases]
 
 
+# The CLI path of each kind of refusal runs for real once (bad_input_runs): a check of the spec
+# (run.py's ConfigError line), Hydra's composition error (main_with_one_line_errors) and its
+# override parser under -m; plus the report's. Every case of CONFIG_ERRORS and HYDRA_ERRORS is
+# refused in-process too (test_every_bad_config_is_refused_in_process_naming_the_key), through
+# the same to_spec and hydra_error_line whose words the CLI prints.
+CLI_CASES = ["zero-size", "unknown-key", "sweep-list-unclosed"]
+
+
 @pytest.fixture(scope="module")
-def bad_input_runs(tmp_path_factory):
-    """Every bad-input process, two at a time (each is ~3 s of imports): case id -> (process,
-    the dir where no record may appear)."""
-    root = tmp_path_factory.mktemp("bad_input")
-    data = root / "data"
-    data.mkdir()
+def bad_data(tmp_path_factory):
+    """The bad data files CONFIG_ERRORS name ({d})."""
+    data = tmp_path_factory.mktemp("bad_data")
     np.array([1, 2, 3], dtype="<u2").tofile(data / "short.bin")
     (data / "odd.bin").write_bytes(b"\x01\x00\x02")
     (data / "empty.txt").write_bytes(b"")
     (data / "latin1.txt").write_bytes("déjà vu, encore et encore. ".encode("latin-1") * 10)
     np.array([1, 2, 300] * 20, dtype="<u2").tofile(data / "big_ids.bin")  # vocab_size is 256
+    return data
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory, bad_data):
+    """The CLI_CASES and the report on an empty dir, each a real process, two at a time (each
+    is ~3 s of imports): case id -> (process, the dir where no record may appear)."""
+    root = tmp_path_factory.mktemp("bad_input")
     (root / "empty_sweep").mkdir()
+    cases = dict((case[0], case[1]) for case in CONFIG_ERRORS + HYDRA_ERRORS)
 
     def run(case_id: str, args: list[str]):
         out = root / case_id
         mode = args[:1] if args[0] == "-m" else []
-        overrides = with_micro([a.format(d=data) for a in args[len(mode) :]])
+        overrides = with_micro([a.format(d=bad_data) for a in args[len(mode) :]])
         where = f"hydra.sweep.dir={out}" if mode else f"hydra.run.dir={out}"
         return case_id, (run_cli(*mode, *overrides, where, cwd=root), out)
 
@@ -335,7 +354,7 @@ def bad_input_runs(tmp_path_factory):
         proc = run_cli(str(empty), cwd=root, module="nanogpt.report")
         return "report-on-empty-dir", (proc, empty)
 
-    jobs = [lambda c=c: run(c[0], c[1]) for c in CONFIG_ERRORS + HYDRA_ERRORS] + [report_empty]
+    jobs = [lambda c=c: run(c, cases[c]) for c in CLI_CASES] + [report_empty]
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(pool.map(lambda job: job(), jobs))
 
@@ -349,13 +368,46 @@ def _assert_refused(proc, out, named: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("case_id,args,named", _params(CONFIG_ERRORS + HYDRA_ERRORS))
+@pytest.mark.parametrize(
+    "case_id,args,named", _params(c for c in CONFIG_ERRORS + HYDRA_ERRORS if c[0] in CLI_CASES)
+)
 def test_bad_config_is_one_line_naming_the_key_and_nothing_is_recorded(
     bad_input_runs, case_id, args, named
 ):
     proc, out = bad_input_runs[case_id]
     lines = _assert_refused(proc, out, named)
     assert len(lines) == 1 and lines[0].startswith(f"error: {named}: ")
+    assert proc.returncode == CONFIG_EXIT
+
+
+@pytest.fixture(scope="module")
+def hydra_conf():
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        yield
+
+
+def refusal_line(args: list[str], data) -> str:
+    """What `python -m nanogpt.run ARGS` prints for a config it refuses, worked out in this
+    process as run.py does: compose, check (to_spec), and word the error as run.py does."""
+    overrides = with_micro([a.format(d=data) for a in args if a != "-m"])
+    try:
+        to_spec(compose("config", overrides=overrides))
+    except ConfigError as err:  # run.main prints it and exits CONFIG_EXIT
+        return f"error: {err}"
+    except (HydraException, OmegaConfBaseException) as err:  # main_with_one_line_errors
+        return f"error: {hydra_error_line(err)}"
+    raise AssertionError(f"{args} was not refused")
+
+
+@pytest.mark.parametrize("case_id,args,named", _params(CONFIG_ERRORS + HYDRA_ERRORS))
+def test_every_bad_config_is_refused_in_process_naming_the_key(
+    hydra_conf, bad_data, case_id, args, named
+):
+    # Refused before anything runs, so nothing is recorded; the exit code, the absence of a
+    # traceback and of a record are asserted on the real CLI for CLI_CASES, one of each kind
+    # (test_bad_config_is_one_line_naming_the_key_and_nothing_is_recorded).
+    line = refusal_line(args, bad_data)
+    assert "\n" not in line and line.startswith(f"error: {named}: "), line
 
 
 def test_report_on_a_dir_without_records_is_one_line(bad_input_runs):

@@ -270,6 +270,7 @@ ENV_KEYS = {
 }
 
 
+@pytest.mark.slow  # environment() asks git for the commit: a process
 def test_environment_has_the_expected_keys_and_is_json():
     record = env.environment()
     assert set(record) == ENV_KEYS

@@ -200,6 +200,7 @@ def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
     assert len(pd.read_csv(sweep_dir / "summary.csv")) == 1
 
 
+@pytest.mark.slow
 def test_a_cluster_launcher_without_its_plugin_is_one_line(tmp_path):
     # As on a machine without the cluster extra: the plugin made unimportable.
     setup = "sys.modules['hydra_plugins.hydra_submitit_launcher'] = None"
