@@ -39,6 +39,19 @@ def config_dir(name: str) -> Path:
     return installed if installed.is_dir() else PACKAGE_DIR.parent / name
 
 
+def expose_checkout_plugins() -> None:
+    """Let Hydra find this checkout's plugins (hydra/launcher=parallel|slurm, hydra/sweeper=tune)
+    under an editable install. Hydra lists the folders of the `hydra_plugins` namespace; `pip
+    install -e` maps the checkout's hydra_plugins/ in through an import hook that such a listing
+    does not see (a wheel puts them in site-packages, where it does). The checkout's folder is
+    added to the namespace's path; nothing changes where it is already there or absent."""
+    import hydra_plugins
+
+    here = PACKAGE_DIR.parent / "hydra_plugins"
+    if here.is_dir() and str(here) not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(str(here))
+
+
 CONF_DIR = str(config_dir("conf"))
 SWEEPS_DIR = config_dir("sweeps")
 

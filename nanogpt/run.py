@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.app import hydra_error_line, to_spec
-from nanogpt.configs import CONF_DIR, SWEEP_GROUP
+from nanogpt.configs import CONF_DIR, SWEEP_GROUP, expose_checkout_plugins
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
@@ -197,6 +197,7 @@ def cli() -> None:
     world = World.from_env()
     if not world.is_main:
         sys.exit(follow())
+    expose_checkout_plugins()  # before Hydra scans for its launchers and sweepers
     try:
         main_with_one_line_errors()
     except SystemExit as stop:

@@ -77,7 +77,7 @@ class Strategy(enum.Enum):
     fsdp2 = "fsdp2"  # parameters, gradients and optimizer state sharded (fully_shard)
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass

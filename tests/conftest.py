@@ -190,6 +190,7 @@ def micro_sweep(tmp_path_factory):
 # leaves it out). Tests that start processes themselves carry @pytest.mark.slow.
 SLOW_FIXTURES = {
     "micro_sweep",
+    "crowded_sweep",
     "sweep",
     "single",
     "preset_sweep",

@@ -91,6 +91,7 @@ def probed_steps(scope: psutil.Process, seconds: float = 1.5) -> dict:
     return probe.stop()
 
 
+@pytest.mark.slow  # it starts its neighbours
 def test_a_quiet_neighbour_is_not_contention_and_a_busy_one_is():
     quiet = neighbour(IDLE)
     try:

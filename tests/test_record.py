@@ -260,6 +260,7 @@ def test_no_counter_is_null_energy_with_the_reason(tmp_path):
     assert "advanced 0 times" in probe.energy.energy_source
 
 
+@pytest.mark.slow  # the real loop records its env (git rev-parse)
 def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
     """bench.repeats=2 on real records: two measurements of a micro point by the real loop,
     pooled by the real code. Every derived figure is derive.rates of the pooled record, and no

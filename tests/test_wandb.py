@@ -262,6 +262,7 @@ def test_a_wandb_failure_costs_one_warning_never_the_result(tmp_path, result_key
     assert result["status"] == "ok" and set(result) == result_keys
 
 
+@pytest.mark.slow  # wandb and the env record start processes
 def test_a_run_that_fails_at_log_ends_with_one_warning_and_never_raises(tmp_path, caplog):
     """A real offline run that wandb ends under the sink (logging to a finished run raises
     wandb's UsageError): one warning, the run closed, later windows and the summary dropped."""
