@@ -29,6 +29,7 @@ import psutil
 import torch
 
 from nanogpt.devices import nvml_handle
+from nanogpt.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,34 @@ def _nvml_used(handle) -> int | None:
         return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
     except Exception:
         return None
+
+
+def estimate_of(spec: RunSpec, model, world_size: int, strategy: str) -> dict:
+    """estimate_memory for a point: its spec's shapes and settings, `model` (a GPT, possibly on
+    the meta device) for the exact parameter counts. The one place a spec becomes the estimate's
+    arguments: the measured point (measure/setup.py) and the search's pruning (tune/fit.py)."""
+    perf = spec.perf
+    return estimate_memory(
+        n_params=model.get_num_params(non_embedding=False),
+        n_layer=spec.model.n_layer,
+        n_head=spec.model.n_head,
+        n_embd=spec.model.n_embd,
+        block_size=spec.model.block_size,
+        vocab_size=spec.model.vocab_size,
+        batch_size=perf.batch_size,
+        optimizer=spec.optimizer.name,
+        dtype=perf.dtype.value,
+        attention=perf.attention.value,
+        activation_checkpointing=perf.activation_checkpointing,
+        loss=perf.loss.value,
+        loss_chunk=perf.loss_chunk,
+        world_size=world_size,
+        strategy=strategy,
+        reshard_after_forward=spec.dist.reshard_after_forward,
+        n_block_params=sum(p.numel() for p in model.blocks.parameters()),
+        grad_accum=perf.grad_accum,
+        compiled=perf.compile,
+    )
 
 
 def estimate_memory(

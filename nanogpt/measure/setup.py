@@ -15,27 +15,8 @@ from nanogpt.spec import RunSpec
 def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
     model, perf = trainer.raw_model, spec.perf
     formula = flops.model_flops(model)
-    estimate = memory.estimate_memory(
-        n_params=model.get_num_params(non_embedding=False),
-        n_layer=spec.model.n_layer,
-        n_head=spec.model.n_head,
-        n_embd=spec.model.n_embd,
-        block_size=spec.model.block_size,
-        vocab_size=spec.model.vocab_size,
-        batch_size=perf.batch_size,
-        optimizer=spec.optimizer.name,
-        dtype=perf.dtype.value,
-        attention=perf.attention.value,
-        activation_checkpointing=perf.activation_checkpointing,
-        loss=perf.loss.value,
-        loss_chunk=perf.loss_chunk,
-        world_size=trainer.world.size,
-        strategy="fsdp2" if trainer.fsdp else "ddp",
-        reshard_after_forward=spec.dist.reshard_after_forward,
-        n_block_params=sum(p.numel() for p in model.blocks.parameters()),
-        grad_accum=perf.grad_accum,
-        compiled=perf.compile,
-    )
+    strategy = "fsdp2" if trainer.fsdp else "ddp"
+    estimate = memory.estimate_of(spec, model, trainer.world.size, strategy)
     fp8 = trainer.fp8_layers
     return Setup(
         device=str(trainer.device),

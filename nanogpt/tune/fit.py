@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from nanogpt.measure.memory import estimate_memory
+from nanogpt.measure.memory import estimate_of
 from nanogpt.measure.trainer import gpt_config
 from nanogpt.model import GPT
 from nanogpt.spec import RunSpec
@@ -60,25 +60,7 @@ def estimate_bytes(spec: RunSpec) -> int:
     (shapes only) for its exact parameter counts."""
     with torch.device("meta"):
         model = GPT(gpt_config(spec))
-    return estimate_memory(
-        n_params=model.get_num_params(non_embedding=False),
-        n_layer=spec.model.n_layer,
-        n_head=spec.model.n_head,
-        n_embd=spec.model.n_embd,
-        block_size=spec.model.block_size,
-        vocab_size=spec.model.vocab_size,
-        batch_size=spec.perf.batch_size,
-        optimizer=spec.optimizer.name,
-        dtype=spec.perf.dtype.value,
-        attention=spec.perf.attention.value,
-        activation_checkpointing=spec.perf.activation_checkpointing,
-        loss=spec.perf.loss.value,
-        loss_chunk=spec.perf.loss_chunk,
-        world_size=spec.dist.nproc,
-        strategy=spec.dist.strategy.value,
-        reshard_after_forward=spec.dist.reshard_after_forward,
-        n_block_params=sum(p.numel() for p in model.blocks.parameters()),
-    )["total"]
+    return estimate_of(spec, model, spec.dist.nproc, spec.dist.strategy.value)["total"]
 
 
 def misfit(estimate: int, budget: Budget) -> str | None:
