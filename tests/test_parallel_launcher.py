@@ -52,9 +52,10 @@ def test_points_run_side_by_side_pinned_and_name_their_neighbours(sweep):
     assert len(found) == 4 and {r["status"] for r in found.values()} == {"ok"}
     assert {len(r["cpu_set"]) for r in found.values()} == {1}  # one core each ...
     assert len({tuple(r["cpu_set"]) for r in found.values()}) == 2  # ... two sets
-    # Neighbours: each point ran beside at least one other, and they agree on it
+    # Neighbours: points ran side by side, and each pair agrees on it (the last point of the
+    # slower slot may run alone once the other slot has finished: [] is its honest answer)
+    assert sum(bool(r["co_running"]) for r in found.values()) >= 2
     for name, record in found.items():
-        assert record["co_running"], name
         for other in record["co_running"]:
             assert name in found[other]["co_running"]
     assert "beside" in proc.stdout  # the printed table counts them
