@@ -152,6 +152,15 @@ def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: boo
         )
     if fail_pct is None:
         return 0
+    if comparison["only_in"].notna().all():
+        # Nothing joined: a gate that compared nothing must not pass.
+        print(
+            "error: --fail-if-slower: no verdict: no point is in both sweeps (points join by "
+            "point_id, every measured key: results/identity.py, bench.repeats included); "
+            "measure both sweeps with the same settings.",
+            file=sys.stderr,
+        )
+        return NO_VERDICT_EXIT
     once = _measured_once(comparison, old, new)
     if once:
         # One process's interval misses the noise between processes (an A/A comparison of two

@@ -145,12 +145,14 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
     )
     assert speedup.returncode == 0, speedup.stdout + speedup.stderr
     assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout
-    # measured in one process each: the gate says it cannot judge (not passed, not failed)
-    once = sweep("once", "1", repeats=1)
+    # the same slowdown measured in one process each: the gate says it cannot judge (not
+    # passed, not failed). Both sides measured once: bench.repeats is part of a point's id
+    # (results/identity.py), so a repeats=1 sweep never joins a repeats=2 one.
+    once_two, once_one = sweep("once_two", "2", repeats=1), sweep("once_one", "1", repeats=1)
     no_verdict = run_cli(
-        str(once),
+        str(once_one),
         "--compare",
-        str(two),
+        str(once_two),
         "--fail-if-slower",
         "10",
         cwd=tmp_path,
@@ -158,6 +160,18 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
     )
     assert no_verdict.returncode == 5, no_verdict.stdout + no_verdict.stderr
     assert "no verdict" in no_verdict.stderr and "bench.repeats=" in no_verdict.stderr
+    # different protocols (repeats 1 and 2) never join: a gate that compared nothing says so
+    nothing = run_cli(
+        str(once_one),
+        "--compare",
+        str(two),
+        "--fail-if-slower",
+        "10",
+        cwd=tmp_path,
+        module="nanogpt.report",
+    )
+    assert nothing.returncode == 5, nothing.stdout + nothing.stderr
+    assert "no point is in both sweeps" in nothing.stderr
 
 
 def test_repeats_are_measured_apart_and_pooled(single):
