@@ -45,6 +45,14 @@ def preset_points(name: str, extra: list[str] = ()) -> list[list[str]]:
     checks `expand` against Hydra's own sweeper)."""
     cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
     params = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
+    if "tune" in str(cfg.hydra.sweeper.get("_target_", "")):
+        # A search's space is sampled, not run as a grid (3,840 points for `tune`): points
+        # that together take every value of every key, point i the i-th value of each (an
+        # invalid combination is the search's infeasible "invalid" entry: test_tune.py
+        # test_an_infeasible_candidate_is_a_constraint_not_a_failed_search).
+        axes = [expand([param]) for param in [*params, *extra]]
+        width = max(len(axis) for axis in axes)
+        return [[axis[i % len(axis)][0] for axis in axes] for i in range(width)]
     return expand([*params, *extra])
 
 

@@ -114,13 +114,16 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
     # makes one candidate run out of memory for real (the trainer's oom path): both are told
     # to Optuna as infeasible, and the search still answers with a feasible one. (oom@1000
     # is a fault at a step these short runs never reach: Hydra's choice() takes no null.)
+    # batch 3 is invalid (1,024 tokens a step is no whole number of 3 x 16-token micro-batches):
+    # told to Optuna as infeasible too, never run.
     budget = fit.estimate_bytes(_spec("perf.batch_size=8")) * 1.5 / 2**30
     proc, sweep_dir = sweep(
         TUNE,
-        "perf.batch_size=choice(2,64)",
+        "tune.tokens_per_step=1024",
+        "perf.batch_size=choice(2,3,64)",
         "bench.inject_fault=choice(oom@1000,oom@1)",
         f"bench.max_batch_memory_gib={budget}",
-        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_trials=6",
         *SMALL_SEARCH,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -129,11 +132,14 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
     for fault in ("oom@1000", "oom@1"):
         assert by_params[("64", fault)].constraints == {"fits": 1.0}
         assert "pruned before running" in by_params[("64", fault)].user_attrs["entry"]["reason"]
+        assert by_params[("3", fault)].constraints == {"fits": 1.0}
+        reason = by_params[("3", fault)].user_attrs["entry"]["reason"]
+        assert reason.startswith("invalid: tune.tokens_per_step"), reason
     assert by_params[("2", "oom@1")].constraints == {"fits": 1.0}
     assert by_params[("2", "oom@1000")].constraints == {"fits": 0.0}
     statuses = sorted(r["status"] for r in _records(sweep_dir).values())
     assert "oom" in statuses and all(
-        r["perf"]["batch_size"] != 64
+        r["perf"]["batch_size"] == 2
         for r in [r["measured_config"] for r in _records(sweep_dir).values()]
     )
     best = (sweep_dir / "best.yaml").read_text()

@@ -19,6 +19,7 @@ SLURM job. What this class adds, from the submitting side:
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,8 @@ ENDED = {  # SLURM job states after which a job never runs again
 STATUS_OF = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
 POLL_S = 2.0
 CONFIRM_S = 15.0  # how long a failed end must last before it is the job's end
+REQUEUE_WAIT_S = 600.0  # how long a job that logged its requeue may stay ended before it is
+# taken as ended (SLURM holds a requeued job about 2 minutes before it is eligible again)
 JOBS_FILE = "slurm_jobs.json"  # point number -> SLURM job id, for a later run of the sweep
 
 
@@ -61,6 +64,12 @@ def check_slurm() -> None:
         fail(
             "sbatch is not on PATH (no SLURM client on this machine); run the sweep on the "
             "cluster's login node, or drop hydra/launcher=slurm to run it here."
+        )
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():  # SLURM's tools retry a missing file for 60 s
+        fail(
+            f"sbatch is here but no SLURM controller answers (SLURM_CONF={conf} is no file); "
+            "set SLURM_CONF to the cluster's slurm.conf or start slurmctld, then rerun."
         )
     try:
         probe = subprocess.run(
@@ -91,6 +100,20 @@ def scheduler_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
         jid, state, node = (line.split("|") + ["", ""])[:3]
         states[jid.strip()] = (state.strip(), node.strip())
     return states
+
+
+def requeued_since_start(job) -> bool:
+    """Whether the job's last run asked SLURM to requeue it (submitit logs "Requeued job" after
+    `scontrol requeue`, and "Starting with" when a run begins; SLURM appends a requeued run's
+    output to the same log): if so, it will run again, whatever squeue says meanwhile."""
+    for path in (job.paths.stdout, job.paths.stderr):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if text.rfind("Requeued job") > text.rfind("Starting with"):
+            return True
+    return False
 
 
 def cancel(job_ids: list[str]) -> None:
@@ -200,11 +223,17 @@ class SlurmLauncher(SubmititSlurmLauncher):
             for job in pending:
                 if job.job_id in now:
                     state = now[job.job_id]
-                    # A job that submitit requeues (its time limit) first ends FAILED for a
-                    # moment, then is pending again: trust a failed end once it has lasted.
+                    # A job that submitit requeues (its time limit, a preemption) reads FAILED
+                    # in squeue until SLURM makes it pending again, which can take minutes:
+                    # a failed end is the job's end once it has lasted CONFIRM_S (submitit
+                    # logs the requeue just after asking for it) and the job's log shows no
+                    # requeue since its last start (or that requeue never came).
                     if state[0] in ENDED and state[0] != "COMPLETED":
                         first = failed_since.setdefault(job.job_id, time.monotonic())
-                        if time.monotonic() - first < CONFIRM_S:
+                        lasted = time.monotonic() - first
+                        if lasted < CONFIRM_S or (
+                            lasted < REQUEUE_WAIT_S and requeued_since_start(job)
+                        ):
                             continue
                     else:
                         failed_since.pop(job.job_id, None)

@@ -12,7 +12,6 @@ import socket
 import subprocess
 
 import pandas as pd
-import pytest
 
 from tests.conftest import run_cli, with_micro
 from tests.slurm.conftest import squeue, wait_for
@@ -118,13 +117,6 @@ def test_scancel_of_one_point_records_it_cancelled_and_the_sweep_fails_with_its_
     assert "1 point(s) failed" in out
 
 
-@pytest.mark.xfail(
-    strict=False,  # open: kept running so a fix shows as XPASS (docs/distributed.md)
-    reason="open: after submitit's requeue at the time limit, squeue reports the job FAILED "
-    "(its step died of SIGUSR2 while SLURM killed it for the requeue) for longer than the "
-    "launcher's 15 s confirmation, so the point is recorded `error` before its requeued run "
-    "(eligible ~2 min later) measures it; docs/distributed.md",
-)
 def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_start):
     # submitit asks SLURM for SIGUSR2 signal_delay_s before the limit: the first time it
     # requeues the job (max_num_timeout=1), the second it gives up. (The job needs its signal
