@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from hydra.core.singleton import Singleton
@@ -87,33 +88,45 @@ def check_slurm() -> None:
 
 def scheduler_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     """job id -> (state, node) for the jobs the controller still knows (array tasks one each)."""
+    return {jid: (state, node) for jid, (state, node, _) in _squeue(job_ids).items()}
+
+
+def _squeue(job_ids: list[str]) -> dict[str, tuple[str, str, float | None]]:
+    """job id -> (state, node, start time in epoch seconds or None) from squeue."""
     if not job_ids:
         return {}
     arrays = sorted({jid.split("_")[0] for jid in job_ids})
-    command = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N", "-j", ",".join(arrays)]
+    command = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(arrays)]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     states = {}
     for line in out.splitlines():
-        jid, state, node = (line.split("|") + ["", ""])[:3]
-        states[jid.strip()] = (state.strip(), node.strip())
+        jid, state, node, start = (line.split("|") + ["", "", ""])[:4]
+        try:  # squeue prints local time, e.g. 2026-11-24T02:49:54 (N/A when unknown)
+            started = datetime.fromisoformat(start.strip()).timestamp()
+        except ValueError:
+            started = None
+        states[jid.strip()] = (state.strip(), node.strip(), started)
     return states
 
 
-def requeued_since_start(job) -> bool:
-    """Whether the job's last run asked SLURM to requeue it (submitit logs "Requeued job" after
-    `scontrol requeue`, and "Starting with" when a run begins; SLURM appends a requeued run's
-    output to the same log): if so, it will run again, whatever squeue says meanwhile."""
+def job_log(job) -> str:
+    """The job's submitit log (SLURM appends a requeued run's output to the same files)."""
+    texts = []
     for path in (job.paths.stdout, job.paths.stderr):
         try:
-            text = path.read_text(errors="replace")
+            texts.append(path.read_text(errors="replace"))
         except OSError:
-            continue
-        if text.rfind("Requeued job") > text.rfind("Starting with"):
-            return True
-    return False
+            pass
+    return "\n".join(texts)
+
+
+def requeues_logged(job) -> int:
+    """How often the job's runs asked SLURM to requeue it: submitit's logger writes
+    "... - Requeued job N" just after `scontrol requeue`, at its time limit or on preemption."""
+    return job_log(job).count(" - Requeued job ")
 
 
 def cancel(job_ids: list[str]) -> None:
@@ -215,29 +228,41 @@ class SlurmLauncher(SubmititSlurmLauncher):
         states: dict[str, tuple[str, str]] = {}
         unseen = dict.fromkeys((job.job_id for job in jobs), 0)
         failed_since: dict[str, float] = {}  # when a job was first seen ended but not COMPLETED
+        followed = dict.fromkeys((job.job_id for job in jobs), 0)  # requeues waited out
+        seen: dict[str, str] = {}  # each job's state at the last poll
         while True:
             pending = [job for job in jobs if states.get(job.job_id, ("",))[0] not in ENDED]
             if not pending:
                 return states
-            now = scheduler_states([job.job_id for job in pending])
+            now = _squeue([job.job_id for job in pending])
             for job in pending:
                 if job.job_id in now:
-                    state = now[job.job_id]
-                    # A job that submitit requeues (its time limit, a preemption) reads FAILED
-                    # in squeue until SLURM makes it pending again, which can take minutes:
-                    # a failed end is the job's end once it has lasted CONFIRM_S (submitit
-                    # logs the requeue just after asking for it) and the job's log shows no
-                    # requeue since its last start (or that requeue never came).
-                    if state[0] in ENDED and state[0] != "COMPLETED":
-                        first = failed_since.setdefault(job.job_id, time.monotonic())
-                        lasted = time.monotonic() - first
+                    state, node, started = now[job.job_id]
+                    alive_again = state not in ENDED and seen.get(job.job_id) != state
+                    seen[job.job_id] = state
+                    # A job that submitit requeues (its time limit, a preemption) may read
+                    # FAILED for a moment before it is pending again: a failed end is the
+                    # job's end once it has lasted CONFIRM_S (submitit logs a requeue just
+                    # after asking for it) and the log shows no requeue that the job has not
+                    # yet followed by being pending, running or started again (or that rerun
+                    # never came within REQUEUE_WAIT_S).
+                    if state in ENDED and state != "COMPLETED":
+                        first = failed_since.setdefault(job.job_id, time.time())
+                        lasted = time.time() - first
+                        requeues = requeues_logged(job)
+                        rerun = started is not None and first < started <= time.time()
+                        if requeues > followed[job.job_id] and rerun:
+                            followed[job.job_id] = requeues  # it ran again: judge this end
+                            failed_since[job.job_id] = first = time.time()
+                            continue
                         if lasted < CONFIRM_S or (
-                            lasted < REQUEUE_WAIT_S and requeued_since_start(job)
+                            lasted < REQUEUE_WAIT_S and requeues > followed[job.job_id]
                         ):
                             continue
-                    else:
+                    elif alive_again:  # pending or running (again): a requeue so far is
+                        followed[job.job_id] = requeues_logged(job)  # followed
                         failed_since.pop(job.job_id, None)
-                    states[job.job_id] = state
+                    states[job.job_id] = (state, node)
                     continue
                 unseen[job.job_id] += 1  # forgotten by the controller (MinJobAge): ended
                 if job.paths.result_pickle.exists() or unseen[job.job_id] > 5:
@@ -266,7 +291,12 @@ class SlurmLauncher(SubmititSlurmLauncher):
         scheduler_state, node = state
         if scheduler_state == "COMPLETED" and isinstance(returned, JobReturn):
             return returned
-        timed_out = why is not None and "timed-out" in why
+        requeues = requeues_logged(job)
+        if why is None and requeues and "this job is timed-out" in job_log(job):
+            # requeued at its time limit, its rerun ended without a result: on SLURM 22.05
+            # the rerun gets the time-limit signal at once, before submitit can catch it
+            why = f"requeued {requeues} time(s) at its time limit; the rerun left no result"
+        timed_out = why is not None and ("timed-out" in why or "time limit" in why)
         slurm_status = STATUS_OF.get(scheduler_state, "timeout" if timed_out else "error")
         error = (
             f"SlurmJob: job {job.job_id} ended {scheduler_state}"
