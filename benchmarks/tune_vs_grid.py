@@ -1,7 +1,7 @@
 """Does the search find the grid's best at a fraction of its cost? (goals: >= 0.95, <= 0.25)
 
 On this CPU, one space of 48 points (micro-batch x attention x loss x optimizer implementation,
-at a fixed 256 tokens per optimizer step, so every point trains the same thing) is run twice:
+at a fixed 512 tokens per optimizer step, so every point trains the same thing) is run twice:
 as the full grid (`python -m nanogpt.run -m` with comma lists, the configured protocol for every
 point) and as a search (`hydra/sweeper=tune`, the same protocol for its leaders). Then the
 search's chosen configuration and the grid's fastest are measured again side by side, in fresh
@@ -34,19 +34,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_BEST, GOAL_TIME = 0.95, 0.25
-MODEL = [  # small enough that a point takes seconds on 2 loaded cores; batching still pays
-    "model.n_layer=1",
+MODEL = [  # a point takes a second or two on 2 cores; batching still pays
+    "model.n_layer=2",
     "model.n_head=2",
-    "model.n_embd=32",
-    "model.block_size=32",
+    "model.n_embd=64",
+    "model.block_size=64",
     "model.vocab_size=256",
     "bench.device=cpu",
     "logger=none",
-    "tune.tokens_per_step=256",  # 8 sequences of 32 a step: micro-batch x grad_accum
-    # the protocol of every grid point and of the search's finalists (the probe is shorter)
-    "bench.warmup_steps=1",
-    "bench.measure_steps=10",
-    "bench.min_measure_steps=3",
+    "tune.tokens_per_step=512",  # 8 sequences of 64 a step: micro-batch x grad_accum
+    # the protocol of every grid point and of the search's finalists (the probe is shorter):
+    # a window long enough to be worth a probe's shortcut, as a real protocol is
+    "bench.warmup_steps=2",
+    "bench.measure_steps=30",
+    "bench.min_measure_steps=15",
     "bench.time_budget_s=5",
     "bench.diagnose=false",
 ]

@@ -3,9 +3,14 @@ sweeper's plugin layer: it knows Hydra and Optuna; nanogpt/tune_sweeper.py drive
 
 hydra.sweeper.params, then the command line (a later key wins), parsed by Hydra's public
 override parser: a key with one value is fixed; `choice(...)`, a comma list or `range(...)` is
-a categorical dimension over its values (as Hydra spells them, so they go back into overrides
-unchanged); `interval(low, high)` a continuous one (`tag(log, ...)`: on a log scale,
-`tag(int, ...)`: integers).
+a dimension over its values (as Hydra spells them, so they go back into overrides unchanged);
+`interval(low, high)` a continuous one (`tag(log, ...)`: on a log scale, `tag(int, ...)`:
+integers).
+
+A choice of three or more numbers (micro-batch 1, 2, 4, 8) is ordered: Optuna searches the
+position of the value in ascending order as an integer, so TPE can learn that "larger was
+better" and try the next size up, which an unordered (categorical) choice cannot tell it.
+`values_of` turns a trial's params back into the values. Other choices are categorical.
 """
 
 from __future__ import annotations
@@ -52,8 +57,12 @@ def parse(parser: OverridesParser, params: dict, arguments: list[str]):
             fixed.append(f"{key}={override.get_value_element_as_str()}")
         elif override.is_discrete_sweep():
             values = list(override.sweep_string_iterator())
+            if len(values) >= 3 and all(_number(v) is not None for v in values):
+                values = sorted(values, key=_number)
+                distributions[key] = optuna.distributions.IntDistribution(0, len(values) - 1)
+            else:
+                distributions[key] = optuna.distributions.CategoricalDistribution(values)
             dims[key] = values
-            distributions[key] = optuna.distributions.CategoricalDistribution(values)
         else:
             interval = override.value()
             log_scale = "log" in interval.tags
@@ -73,3 +82,18 @@ def parse(parser: OverridesParser, params: dict, arguments: list[str]):
             "give at least one dimension, e.g. 'perf.batch_size=choice(4,8,16)' or +sweep=tune",
         )
     return fixed, dims, distributions
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def values_of(params: dict, dims: dict) -> dict[str, Any]:
+    """A trial's params as values: an ordered choice's position becomes its value."""
+    return {
+        key: dims[key][value] if dims.get(key) is not None and isinstance(value, int) else value
+        for key, value in params.items()
+    }

@@ -45,7 +45,7 @@ from nanogpt.faults import CONFIG_EXIT
 from nanogpt.results import store
 from nanogpt.tune import answer, fit, ladder, objectives, quality
 from nanogpt.tune.jobs import JobNumbers
-from nanogpt.tune_space import as_overrides, key_of, merged
+from nanogpt.tune_space import as_overrides, key_of, merged, values_of
 
 log = logging.getLogger(__name__)
 STUDY_FILE = "study.journal"
@@ -107,7 +107,7 @@ class Search:
         self.sweep_dir = Path(cfg.hydra.sweep.dir)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         fixed, dims, distributions = tune_space.parse(parser, self.params, arguments)
-        self.fixed = fixed
+        self.fixed, self.dims = fixed, dims
         names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
         self.names = names
         self.directions = [objectives.DIRECTIONS[n] for n in names]
@@ -173,7 +173,7 @@ class Search:
         wanted = self.n_trials if grid is None else min(self.n_trials, grid)
         entries: dict[str, ladder.Entry] = {}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            overrides = [f"{k}={v}" for k, v in trial.params.items()]
+            overrides = [f"{k}={v}" for k, v in values_of(trial.params, self.dims).items()]
             if "entry" in trial.user_attrs:
                 entries.setdefault(key_of(overrides), ladder.Entry(**trial.user_attrs["entry"]))
         ran = sum(1 for e in entries.values() if e.record)
@@ -184,7 +184,7 @@ class Search:
                 break
             asks += 1
             trial = study.ask(distributions)
-            overrides = [f"{k}={v}" for k, v in trial.params.items()]
+            overrides = [f"{k}={v}" for k, v in values_of(trial.params, self.dims).items()]
             entry = entries.get(key_of(overrides)) or self._probe(overrides, trial.number)
             entries[key_of(overrides)] = entry
             ran = sum(1 for e in entries.values() if e.record)

@@ -17,7 +17,9 @@ import time
 import optuna
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from nanogpt import tune_space
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
@@ -47,6 +49,13 @@ def _study(sweep_dir) -> optuna.Study:
     return optuna.load_study(study_name="tune", storage=storage)
 
 
+def _value(trial: optuna.trial.FrozenTrial, key: str) -> str:
+    """The value a trial gave KEY, from the overrides it ran (an ordered choice's param is its
+    position: tune_space.values_of)."""
+    overrides = dict(o.split("=", 1) for o in trial.user_attrs["entry"]["overrides"])
+    return overrides[key]
+
+
 def _records(sweep_dir) -> dict:
     """job dir -> result.json, every record below the sweep dir."""
     return {
@@ -62,6 +71,21 @@ def test_tokens_per_step_sets_grad_accum_and_refuses_a_micro_batch_that_does_not
     assert spec.perf.grad_accum == 4
     with pytest.raises(ConfigError, match=r"^tune.tokens_per_step: is 100"):
         _spec("tune.tokens_per_step=100")
+
+
+def test_numeric_choices_are_ordered_for_the_sampler_and_read_back_as_values():
+    parser = OverridesParser.create()
+    params = {"perf.batch_size": "choice(8,1,4,2)", "perf.compile": "choice(true,false)"}
+    fixed, dims, distributions = tune_space.parse(parser, params, ["model.n_layer=2"])
+    assert fixed == ["model.n_layer=2"] and dims["perf.batch_size"] == ["1", "2", "4", "8"]
+    assert distributions["perf.batch_size"] == optuna.distributions.IntDistribution(0, 3)
+    assert isinstance(distributions["perf.compile"], optuna.distributions.CategoricalDistribution)
+    values = tune_space.values_of({"perf.batch_size": 3, "perf.compile": "true"}, dims)
+    assert values == {"perf.batch_size": "8", "perf.compile": "true"}
+    # two numbers are no order worth learning: categorical, as Hydra spells them
+    _, dims, distributions = tune_space.parse(parser, {"perf.batch_size": "choice(4,2)"}, [])
+    categorical = optuna.distributions.CategoricalDistribution
+    assert isinstance(distributions["perf.batch_size"], categorical)
 
 
 def test_the_estimate_prunes_what_cannot_fit_and_grows_with_the_batch():
@@ -128,7 +152,7 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = _study(sweep_dir).get_trials()
-    by_params = {(t.params["perf.batch_size"], t.params["bench.inject_fault"]): t for t in trials}
+    by_params = {(_value(t, "perf.batch_size"), _value(t, "bench.inject_fault")): t for t in trials}
     for fault in ("oom@1000", "oom@1"):
         assert by_params[("64", fault)].constraints == {"fits": 1.0}
         assert "pruned before running" in by_params[("64", fault)].user_attrs["entry"]["reason"]
@@ -188,7 +212,7 @@ def test_the_study_resumes_after_a_kill_and_measures_no_point_twice(tmp_path):
     ids = [r["point_id"] for r in after.values()]
     assert len(ids) == len(set(ids)), "a point was measured twice"
     trials = _study(sweep_dir).get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-    assert {t.params["perf.batch_size"] for t in trials} == {"1", "2", "4"}
+    assert {_value(t, "perf.batch_size") for t in trials} == {"1", "2", "4"}
     assert (sweep_dir / "best.yaml").is_file() and (sweep_dir / "tune.png").is_file()
     # what run.main returns for Hydra's own sweepers: a kept point's recorded figures
     job, record = next((j, r) for j, r in after.items() if r["status"] == "ok")
@@ -242,7 +266,7 @@ def test_bad_input_is_one_line_before_anything_runs(sweep, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: hydra.sweeper.params: no candidate of 2 fits"), proc.stderr
     trials = _study(sweep_dir).get_trials()
-    assert {t.params["perf.batch_size"] for t in trials} == {"1", "2"}
+    assert {_value(t, "perf.batch_size") for t in trials} == {"1", "2"}
     assert all(t.constraints == {"fits": 1.0} for t in trials)
     assert "pruned before running" in (sweep_dir / "tune.md").read_text()
     proc, _ = sweep(TUNE, "perf.batch_size=choice(1,2)", "tune.objective=[speed]")
