@@ -19,13 +19,9 @@ SLURM job. What this class adds, from the submitting side:
 from __future__ import annotations
 
 import copy
-import os
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 
 from hydra.core.singleton import Singleton
@@ -37,113 +33,26 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 from omegaconf import OmegaConf, open_dict
 
 from nanogpt.app import to_spec
-from nanogpt.faults import CONFIG_EXIT, describe, interrupted_exit
+from nanogpt.faults import describe, interrupted_exit
 from nanogpt.files import read_json, write_json
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import record_ended_outside
+from nanogpt.launchers.slurm_queue import (
+    CONFIRM_S,
+    ENDED,
+    POLL_S,
+    REQUEUE_WAIT_S,
+    STATUS_OF,
+    cancel,
+    check_slurm,
+    job_log,
+    requeues_logged,
+    scheduler_states,
+    squeue_jobs,
+    wait_ended,
+)
 
-ENDED = {  # SLURM job states after which a job never runs again
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT",
-}  # fmt: skip
-STATUS_OF = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
-POLL_S = 2.0
-CONFIRM_S = 15.0  # how long a failed end must last before it is the job's end
-REQUEUE_WAIT_S = 600.0  # how long a job that logged its requeue may stay ended before it is
-# taken as ended (SLURM holds a requeued job about 2 minutes before it is eligible again)
 JOBS_FILE = "slurm_jobs.json"  # point number -> SLURM job id, for a later run of the sweep
-
-
-def fail(what: str) -> None:
-    print(f"error: hydra/launcher=slurm: {what}", file=sys.stderr)
-    sys.exit(CONFIG_EXIT)
-
-
-def check_slurm() -> None:
-    """SLURM's client is here and its controller answers; else one line and exit 2."""
-    if shutil.which("sbatch") is None:
-        fail(
-            "sbatch is not on PATH (no SLURM client on this machine); run the sweep on the "
-            "cluster's login node, or drop hydra/launcher=slurm to run it here."
-        )
-    conf = os.environ.get("SLURM_CONF")
-    if conf and not Path(conf).is_file():  # SLURM's tools retry a missing file for 60 s
-        fail(
-            f"sbatch is here but no SLURM controller answers (SLURM_CONF={conf} is no file); "
-            "set SLURM_CONF to the cluster's slurm.conf or start slurmctld, then rerun."
-        )
-    try:
-        probe = subprocess.run(
-            ["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60
-        )
-        answer = probe.stderr.strip().splitlines()[-1:] if probe.returncode else []
-    except (OSError, subprocess.TimeoutExpired) as err:
-        answer = [str(err)]
-    if answer:
-        fail(
-            f"sbatch is here but no SLURM controller answers ({answer[0].strip()}); "
-            "set SLURM_CONF to the cluster's slurm.conf or start slurmctld, then rerun."
-        )
-
-
-def scheduler_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
-    """job id -> (state, node) for the jobs the controller still knows (array tasks one each)."""
-    return {jid: (state, node) for jid, (state, node, _) in _squeue(job_ids).items()}
-
-
-def _squeue(job_ids: list[str]) -> dict[str, tuple[str, str, float | None]]:
-    """job id -> (state, node, start time in epoch seconds or None) from squeue."""
-    if not job_ids:
-        return {}
-    arrays = sorted({jid.split("_")[0] for jid in job_ids})
-    command = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(arrays)]
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    states = {}
-    for line in out.splitlines():
-        jid, state, node, start = (line.split("|") + ["", "", ""])[:4]
-        try:  # squeue prints local time, e.g. 2026-11-24T02:49:54 (N/A when unknown)
-            started = datetime.fromisoformat(start.strip()).timestamp()
-        except ValueError:
-            started = None
-        states[jid.strip()] = (state.strip(), node.strip(), started)
-    return states
-
-
-def job_log(job) -> str:
-    """The job's submitit log (SLURM appends a requeued run's output to the same files)."""
-    texts = []
-    for path in (job.paths.stdout, job.paths.stderr):
-        try:
-            texts.append(path.read_text(errors="replace"))
-        except OSError:
-            pass
-    return "\n".join(texts)
-
-
-def requeues_logged(job) -> int:
-    """How often the job's runs asked SLURM to requeue it: submitit's logger writes
-    "... - Requeued job N" just after `scontrol requeue`, at its time limit or on preemption."""
-    return job_log(job).count(" - Requeued job ")
-
-
-def cancel(job_ids: list[str]) -> None:
-    if job_ids:
-        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
-
-
-def wait_ended(job_ids: list[str], at_most_s: float) -> dict[str, tuple[str, str]]:
-    """Poll until every job has ended (or the controller forgot it); their last states."""
-    deadline = time.monotonic() + at_most_s
-    states: dict[str, tuple[str, str]] = {}
-    while True:
-        states.update(scheduler_states(job_ids))
-        running = [j for j in job_ids if j in states and states[j][0] not in ENDED]
-        if not running or time.monotonic() > deadline:
-            return states
-        time.sleep(POLL_S)
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
@@ -234,7 +143,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             pending = [job for job in jobs if states.get(job.job_id, ("",))[0] not in ENDED]
             if not pending:
                 return states
-            now = _squeue([job.job_id for job in pending])
+            now = squeue_jobs([job.job_id for job in pending])
             for job in pending:
                 if job.job_id in now:
                     state, node, started = now[job.job_id]
