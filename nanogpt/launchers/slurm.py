@@ -203,7 +203,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         requeues = requeues_logged(job)
         if why is None and requeues and "this job is timed-out" in job_log(job):
             # requeued at its time limit, its rerun ended without a result: on SLURM 22.05
-            # the rerun gets the time-limit signal at once, before submitit can catch it
+            # the rerun may get the time-limit signal at once, before submitit can catch it
             why = f"requeued {requeues} time(s) at its time limit; the rerun left no result"
         timed_out = why is not None and ("timed-out" in why or "time limit" in why)
         slurm_status = STATUS_OF.get(scheduler_state, "timeout" if timed_out else "error")

@@ -119,11 +119,11 @@ def test_scancel_of_one_point_records_it_cancelled_and_the_sweep_fails_with_its_
 
 def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_start, slurm_env):
     # submitit asks SLURM for SIGUSR2 signal_delay_s before the limit: the first time it
-    # requeues the job (max_num_timeout=1); SLURM makes the job wait about 2 minutes (squeue
-    # reads it FAILED meanwhile), then runs it again, and the second signal ends it. On SLURM
-    # 22.05 here that signal reaches the rerun at once, before submitit's handler is in place
-    # (the step dies of signal 12); where it comes later, submitit gives up ("timed-out too
-    # many times"). Either way: the launcher waits for the rerun, then records `timeout`.
+    # requeues the job (max_num_timeout=1); SLURM holds it pending about 2 minutes (its
+    # BeginTime), then runs it again, and the second signal ends it. On SLURM 22.05 here that
+    # signal may reach the rerun at once, before submitit's handler is in place (the step dies
+    # of signal 12); where it comes later, submitit gives up ("timed-out too many times").
+    # Both were seen. Either way: the launcher waits for the rerun, then records `timeout`.
     proc, sweep_dir = slurm_start(
         "hydra.launcher.timeout_min=1",
         "hydra.launcher.signal_delay_s=30",
