@@ -121,55 +121,27 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         return tmp_path / name
 
+    def gate(new, old, *extra: str):
+        """`python -m nanogpt.report NEW --compare OLD --fail-if-slower 10 EXTRA...`"""
+        args = [str(new), "--compare", str(old), "--fail-if-slower", "10", *extra]
+        return run_cli(*args, cwd=tmp_path, module="nanogpt.report")
+
     two, one = sweep("two_threads", "2"), sweep("one_thread", "1")
-    slowdown = run_cli(
-        str(one),
-        "--compare",
-        str(two),
-        "--fail-if-slower",
-        "10",
-        cwd=tmp_path,
-        module="nanogpt.report",
-    )
+    slowdown = gate(one, two)
     assert slowdown.returncode == 1, slowdown.stdout + slowdown.stderr
     assert "slower" in slowdown.stdout and "slower: " in slowdown.stderr
-    speedup = run_cli(
-        str(two),
-        "--compare",
-        str(one),
-        "--fail-if-slower",
-        "10",
-        "--markdown",
-        cwd=tmp_path,
-        module="nanogpt.report",
-    )
+    speedup = gate(two, one, "--markdown")
     assert speedup.returncode == 0, speedup.stdout + speedup.stderr
     assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout
     # the same slowdown measured in one process each: the gate says it cannot judge (not
     # passed, not failed). Both sides measured once: bench.repeats is part of a point's id
     # (results/identity.py), so a repeats=1 sweep never joins a repeats=2 one.
     once_two, once_one = sweep("once_two", "2", repeats=1), sweep("once_one", "1", repeats=1)
-    no_verdict = run_cli(
-        str(once_one),
-        "--compare",
-        str(once_two),
-        "--fail-if-slower",
-        "10",
-        cwd=tmp_path,
-        module="nanogpt.report",
-    )
+    no_verdict = gate(once_one, once_two)
     assert no_verdict.returncode == 5, no_verdict.stdout + no_verdict.stderr
     assert "no verdict" in no_verdict.stderr and "bench.repeats=" in no_verdict.stderr
     # different protocols (repeats 1 and 2) never join: a gate that compared nothing says so
-    nothing = run_cli(
-        str(once_one),
-        "--compare",
-        str(two),
-        "--fail-if-slower",
-        "10",
-        cwd=tmp_path,
-        module="nanogpt.report",
-    )
+    nothing = gate(once_one, two)
     assert nothing.returncode == 5, nothing.stdout + nothing.stderr
     assert "no point is in both sweeps" in nothing.stderr
 
