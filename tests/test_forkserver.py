@@ -44,3 +44,36 @@ def test_the_fork_server_runs_the_main_module_once_for_all_its_children(tmp_path
     assert proc.returncode == 0, proc.stderr[-2000:]
     # the sweep's process, then the server; the children ran nothing of it
     assert marks.read_text().split() == ["__main__", "__mp_main__"]
+
+
+# A job process whose signal handler raises while it waits for its point, as submitit's
+# time-limit handler does once it stops requeuing: the point (a child of the fork server, which
+# multiprocessing would join at exit) is killed, so the job ends now, not at SLURM's hard limit.
+GIVES_UP = """
+import os, signal, threading, time
+from nanogpt.launch import forkserver
+from nanogpt.launch.process import wait_for
+
+def give_up(signum, frame):
+    raise RuntimeError("Job not requeued because: timed-out too many times.")
+
+signal.signal(signal.SIGUSR2, give_up)
+child = forkserver._Forked(forkserver._server().Process(target=time.sleep, args=(300,)))
+child.process.start()
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+try:
+    wait_for(child)
+except RuntimeError as err:
+    print("raised:", err, "point exit:", child.returncode)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux")
+def test_an_exception_that_ends_the_wait_kills_the_point_first(tmp_path):
+    (tmp_path / "gives_up.py").write_text(GIVES_UP)
+    proc = subprocess.run(
+        [sys.executable, "gives_up.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "raised: Job not requeued" in proc.stdout and "point exit: -9" in proc.stdout

@@ -75,7 +75,9 @@ def wait_for(proc) -> bool:
     too: it records what it measured as `interrupted` and exits. It gets INTERRUPT_GRACE_S to do
     so; if it is still running (the signal went to this process alone, e.g. `kill -INT`), SIGINT
     is passed on, then SIGKILL. A second Ctrl-C kills it at once. SIGTERM (faults.Stopped) is
-    passed on at once, as SIGTERM (the child ignores a second one), then SIGKILL.
+    passed on at once, as SIGTERM (the child ignores a second one), then SIGKILL. Any other
+    exception that ends the wait (submitit's time-limit handler raises once it stops requeuing)
+    kills the child first: it must not run on after this process has given its point up.
     """
     try:
         proc.wait()
@@ -84,6 +86,14 @@ def wait_for(proc) -> bool:
         steps = (signal.SIGTERM, signal.SIGKILL)
     except KeyboardInterrupt:
         steps = (None, signal.SIGINT, signal.SIGKILL)
+    except BaseException as err:
+        if isinstance(err, SystemExit):  # this process is leaving (submitit exits so once it
+            # has requeued the job): the SIGTERM with which SLURM then ends the run must not
+            # turn into an `interrupted` record on the way out
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        proc.kill()
+        proc.wait()
+        raise
     try:
         for escalate in steps:
             if escalate is not None:

@@ -52,6 +52,7 @@ from nanogpt.launchers.slurm_queue import (
     wait_ended,
 )
 
+SIGNAL_EARLY_S = 60  # SLURM may send --signal this much before its time (its 30 s sweep)
 JOBS_FILE = "slurm_jobs.json"  # point number -> SLURM job id, for a later run of the sweep
 
 
@@ -59,6 +60,15 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def setup(self, *, hydra_context, task_function, config) -> None:
         check_slurm()  # before the sweeper writes multirun.yaml
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        limit_s, delay_s = 60 * self.params["timeout_min"], self.params["signal_delay_s"]
+        if delay_s + SIGNAL_EARLY_S >= limit_s:
+            print(
+                f"warning: hydra/launcher=slurm: timeout_min={self.params['timeout_min']} with "
+                f"signal_delay_s={delay_s}: SLURM sends the time-limit signal up to "
+                f"{SIGNAL_EARLY_S} s early, so it is due as a job starts and may be missed "
+                "(no requeue; the job ends at its limit); give each job longer",
+                file=sys.stderr,
+            )
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))

@@ -118,20 +118,22 @@ def test_scancel_of_one_point_records_it_cancelled_and_the_sweep_fails_with_its_
 
 
 def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_start, slurm_env):
-    # submitit asks SLURM for SIGUSR2 signal_delay_s before the limit: the first time it
-    # requeues the job (max_num_timeout=1); SLURM holds it pending about 2 minutes (its
-    # BeginTime), then runs it again, and the second signal ends it. On SLURM 22.05 here that
-    # signal may reach the rerun at once, before submitit's handler is in place (the step dies
-    # of signal 12); where it comes later, submitit gives up ("timed-out too many times").
-    # Both were seen. Either way: the launcher waits for the rerun, then records `timeout`.
+    # submitit asks SLURM for SIGUSR2 signal_delay_s before the limit; SLURM sends it up to
+    # 60 s earlier than that (its 30 s time-limit sweep). With a 1-minute limit the signal is
+    # due at the job's start and may come before submitit's handler is in place (the step dies
+    # of signal 12) or before the step exists (the signal is lost and the job runs on to its
+    # hard limit: CI saw that). With 2 minutes it comes at least 30 s into each run: the first
+    # time submitit requeues the job (max_num_timeout=1); SLURM holds it pending about 2
+    # minutes (its BeginTime), then runs it again, and the second signal ends it ("timed-out
+    # too many times"). The launcher waits for the rerun, then records `timeout`.
     proc, sweep_dir = slurm_start(
-        "hydra.launcher.timeout_min=1",
+        "hydra.launcher.timeout_min=2",
         "hydra.launcher.signal_delay_s=30",
         "hydra.launcher.max_num_timeout=1",
         "bench.measure_steps=1000000",
         "bench.time_budget_s=600",
     )
-    assert proc.wait(timeout=600) == 1
+    assert proc.wait(timeout=900) == 1
     (record,) = records(sweep_dir).values()
     assert record["status"] == "timeout", record["error"]
     assert any(
