@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from nanogpt.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 RESULT_STATUSES = ("ok", "oom", "diverged")  # the sweep goes on and exits 0
 # The multirun exits 1 once its table is built. cancelled and timeout are set by the SLURM
@@ -88,7 +91,10 @@ def classify(exc: BaseException) -> str:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+    # torch is not imported here (the report's and the sweep's processes do without it): an
+    # exception of torch's means a process that imported it.
+    torch = sys.modules.get("torch")
+    if isinstance(exc, MemoryError) or (torch and isinstance(exc, torch.OutOfMemoryError)):
         return True
     # CPU allocation failures surface as a plain RuntimeError from the default allocator.
     message = str(exc)
@@ -135,6 +141,8 @@ class Fault:
         if step != self.step:
             return loss
         if self.kind == "oom":
+            import torch
+
             torch.empty(1 << 47, dtype=torch.uint8, device=device)  # 128 TiB
         if self.kind == "raise":
             raise RuntimeError(f"injected fault at step {step}")

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.launch.forkserver_preload"]
 # How the server finds the sweep's main module, to run it once (the preload says why).
 MAIN_ENV = "NANOGPT_FORKSERVER_MAIN"
+# Whether the server imports wandb too (a second of a sweep's start): set from the first point
+# that starts it; a later point that logs to W&B where the first did not imports it itself.
+WANDB_ENV = "NANOGPT_FORKSERVER_WANDB"
 _context: multiprocessing.context.BaseContext | None = None
 # Linux: PR_SET_PDEATHSIG, and where the fork server is tested.
 _fork_safe = sys.platform.startswith("linux") and os.environ.get("NANOGPT_FORKSERVER") != "0"
@@ -46,7 +49,8 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
     if not _fork_safe:
         return run_child(handoff, folder, env=env)
     handoff.write(folder)
-    process = _server().Process(target=forked_main, args=(str(folder), handoff.task, env or {}))
+    server = _server(logs_to_wandb=handoff.spec.logger.backend == "wandb")
+    process = server.Process(target=forked_main, args=(str(folder), handoff.task, env or {}))
     try:
         process.start()
     except (OSError, EOFError) as exc:  # the server did not start, or died in its preload
@@ -64,12 +68,13 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
     return Outcome(take_answer(folder, handoff.task), child.returncode, interrupted)
 
 
-def _server() -> multiprocessing.context.BaseContext:
+def _server(logs_to_wandb: bool = False) -> multiprocessing.context.BaseContext:
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
         os.environ[MAIN_ENV] = json.dumps(_main_module())  # the server inherits it at its start
+        os.environ[WANDB_ENV] = "1" if logs_to_wandb else "0"
     return _context
 
 

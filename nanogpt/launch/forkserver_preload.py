@@ -8,6 +8,7 @@ process needs, done once, before any fork.
   pandas that the entry point pulls in (1-2 s a point on 2 cores).
 - torch: most of a fresh interpreter's start-up; torch.optim pulls in torch._dynamo, the next
   largest. Importing torch initialises no CUDA: checked here, and again in each child.
+- wandb, when the sweep's first point logs to W&B (a second; most test sweeps do not).
 - gc.freeze(): what the server made is never collected in a child. A child's collections
   (memory.release runs gc.collect after every point) then skip the server's objects instead
   of walking them and writing to their headers, which copies the pages a fork shares.
@@ -26,7 +27,7 @@ import os
 import signal
 from multiprocessing import spawn
 
-from nanogpt.launch.forkserver import MAIN_ENV
+from nanogpt.launch.forkserver import MAIN_ENV, WANDB_ENV
 
 # {"init_main_from_name": ...} or {"init_main_from_path": ...}, from the sweep's process. One
 # that cannot be imported here leaves each child to try, as it would without the server.
@@ -41,10 +42,11 @@ import torch.optim  # noqa: E402, F401
 
 import nanogpt.launch.worker  # noqa: E402, F401 - the children's code
 
-try:  # the W&B sink's import, when installed
-    import wandb  # noqa: F401
-except ImportError:
-    pass
+if os.environ.get(WANDB_ENV) == "1":  # the first point logs to W&B: the sink's import
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        pass
 
 assert not torch.cuda.is_initialized(), "importing must not initialise CUDA before a fork"
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
