@@ -12,7 +12,6 @@ import dataclasses
 import functools
 from pathlib import Path
 
-import torch
 from hydra import compose
 from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
@@ -54,7 +53,11 @@ DEVICE_DEFAULTS = {
 
 def _on_cuda(device: str) -> bool:
     """Whether bench.device means a CUDA GPU (auto: one is available)."""
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if device != "auto":
+        return device.startswith("cuda")
+    import torch  # here only: a sweep on a named device starts without torch (validate.py)
+
+    return torch.cuda.is_available()
 
 
 @functools.cache

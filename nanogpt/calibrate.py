@@ -19,7 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 from nanogpt import logs
 from nanogpt.app import hydra_error_line, to_spec
 from nanogpt.configs import CONF_DIR
-from nanogpt.devices import precision_unavailable, resolve_device
+from nanogpt.device_support import precision_unavailable
+from nanogpt.devices import resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name

@@ -13,7 +13,8 @@ A batch is `(x, y)`: two int64 tensors of shape (batch_size, block_size) on the 
 where `y` is `x` shifted left by one token: the model at position t predicts token t + 1.
 
 `check_data` validates a DataConfig without building anything heavy (validate.py runs it before
-any model exists); `open_source` runs it too, then builds the source.
+any model exists, in the sweep's own process, which does without torch: torch is imported where
+a source is built); `open_source` runs it too, then builds the source.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import tiktoken
-import torch
 
 from nanogpt.errors import ConfigError
 from nanogpt.files import user_cache_dir, write_atomic
 from nanogpt.spec import DataConfig, DataKind
+
+if TYPE_CHECKING:
+    import torch
 
 # nanoGPT's on-disk format: token ids as uint16, little-endian ("<"), no header.
 # uint16 holds ids up to 65535, enough for GPT-2's 50257-token vocabulary.
@@ -93,6 +96,8 @@ class SyntheticSource:
     def __init__(
         self, *, vocab_size: int, block_size: int, batch_size: int, device: torch.device, seed: int
     ):
+        import torch
+
         # A generator on the device itself: the ids never exist on the host, and the same seed
         # gives the same ids on the same kind of device (CPU and CUDA streams differ).
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -118,6 +123,9 @@ class TokenFileSource:
     def __init__(
         self, path: Path, *, block_size: int, batch_size: int, device: torch.device, seed: int
     ):
+        import torch
+
+        self._from_numpy = torch.from_numpy
         # mode "r": read-only. Only the pages a batch touches are read from disk, and they
         # stay in the OS page cache, so a file far larger than RAM is fine.
         self._tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
@@ -139,7 +147,7 @@ class TokenFileSource:
             window = self._tokens[start : start + t + 1]
             pair[0, row] = window[:-1]
             pair[1, row] = window[1:]
-        host = torch.from_numpy(pair)
+        host = self._from_numpy(pair)
         if self._device.type == "cuda":
             # Page-locked memory lets the copy run asynchronously (non_blocking), overlapping
             # the GPU's work. PyTorch caches pinned blocks, so pinning each batch is cheap, and

@@ -1,9 +1,6 @@
-"""The device a run trains on, and what it can do: which device `auto` means, how to wait for
-queued work, and which math modes (config.Dtype) the device runs natively.
-
-The precision rules live here once: validate.py turns a reason into a one-line config error,
-hardware/calibration.py skips a dtype that has one, and the trainer and the calibration set up
-the math mode the same way.
+"""The device a run trains on: which device `auto` means, how to wait for queued work, its
+NVML handle, and the math mode (config.Dtype) set up the same way by the trainer and the
+calibration. Which modes a device runs natively is device_support.py's (no torch needed there).
 """
 
 from __future__ import annotations
@@ -12,17 +9,12 @@ import contextlib
 
 import torch
 
-from nanogpt.spec import Attention, Dtype
+from nanogpt.device_support import SIXTEEN_BIT
+from nanogpt.spec import Dtype
 
 # bf16/fp16 train under torch.autocast to these dtypes; fp32/tf32 keep fp32 tensors.
 AUTOCAST_DTYPES = {Dtype.bf16: torch.bfloat16, Dtype.fp16: torch.float16}
-# Native bf16 and TF32 tensor-core math arrived with Ampere (compute capability 8.0). Older
-# GPUs run bf16 only by emulation, which torch.cuda.is_bf16_supported() counts as support.
-AMPERE = (8, 0)
-CUDA_ONLY_ATTENTION = (Attention.efficient, Attention.cudnn)
-# The flash and cuDNN SDPA kernels take 16-bit tensors only, on Ampere or newer (PyTorch's
-# scaled_dot_product_attention docs); with fp32/tf32 they fail at the first step.
-SIXTEEN_BIT_ATTENTION = (Attention.flash, Attention.cudnn)
+assert set(AUTOCAST_DTYPES) == set(SIXTEEN_BIT)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -47,38 +39,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
-
-
-def precision_unavailable(device: torch.device, dtype: Dtype) -> str | None:
-    """Why `device` has no native path for `dtype`; None when it has one."""
-    if dtype is Dtype.tf32 and device.type != "cuda":
-        return f"TF32 is a CUDA tensor-core mode, not available on {device.type}"
-    if device.type == "cuda" and dtype in (Dtype.tf32, Dtype.bf16):
-        capability = torch.cuda.get_device_capability(device)
-        if capability < AMPERE:
-            name = torch.cuda.get_device_name(device)
-            return (
-                f"{name} (compute capability {capability[0]}.{capability[1]}) has no native "
-                f"{dtype.value}: it needs compute capability 8.0 (Ampere) or newer"
-            )
-    return None
-
-
-def attention_unavailable(device: torch.device, attention: Attention, dtype: Dtype) -> str | None:
-    """Why the SDPA kernel `attention` cannot run on `device` in `dtype`; None when it can."""
-    if attention in CUDA_ONLY_ATTENTION and device.type != "cuda":
-        return f"the {attention.value} SDPA kernel exists only on CUDA"
-    if device.type != "cuda" or attention not in SIXTEEN_BIT_ATTENTION:
-        return None
-    if dtype not in AUTOCAST_DTYPES:
-        return f"the {attention.value} SDPA kernel takes bf16/fp16 tensors, not {dtype.value}"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < AMPERE:
-        return (
-            f"the {attention.value} SDPA kernel needs compute capability 8.0 (Ampere) or newer, "
-            f"not {capability[0]}.{capability[1]}"
-        )
-    return None
 
 
 def nvml_handle(device: torch.device) -> tuple[object | None, str | None]:

@@ -20,10 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the methods that use it, not here: a sweep's own process reads World
+# from its environment and, for a single-rank point on the CPU, never needs torch (validate.py).
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class World:
         """One GPU per process: cuda becomes this rank's GPU among those it can see (all of the
         node's under torchrun; often just one under SLURM, which may bind a GPU to each task)."""
         if requested.type == "cuda" and self.size > 1:
+            import torch
+
             return torch.device("cuda", self.local_rank % torch.cuda.device_count())
         return requested
 
@@ -59,7 +64,12 @@ class World:
         flag, step times). Without CUDA, gloo carries everything. It does not depend on
         bench.device, so a rank can join before it knows the point it will measure.
         """
-        if self.size == 1 or dist.is_initialized():
+        if self.size == 1:
+            return
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_initialized():
             return
         backend = "gloo"
         if torch.cuda.is_available():
@@ -68,7 +78,11 @@ class World:
         dist.init_process_group(backend=backend)
 
     def shutdown(self) -> None:
-        if self.size > 1 and dist.is_initialized():
+        if self.size == 1:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized():
             dist.destroy_process_group()
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -92,6 +106,8 @@ class World:
         """Rank 0's `obj`, on every rank (the others pass anything, e.g. None)."""
         if self.size == 1:
             return obj
+        import torch.distributed as dist
+
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
@@ -100,6 +116,9 @@ class World:
         """True on every rank if it is True on any rank."""
         if self.size == 1:
             return flag
+        import torch
+        import torch.distributed as dist
+
         value = torch.tensor([int(flag)])
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
@@ -108,6 +127,8 @@ class World:
         """Every rank's list, on every rank, in rank order."""
         if self.size == 1:
             return [values]
+        import torch.distributed as dist
+
         out: list = [None] * self.size
         dist.all_gather_object(out, values)
         return out

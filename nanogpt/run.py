@@ -34,7 +34,6 @@ from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import run_point
-from nanogpt.launch.worker import follow, release_followers
 from nanogpt.logs import capture_warnings, say_once_per_sweep
 from nanogpt.results import store
 from nanogpt.results.store import sweep_id
@@ -114,7 +113,7 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
     by_submitit = adopt_submitit_tasks()
     world = World.from_env()
     if not world.is_main:  # a submitit task of rank > 0 (under torchrun: see __main__ below)
-        return follow()
+        return _follow()
     try:
         refuse_a_preset_without_multirun()
         spec = to_spec(cfg)
@@ -123,7 +122,7 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         if world.size > 1:
-            release_followers(world)
+            _release_followers(world)
         sys.exit(CONFIG_EXIT)
     job = job_from_hydra(cfg)
     say_once_per_sweep(job.sweep_dir)  # a line every point says alike: once on the console
@@ -135,7 +134,7 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
         if not by_submitit:
             sys.exit(1)
     elif by_submitit:
-        release_followers(world)  # this task's one job is done
+        _release_followers(world)  # this task's one job is done
     return objective_of(spec, job.job_dir)
 
 
@@ -186,6 +185,22 @@ def raised_by_hydra(err: BaseException) -> bool:
     return tb is not None and f"{os.sep}hydra{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
+def _follow() -> int:
+    """A rank > 0 measures what rank 0 sends (worker.follow)."""
+    from nanogpt.launch.worker import follow  # the measuring code, and torch, only here
+
+    return follow()
+
+
+def _release_followers(world: World) -> None:
+    """Rank 0 is done: the ranks waiting in worker.follow exit (none in a single-rank run, which
+    so never imports the measuring code: a sweep's own process does without torch)."""
+    if world.size > 1:
+        from nanogpt.launch.worker import release_followers
+
+        release_followers(world)
+
+
 def cli() -> None:
     """`python -m nanogpt.run` and the `nanogpt-run` command."""
     # Under torchrun by hand only rank 0 runs Hydra, so there is one run dir (named by rank 0's
@@ -196,14 +211,14 @@ def cli() -> None:
     # exits non-zero instead, and torchrun stops them.
     world = World.from_env()
     if not world.is_main:
-        sys.exit(follow())
+        sys.exit(_follow())
     expose_checkout_plugins()  # before Hydra scans for its launchers and sweepers
     try:
         main_with_one_line_errors()
     except SystemExit as stop:
         if stop.code:
             raise
-    release_followers(world)
+    _release_followers(world)
 
 
 if __name__ == "__main__":

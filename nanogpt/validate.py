@@ -2,19 +2,20 @@
 
 Types and unknown keys are Hydra's job (structured configs); these are the checks a type cannot
 express. Each failure raises ConfigError: one sentence naming the key and the fix.
+
+The sweep's own process runs them for every point before it measures any. A point on the CPU
+is checked without importing torch (device_support.py): that process starts seconds sooner. A
+CUDA, MPS or `auto` device is asked through torch, imported then.
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
-
 from nanogpt.data import check_data
-from nanogpt.devices import attention_unavailable, precision_unavailable, resolve_device
+from nanogpt.device_support import Place, attention_unavailable, parse_device, precision_unavailable
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
-from nanogpt.float8 import torchao_missing
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 from nanogpt.spec import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
 
@@ -154,39 +155,56 @@ def check_choices(spec: RunSpec) -> None:
         )
 
 
-def check_device(name: str) -> torch.device:
-    """The device a run will use; fails when it is not there."""
+def check_device(name: str) -> Place:
+    """The device a run will use (a bare `cuda` is cuda:0, as the run resolves it); fails when
+    it is not there."""
     if name == "auto":
-        return resolve_device(name)  # the run's own choice: cuda, mps, then cpu
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            "bench.device", f"'{name}' is not a device", "use auto, cpu, cuda, cuda:N or mps"
-        ) from None
-    if device.type == "cuda":
+        from nanogpt.devices import resolve_device  # the run's own choice: cuda, mps, then cpu
+
+        device = resolve_device(name)
+        return Place(device.type, device.index)
+    place = parse_device(name)
+    if place is None:
+        import torch
+
+        try:
+            torch.device(name)
+        except RuntimeError:
+            raise ConfigError(
+                "bench.device", f"'{name}' is not a device", "use auto, cpu, cuda, cuda:N or mps"
+            ) from None
+        raise ConfigError("bench.device", f"'{name}' is not supported", "use cpu, cuda or mps")
+    if place.type == "cuda":
+        import torch
+
         if not torch.cuda.is_available():
             raise ConfigError(
                 "bench.device",
                 "cuda was asked for but CUDA is not available",
                 "use bench.device=cpu",
             )
-        if device.index is not None and device.index >= torch.cuda.device_count():
+        if place.index is not None and place.index >= torch.cuda.device_count():
             raise ConfigError(
                 "bench.device",
                 f"{name} does not exist ({torch.cuda.device_count()} CUDA devices)",
                 "pick an index below the device count",
             )
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("bench.device", "mps is not available here", "use bench.device=cpu")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError("bench.device", f"'{name}' is not supported", "use cpu, cuda or mps")
-    return resolve_device(name)  # the device the run will resolve, index included
+        return Place("cuda", place.index or 0)
+    if place.type == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise ConfigError("bench.device", "mps is not available here", "use bench.device=cpu")
+    return place
 
 
-def check_gpus_per_point(nproc: int, device: torch.device) -> None:
+def check_gpus_per_point(nproc: int, device: Place) -> None:
     """One GPU per rank: more ranks than GPUs would share devices and skew every figure."""
-    if device.type == "cuda" and nproc > torch.cuda.device_count():
+    if device.type != "cuda":
+        return
+    import torch
+
+    if nproc > torch.cuda.device_count():
         raise ConfigError(
             "dist.nproc",
             f"{nproc} ranks but only {torch.cuda.device_count()} CUDA devices are visible",
@@ -194,7 +212,7 @@ def check_gpus_per_point(nproc: int, device: torch.device) -> None:
         )
 
 
-def check_precision(spec: RunSpec, device: torch.device) -> None:
+def check_precision(spec: RunSpec, device: Place) -> None:
     dtype, attention = spec.perf.dtype, spec.perf.attention
     reason = precision_unavailable(device, dtype)
     if reason:
@@ -209,7 +227,7 @@ def check_precision(spec: RunSpec, device: torch.device) -> None:
         raise ConfigError("perf.attention", reason, fix)
 
 
-def check_cuda_graph_warmup(spec: RunSpec, device: torch.device) -> None:
+def check_cuda_graph_warmup(spec: RunSpec, device: Place) -> None:
     """reduce-overhead and max-autotune capture CUDA graphs: the first calls of each compiled
     graph run eagerly, the next records the graph, and only later calls replay it. With fewer
     warmup steps the recording would fall into the measured steps."""
@@ -230,7 +248,7 @@ def check_cuda_graph_warmup(spec: RunSpec, device: torch.device) -> None:
 FP8_CAPABILITY = (8, 9)
 
 
-def check_fp8(spec: RunSpec, device: torch.device | None) -> None:
+def check_fp8(spec: RunSpec, device: Place | None) -> None:
     """perf.fp8 runs under bf16 autocast on a CUDA GPU of compute capability 8.9 or more, with
     torchao installed. device None: the checks that need no device (any machine)."""
     fp8 = spec.perf.fp8
@@ -256,11 +274,15 @@ def check_fp8(spec: RunSpec, device: torch.device | None) -> None:
         raise ConfigError(
             "perf.fp8", f"float8 matmuls need a CUDA GPU, not {device.type}", "use perf.fp8=none"
         )
-    capability = torch.cuda.get_device_capability(device)
+    import torch
+
+    from nanogpt.float8 import torchao_missing
+
+    capability = torch.cuda.get_device_capability(device.index)
     if capability < FP8_CAPABILITY:
         raise ConfigError(
             "perf.fp8",
-            f"{torch.cuda.get_device_name(device)} (compute capability "
+            f"{torch.cuda.get_device_name(device.index)} (compute capability "
             f"{capability[0]}.{capability[1]}) has no float8 tensor cores: it needs 8.9 or newer",
             "use perf.fp8=none",
         )

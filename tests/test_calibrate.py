@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nanogpt import calibrate as calibrate_command
-from nanogpt.devices import precision_unavailable
+from nanogpt.device_support import precision_unavailable
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import calibration as calibrate
 from nanogpt.hardware import matmul

@@ -19,12 +19,8 @@ import time
 import pytest
 import torch
 
-from nanogpt.devices import (
-    attention_unavailable,
-    nvml_handle,
-    precision_unavailable,
-    resolve_device,
-)
+from nanogpt.device_support import attention_unavailable, precision_unavailable
+from nanogpt.devices import nvml_handle, resolve_device
 from nanogpt.distributed import World
 from nanogpt.errors import ConfigError
 from nanogpt.hardware import peaks

@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
+
+from .conftest import run_patched, with_micro
 
 # A main module that notes each time it runs, then (as __main__) starts two children of the
 # fork server. Without the server running it, each child would run it again as __mp_main__.
@@ -77,3 +80,28 @@ def test_an_exception_that_ends_the_wait_kills_the_point_first(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "raised: Job not requeued" in proc.stdout and "point exit: -9" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
+    """The sweep's process composes, checks (validate.py, device_support.py), launches and
+    tabulates; torch is the fork server's and its children's. Importing it would cost the
+    process seconds of its start on two cores, every sweep."""
+    marker = tmp_path / "torch_in_sweep_process"
+    setup = (
+        "import atexit; atexit.register(lambda: open("
+        f"{str(marker)!r}, 'w').write(str('torch' in sys.modules)))"
+    )
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_patched(setup, *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(pd.read_csv(sweep_dir / "summary.csv")) == 2  # both points measured
+    assert marker.read_text() == "False"
+    # the report rebuilds the table without it too
+    code = f"import sys, runpy; {setup}; runpy.run_module('nanogpt.report', run_name='__main__')"
+    report = subprocess.run(
+        [sys.executable, "-c", code, str(sweep_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "table:" in report.stdout and marker.read_text() == "False"

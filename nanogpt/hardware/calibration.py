@@ -8,7 +8,8 @@ dtype. MFU against it (`mfu_achievable`) answers "how far from what this machine
 do"; `mfu`, against `peak_tflops`, still answers "how far from the spec sheet" (peaks.py).
 
 Which dtypes: fp32, bf16 and fp16 wherever the device runs them natively; tf32 only on CUDA GPUs
-of compute capability 8.0+ (devices.precision_unavailable, the rule validate.py applies to runs).
+of compute capability 8.0+ (device_support.precision_unavailable, the rule validate.py applies
+to runs).
 
 The result is cached per machine in one JSON file (see `cache_path`), keyed by the device type
 and name, the device count (CUDA: GPUs; CPU: the threads torch uses, which matmul throughput
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanogpt.devices import precision_unavailable
+from nanogpt.device_support import precision_unavailable
 from nanogpt.files import user_cache_dir, write_json
 from nanogpt.hardware.cpu import matmul_emulated
 from nanogpt.hardware.env import device_name, nvidia_driver

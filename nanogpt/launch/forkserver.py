@@ -28,8 +28,7 @@ from multiprocessing import spawn
 from pathlib import Path
 
 from nanogpt.launch.handoff import Handoff, take_answer
-from nanogpt.launch.process import Outcome, run_child, wait_for
-from nanogpt.launch.worker import FORK_UNSAFE, forked_main
+from nanogpt.launch.process import FORK_UNSAFE, Outcome, run_child, wait_for
 
 log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.launch.forkserver_preload"]
@@ -50,7 +49,7 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
         return run_child(handoff, folder, env=env)
     handoff.write(folder)
     server = _server(logs_to_wandb=handoff.spec.logger.backend == "wandb")
-    process = server.Process(target=forked_main, args=(str(folder), handoff.task, env or {}))
+    process = server.Process(target=_forked_main, args=(str(folder), handoff.task, env or {}))
     try:
         process.start()
     except (OSError, EOFError) as exc:  # the server did not start, or died in its preload
@@ -66,6 +65,14 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
         _fork_safe = False
         return run_child(handoff, folder, env=env)
     return Outcome(take_answer(folder, handoff.task), child.returncode, interrupted)
+
+
+def _forked_main(folder: str, task: str, env: dict) -> None:
+    """The child's entry: worker.forked_main, named here so that the sweep's process, which
+    pickles the target by name, need not import the worker (and torch); the server has."""
+    from nanogpt.launch.worker import forked_main
+
+    forked_main(folder, task, env)
 
 
 def _server(logs_to_wandb: bool = False) -> multiprocessing.context.BaseContext:

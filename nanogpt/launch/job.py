@@ -21,7 +21,6 @@ from nanogpt.files import read_json, write_atomic, write_json
 from nanogpt.launch import forkserver, placement
 from nanogpt.launch.handoff import Handoff, Job
 from nanogpt.launch.process import run_child
-from nanogpt.launch.worker import finish_record, measure_point
 from nanogpt.reporters import wandb_point
 from nanogpt.results import repeats, store
 from nanogpt.results.identity import point_id_of
@@ -77,6 +76,8 @@ def _measure_once(handoff: Handoff) -> Record:
         ranks_here = World.from_env().size == spec.dist.nproc > 1
         if (spec.bench.isolate or spec.dist.nproc > 1) and not ranks_here:
             return _measure_in_child(handoff)
+        from nanogpt.launch.worker import measure_point  # in this process: torch, now
+
         return measure_point(handoff)
     except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
         return _failure(handoff, "interrupted", "KeyboardInterrupt: before any figures")
@@ -104,6 +105,8 @@ def _measure_in_child(handoff: Handoff) -> Record:
 
 def _failure(handoff: Handoff, status: str, error: str) -> Record:
     """The record of a point that ended before the measuring code could report any figures."""
+    from nanogpt.launch.worker import finish_record  # its environment() asks torch
+
     return finish_record(Record(status=status, error=error), handoff)
 
 

@@ -25,6 +25,8 @@ from nanogpt.launch.handoff import Handoff, take_answer
 INTERRUPT_GRACE_S = 10.0
 PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
 
+FORK_UNSAFE = 86  # exit code: a forked child found CUDA touched before the fork (worker.py)
+
 
 def _libc_prctl():
     """libc's prctl, looked up now: die_with_parent runs between fork and exec, where a process

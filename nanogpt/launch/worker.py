@@ -32,7 +32,7 @@ from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
 from nanogpt.launch import placement
 from nanogpt.launch.handoff import Handoff, write_answer
-from nanogpt.launch.process import die_with_parent, run_child
+from nanogpt.launch.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.measure import maxbatch
 from nanogpt.measure.loop import measure
 from nanogpt.reporters import wandb_sink
@@ -148,9 +148,6 @@ def _child_calibration(handoff: Handoff, device, folder: Path) -> None:
             "achievable_tflops and mfu_achievable will be null",
             stacklevel=2,
         )
-
-
-FORK_UNSAFE = 86  # a forked child found CUDA touched before the fork
 
 
 def forked_main(folder: str, task: str, env: dict) -> None:
