@@ -75,8 +75,8 @@ class SweepReport(Callback):
         sweep_dir, table = self._table(config)
         logger = OmegaConf.to_object(config.logger)
         summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
-        wandb_sink.log_sweep_table(logger, sweep_dir, table, summary_csv)
-        wandb_view.save_and_publish(logger, sweep_dir)  # the sweep's ready W&B view
+        unreachable = wandb_sink.log_sweep_table(logger, sweep_dir, table, summary_csv)
+        wandb_view.save_and_publish(logger, sweep_dir, unreachable)  # the sweep's ready view
         stopped = table[table["status"] == "interrupted"]
         if len(stopped):  # a launcher that runs points elsewhere (parallel slots, SLURM jobs)
             resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"

@@ -225,15 +225,19 @@ def test_online_init_that_fails_logs_offline_and_says_how_to_sync(
 ):
     """A key makes `auto` go online; the server cannot be reached (a closed loopback port) or
     refuses the key: the point's run and the sweep's summary run go offline in the same
-    process, each with its `wandb sync` command, and the result is unchanged."""
+    process, each with its `wandb sync` command, and the result is unchanged; the sweep's view
+    is saved to its file without waiting on that server again."""
     url = refusing_server if server == "rejected key" else f"http://127.0.0.1:{free_port()}"
     sweep_dir = tmp_path / "sweep"
     overrides = [*WANDB, "logger.init_timeout_s=2", "bench.isolate=false"]
     args = ["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
     proc = run_nanogpt(args, tmp_path, env={"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": url})
     assert proc.returncode == 0, proc.stderr
-    fallbacks = [line for line in proc.stderr.splitlines() if "online init failed" in line]
+    fallbacks = [line for line in proc.stderr.splitlines() if "online init failed (" in line]
     assert len(fallbacks) == 2 and all("logging offline instead" in x for x in fallbacks)
+    # the view is not tried against the server the summary run just failed to reach
+    (view,) = [line for line in proc.stderr.splitlines() if "W&B view" in line]
+    assert "not published (the sweep's summary run: online init failed)" in view
     for directory, job_type in ((sweep_dir / "0", "point"), (sweep_dir, "sweep-summary")):
         # One run dir: the failed online attempt left none behind.
         (run_dir,) = [

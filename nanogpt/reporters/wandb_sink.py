@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# Why a run asked to go online logs offline: its online init failed (no route, a refused key).
+FELL_BACK = "online init failed"
 # Bound on run.finish's upload wait; data not uploaded by then stays on disk for `wandb sync`.
 FINISH_TIMEOUT_S = 60.0
 # Not in the run summary: wall_s, which the job process measures around the whole point, after
@@ -102,8 +104,10 @@ def open_sinks(
 
 def log_sweep_table(
     logger: LoggerConfig, sweep_dir: Path, table: pd.DataFrame, summary_csv: Path
-) -> None:
-    """The sweep table as a wandb.Table, and summary.csv as an artifact, in a summary run."""
+) -> str | None:
+    """The sweep table as a wandb.Table, and summary.csv as an artifact, in a summary run.
+    Returns why W&B's server is out of reach ("online init failed") when the run had to go
+    offline for it, so that the sweep does not try it again for its view; else None."""
     group = logger.group or sweep_id(sweep_dir)
     earlier = earlier_runs(sweep_dir)  # the summary runs of earlier runs of this sweep
     run = start_run(
@@ -116,7 +120,7 @@ def log_sweep_table(
         supersedes=earlier,
     )
     if run is None:
-        return
+        return None
     import wandb
 
     def log_table(wandb_run) -> None:
@@ -128,6 +132,7 @@ def log_sweep_table(
 
     run.attempt("logging the sweep table", log_table)
     run.close(exit_code=0)
+    return run.offline_reason
 
 
 def start_run(
@@ -186,7 +191,7 @@ def start_run(
                 raise
             warn(f"online init failed ({describe(exc)}); logging offline instead")
             _remove_unstarted(run_dir, run_id)
-            mode, reason = "offline", "online init failed"
+            mode, reason = "offline", FELL_BACK
             run = init(mode, new_run_id())  # wandb refuses an id twice in one process
     except Exception as exc:  # any wandb failure costs W&B only, never the result
         warn(f"wandb.init failed ({describe(exc)}); this run goes on without W&B")
@@ -194,7 +199,7 @@ def start_run(
     log.info(_where(run, mode, reason), extra={ONCE: f"W&B {job_type} {mode}"})
     if mode == "online" and supersedes:
         tag_superseded(run, supersedes, FINISH_TIMEOUT_S)
-    return GuardedRun(run)
+    return GuardedRun(run, offline_reason=reason if reason == FELL_BACK else None)
 
 
 def _remove_unstarted(run_dir: Path, run_id: str) -> None:
@@ -220,10 +225,12 @@ def _where(run, mode: str, reason: str | None) -> str:
 
 
 class GuardedRun:
-    """A wandb Run whose failures end it with one warning, never raising into the caller."""
+    """A wandb Run whose failures end it with one warning, never raising into the caller.
+    `offline_reason` is FELL_BACK for a run that went offline because its online init failed."""
 
-    def __init__(self, run):
+    def __init__(self, run, offline_reason: str | None = None):
         self.run = run
+        self.offline_reason = offline_reason
 
     def attempt(self, what: str, action: Callable[[Any], T]) -> T | None:
         """action(run), unless an earlier failure ended the run; None if it fails."""

@@ -225,9 +225,13 @@ def _workspace_panel(panel: dict, max_runs: int):
     raise ValueError(f"unknown panel kind {kind!r} in the W&B view spec")
 
 
-def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
+def publish(
+    sweep_dir: Path, mode: LoggerMode = LoggerMode.auto, unreachable: str | None = None
+) -> str | None:
     """Save the sweep's views to W&B; the main view's URL (also in SWEEP_DIR/wandb_view_url.txt),
-    or None after one warning line saying why not. The view file is never touched."""
+    or None after one warning line saying why not. The view file is never touched.
+    `unreachable` says why W&B's server was out of reach moments ago (the sweep's summary run
+    could not go online): the view is not tried, which would only wait on the same server."""
     path = Path(sweep_dir) / VIEW_FILE
     later = f"`python -m nanogpt.dashboard {sweep_dir}` publishes it"
     spec = read_json(path)
@@ -235,6 +239,8 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
         _warn_view(f"{path} is missing or is no view file; {later} (and writes it first)")
         return None
     resolved, reason = resolve_mode(mode)
+    if unreachable and resolved == "online":
+        resolved, reason = "offline", f"the sweep's summary run: {unreachable}"
     if resolved != "online":
         why = reason or f"logger.mode={resolved}"
         _warn_view(
@@ -263,12 +269,15 @@ def publish(sweep_dir: Path, mode: LoggerMode = LoggerMode.auto) -> str | None:
     return urls[0]
 
 
-def save_and_publish(logger: LoggerConfig, sweep_dir: Path) -> str | None:
-    """At the end of a multirun with W&B on: write the view file, then publish it."""
+def save_and_publish(
+    logger: LoggerConfig, sweep_dir: Path, unreachable: str | None = None
+) -> str | None:
+    """At the end of a multirun with W&B on: write the view file, then publish it (not tried
+    where the summary run found the server `unreachable`)."""
     if logger.backend != "wandb" or resolve_mode(logger.mode)[0] == "disabled":
         return None
     write_view(sweep_dir, logger.project, entity=logger.entity, group=logger.group)
-    return publish(sweep_dir, logger.mode)
+    return publish(sweep_dir, logger.mode, unreachable)
 
 
 def _warn_view(message: str) -> None:
