@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,52 @@ def run_cli(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def start_in_terminal(command: list[str], cwd: Path, **popen) -> subprocess.Popen:
+    """Start `command` as a shell starts a foreground job, for a test that then signals it as a
+    terminal would (Ctrl-C: SIGINT to its process group): a session of its own, with SIGINT at
+    its default and not blocked. An exec'd child inherits an ignored or blocked signal, and this
+    worker's state is not a shell's: C code that sets SIGINT to SIG_IGN leaves Python's record
+    of the handler unchanged. That is said as a warning (a clue) and undone here first."""
+    masks = _signal_masks(os.getpid())
+    if SIGINT_BIT & (masks["SigIgn"] | masks["SigBlk"]):
+        why = f"SIGINT was ignored or blocked in the test process: {signal_state([])}"
+        warnings.warn(why, stacklevel=2)
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):  # SIG_IGN, SIG_DFL or None (set outside Python)
+        handler = signal.default_int_handler
+    signal.signal(signal.SIGINT, handler)  # rewrites the OS-level disposition
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return subprocess.Popen(command, cwd=cwd, start_new_session=True, **popen)
+
+
+SIGINT_BIT = 1 << (signal.SIGINT - 1)
+
+
+def _signal_masks(pid: int) -> dict[str, int]:
+    masks = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("SigBlk", "SigIgn", "SigCgt"):
+                masks[key] = int(value, 16)
+    return masks
+
+
+def signal_state(pids) -> str:
+    """Whether each process (and this one) ignores, blocks or catches SIGINT, read from
+    /proc/PID/status: what a test that waited in vain for a signal's effect says."""
+    parts = []
+    for pid in [os.getpid(), *pids]:
+        try:
+            masks = _signal_masks(pid)
+        except OSError:
+            parts.append(f"{pid}: gone")
+            continue
+        flags = [key for key, mask in masks.items() if mask & SIGINT_BIT]
+        parts.append(f"{pid}: SIGINT {'/'.join(flags) or 'default'}")
+    return "; ".join(parts)
 
 
 def run_patched(setup: str, *args: str, cwd: Path, env: dict | None = None):

@@ -29,7 +29,7 @@ from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Fault, classify, describe
 
-from .conftest import run_cli, run_patched, with_micro
+from .conftest import run_cli, run_patched, signal_state, start_in_terminal, with_micro
 
 FAULTS = {"null": "ok", "oom@2": "oom", "nan@2": "diverged", "raise@2": "error", "kill@2": "error"}
 
@@ -51,13 +51,8 @@ def start_sweep(tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:
     sweep_dir = tmp_path / "sweep"
     args = ["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
     with open(tmp_path / "stderr.txt", "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "nanogpt.run", *args],
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-        )
+        command = [sys.executable, "-m", "nanogpt.run", *args]
+        proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
     return proc, sweep_dir
 
 
@@ -179,7 +174,11 @@ def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
             proc.send_signal(signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pids = [p.pid for p in processes]
+            raise AssertionError(f"{how}: no exit in 120 s; {signal_state(pids)}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -16,7 +16,7 @@ import pytest
 
 from nanogpt.errors import ConfigError
 from nanogpt.launch.slots import Slot, plan
-from tests.conftest import with_micro
+from tests.conftest import signal_state, start_in_terminal, with_micro
 
 PARALLEL = "hydra/launcher=parallel"
 linux_only = pytest.mark.skipif(
@@ -86,13 +86,8 @@ def test_ctrl_c_records_the_running_points_starts_no_other_and_builds_the_table(
     long = ["bench.measure_steps=100000", "bench.time_budget_s=600", "perf.batch_size=1,2,3,4"]
     args = ["-m", PARALLEL, "hydra.launcher.slots=2", *with_micro(long)]
     with open(tmp_path / "stderr.txt", "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "nanogpt.run", *args, f"hydra.sweep.dir={sweep_dir}"],
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-        )
+        command = [sys.executable, "-m", "nanogpt.run", *args, f"hydra.sweep.dir={sweep_dir}"]
+        proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         logs = [sweep_dir / "0" / "run.log", sweep_dir / "1" / "run.log"]
         deadline = time.monotonic() + 240
@@ -101,7 +96,11 @@ def test_ctrl_c_records_the_running_points_starts_no_other_and_builds_the_table(
             time.sleep(0.1)
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pids = [p.pid for p in processes]
+            raise AssertionError(f"no exit 120 s after Ctrl-C; {signal_state(pids)}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

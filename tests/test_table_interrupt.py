@@ -12,7 +12,7 @@ import time
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli, with_micro
+from tests.conftest import run_cli, start_in_terminal, with_micro
 
 # The table's writer made slow (the records are all written by then), so that the signal
 # lands while it runs; it notes when it starts.
@@ -31,13 +31,9 @@ def test_ctrl_c_while_the_table_is_written_is_one_line_and_the_report_rebuilds_i
         f"import runpy, sys; {SLOW_TABLE}; sys.argv[0] = 'nanogpt.run'; "
         "runpy.run_module('nanogpt.run', run_name='__main__')"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    command = [sys.executable, "-c", code, *args]
+    proc = start_in_terminal(
+        command, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 300
