@@ -263,50 +263,18 @@ class Search:
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
         """Each finalist's loss against the baseline's over the same seeded tokens."""
         kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
-        if kind not in quality.REAL_DATA:
-            return {"checked": False, "note": quality.NOT_CHECKED}
-        q = self.quality
-        steps, window = int(q.get("steps", 30)), int(q.get("window", 5))
-        seeds = list(q.get("seeds", [1337, 1338]))
-        protocol = [
-            "bench.warmup_steps=1",
-            "bench.warmup_s=0",
-            f"bench.measure_steps={steps}",
-            f"bench.min_measure_steps={steps}",
-            "bench.measure_s=0",
-            "bench.time_budget_s=1000000",
-            "bench.diagnose=false",
-            "bench.repeats=1",
-            "logger.log_interval=1",
-        ]
+        steps, window = int(self.quality.get("steps", 30)), int(self.quality.get("window", 5))
 
         def loss(params: list[str], seed: int) -> float | None:
             rec = self._launch(
-                merged(self.fixed, params, protocol, [f"bench.seed={seed}"]),
+                merged(self.fixed, params, quality.protocol(steps), [f"bench.seed={seed}"]),
                 f"quality seed={seed} {key_of(params)}",
             )
             if rec.get("status") != "ok":
                 return None
             return quality.final_loss(Path(rec["job_dir"]) / store.STEPS_FILE, window)
 
-        base = [loss(self.baseline, seed) for seed in seeds]
-        if any(b is None for b in base):
-            return {"checked": False, "note": "quality not checked: the baseline did not run"}
-        verdicts = {}
-        for entry in finalists:
-            leader = loss(entry.overrides, seeds[0])
-            verdicts[entry.key] = (
-                {"flagged": True, "note": "did not train"}
-                if leader is None
-                else quality.verdict(base, leader, float(q.get("min_rel", 0.005)))
-            )
-        return {
-            "checked": True,
-            "steps": steps,
-            "seeds": seeds,
-            "verdicts": verdicts,
-            "baseline": self.baseline,
-        }
+        return quality.check(self.quality, kind, self.baseline, finalists, loss)
 
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
         return answer.summarize(

@@ -21,8 +21,9 @@ from nanogpt.hardware import matmul
 from nanogpt.hardware.env import device_name
 from nanogpt.hardware.peaks import resolve_peak
 from nanogpt.results import derive
+from nanogpt.results.asked import Asked
 from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.record import Asked, Rates, Record, Setup, Timing
+from nanogpt.results.record import Rates, Record, Setup, Timing
 from nanogpt.spec import Dtype
 from tests.conftest import run_cli
 

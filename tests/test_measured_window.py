@@ -24,7 +24,7 @@ from nanogpt.measure import memory
 from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import table as report
-from nanogpt.results.record import summary_key
+from nanogpt.results.summary_keys import summary_key
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
 from .conftest import run_cli, with_micro

@@ -26,7 +26,8 @@ from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.loop import measure, steps_after
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import compare, derive
-from nanogpt.results.record import Asked, Energy, Record, Setup, Timing
+from nanogpt.results.asked import Asked
+from nanogpt.results.record import Energy, Record, Setup, Timing
 from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.validate import check_cuda_graph_warmup
 

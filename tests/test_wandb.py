@@ -23,7 +23,7 @@ from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import store as records
 from nanogpt.results import table as report
-from nanogpt.results.record import summary_key
+from nanogpt.results.summary_keys import summary_key
 from nanogpt.spec import LoggerConfig, LoggerMode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 

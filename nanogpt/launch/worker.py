@@ -36,8 +36,9 @@ from nanogpt.launch.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.measure import maxbatch
 from nanogpt.measure.loop import measure
 from nanogpt.reporters import wandb_sink
+from nanogpt.results.asked import Asked
 from nanogpt.results.identity import point_id_of
-from nanogpt.results.record import Asked, MaxBatch, Record
+from nanogpt.results.record import MaxBatch, Record
 
 
 def finish_record(record: Record, handoff: Handoff) -> Record:

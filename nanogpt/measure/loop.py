@@ -45,7 +45,8 @@ from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.measure.window import StepLog, Window
 from nanogpt.protocol import SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
-from nanogpt.results.record import Asked, Record, Setup
+from nanogpt.results.asked import Asked
+from nanogpt.results.record import Record, Setup
 from nanogpt.spec import RunSpec
 
 

@@ -17,7 +17,7 @@ process from the measurement, whatever a sink does. The one sink is Weights & Bi
   (tokens_per_s is the median step's, not the last window's);
 - at the end, every field of result.json goes into the run's summary, namespaced by the
   record's part as torchtitan names its metrics (`timing/step_ms_median`, `rates/mfu`,
-  `point/status`: results/record.summary_key), but wall_s, which is measured around the whole
+  `point/status`: results/summary_keys.summary_key), but wall_s, which is measured around the whole
   point after the run closed; a failed point is a failed run;
 - at the end of a multirun, the sweep table goes to a summary run of the same group.
 
@@ -52,8 +52,8 @@ from nanogpt.faults import RESULT_STATUSES, describe
 from nanogpt.logs import ONCE
 from nanogpt.reporters.wandb_mode import resolve_mode, warn
 from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
-from nanogpt.results.record import namespaced
 from nanogpt.results.store import sweep_id
+from nanogpt.results.summary_keys import namespaced
 from nanogpt.spec import LoggerConfig
 
 log = logging.getLogger(__name__)

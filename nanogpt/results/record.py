@@ -2,7 +2,8 @@
 
 One typed record, `Record`, made of small dataclasses, each filled by one part of the code:
 
-  Asked     the point as the user asked for it (its overrides and the spec's main choices)
+  Asked     the point as the user asked for it (its overrides and the spec's main choices;
+            results/asked.py)
   Setup     the model on its device: parameter and FLOP counts, tokens per step, the estimate
   Timing    the step clock: first step, measured-step statistics, per-rank medians, losses
   Memory    the allocator peaks, NVML, the process's peak RSS (and how it was read)
@@ -18,7 +19,8 @@ Every field name is unique across the parts, so result.json, summary.csv and the
 one flat namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a flat dict back.
 The schema writes its own columns: summary.csv's are every field not marked `json_only()`
 (`columns()`), in the record's order, so a field added to a part is a column with no other edit.
-The W&B summary namespaces the same names by part (`summary_key`: "timing/step_ms_median").
+The W&B summary namespaces the same names by part (results/summary_keys.py:
+"timing/step_ms_median").
 Units are in the names (_ms, _s, _bytes, _tflops, tokens_per_s); docs/record.md documents each.
 Provenance travels with the figures: `step_timer` (which timer timed the steps),
 `flops_formula`, `peak_source` and `calibration` (where a peak came from).
@@ -30,84 +32,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from nanogpt.results.asked import Asked
 from nanogpt.results.bottleneck import Diagnosis
-from nanogpt.results.identity import measured_config, point_id
-from nanogpt.spec import RunSpec
-
-# Field metadata: a field marked json_only stays in result.json (and the W&B summary) and is no
-# column of summary.csv: nested values (dicts, per-step lists) and text the table repeats.
-JSON_ONLY = "json_only"
-STEPS = "steps"  # marks Record.steps: steps.csv's rows, no field of result.json
-
-
-def json_only(**kwargs):
-    """A record field kept out of summary.csv (`columns()`): result.json and W&B only."""
-    kwargs.setdefault("default", None)
-    return field(metadata={JSON_ONLY: True}, **kwargs)
-
+from nanogpt.results.fields import JSON_ONLY, STEPS, json_only
 
 STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, measure/timing.py
-
-
-@dataclass
-class Asked:
-    """The point as asked: its Hydra overrides and the spec's main choices, as plain values."""
-
-    point_id: str | None = None  # the point's identity: a digest of measured_config
-    overrides: list[str] = field(default_factory=list)  # summary.csv: as text, space-separated
-    overrides_str: str = field(default="defaults", metadata={JSON_ONLY: True})
-    model: str | None = None
-    model_chosen_by: str | None = None  # model=auto: which model the device got, and why
-    dtype: str | None = None
-    compile: bool | None = None
-    compile_mode: str | None = None
-    attention: str | None = None
-    activation_checkpointing: bool | None = None
-    fp8: str | None = None  # torchao float8 recipe, or none
-    loss_kind: str | None = None  # full | chunked (perf.loss); loss_first/loss_last: values
-    loss_chunk: int | None = None  # tokens per chunk (loss=chunked only)
-    dist_strategy: str | None = None  # ddp | fsdp2 (with more than one rank)
-    reshard_after_forward: bool | None = None  # fsdp2 only
-    optimizer: str | None = None
-    optimizer_impl: str | None = None
-    batch_size: int | None = None
-    block_size: int | None = None
-    grad_accum: int | None = None
-    warmup_steps: int | None = None
-    job_dir: str | None = None
-    measured_config: dict | None = json_only()  # the resolved keys it measures (identity.py)
-
-    @classmethod
-    def of(cls, spec: RunSpec, overrides: list[str], job_dir: str) -> Asked:
-        perf = spec.perf
-        measured = measured_config(spec)
-        return cls(
-            overrides=list(overrides),
-            overrides_str=" ".join(overrides) or "defaults",
-            model=spec.model.name,
-            model_chosen_by=spec.model.chosen_by,
-            dtype=perf.dtype.value,
-            compile=perf.compile,
-            compile_mode=perf.compile_mode,
-            attention=perf.attention.value,
-            activation_checkpointing=perf.activation_checkpointing,
-            fp8=perf.fp8.value,
-            loss_kind=perf.loss.value,
-            loss_chunk=perf.loss_chunk if perf.loss.value == "chunked" else None,
-            dist_strategy=spec.dist.strategy.value,
-            reshard_after_forward=(
-                spec.dist.reshard_after_forward if spec.dist.strategy.value == "fsdp2" else None
-            ),
-            optimizer=spec.optimizer.name,
-            optimizer_impl=spec.optimizer.impl.value,
-            batch_size=perf.batch_size,
-            block_size=spec.model.block_size,
-            grad_accum=perf.grad_accum,
-            warmup_steps=spec.bench.warmup_steps,
-            job_dir=job_dir,
-            point_id=point_id(measured),
-            measured_config=measured,
-        )
 
 
 @dataclass
@@ -311,7 +240,7 @@ class Record:
 
     def to_dict(self, steps: bool = False) -> dict[str, Any]:
         """The flat record: the table's columns first (`columns()`), then the json-only fields."""
-        flat = {name: value for name, _, value in _flat_values(self)}
+        flat = {name: value for name, _, value in flat_values(self)}
         ordered = {col: flat.pop(col) for col in columns()}
         ordered.update(flat)
         if steps:
@@ -329,10 +258,10 @@ class Record:
         return cls(**parts, **{key: flat[key] for key in top if key in flat})
 
 
-TOP = "point"  # the W&B namespace of the record's own fields (status, error, wall_s, ...)
+TOP = "point"  # the part name of the record's own fields (status, error, wall_s, ...)
 
 
-def _flat_fields() -> list[tuple[str, str, dataclasses.Field]]:
+def flat_fields() -> list[tuple[str, str, dataclasses.Field]]:
     """(name, part, field) of every flat field, in the record's order: its own fields where
     they stand, each part's fields in place of the part. steps.csv's rows are no field here."""
     out = []
@@ -344,8 +273,9 @@ def _flat_fields() -> list[tuple[str, str, dataclasses.Field]]:
     return out
 
 
-def _flat_values(record: Record):
-    for name, part, _ in _flat_fields():
+def flat_values(record: Record):
+    """(name, part, value) of every flat field of `record`, in flat_fields' order."""
+    for name, part, _ in flat_fields():
         owner = record if part == TOP else getattr(record, part)
         value = getattr(owner, name)
         yield name, part, dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
@@ -355,24 +285,4 @@ def columns() -> tuple[str, ...]:
     """summary.csv's columns, in order: every flat field of the record not marked json_only.
     A field added to a part is a column with no other edit; mark it json_only() to keep it in
     result.json only (a dict, a per-step list, text the table repeats)."""
-    return tuple(name for name, _, f in _flat_fields() if not f.metadata.get(JSON_ONLY))
-
-
-def part_of(name: str) -> str:
-    """The part a flat field belongs to ("timing" for step_ms_median; TOP for status)."""
-    for field_name, part, _ in _flat_fields():
-        if field_name == name:
-            return part
-    raise KeyError(name)
-
-
-def summary_key(name: str) -> str:
-    """A flat field's key in the W&B run summary, namespaced by its part as torchtitan names
-    its metrics: "timing/step_ms_median", "rates/tokens_per_s", "point/status"."""
-    return f"{part_of(name)}/{name}"
-
-
-def namespaced(flat: dict[str, Any]) -> dict[str, Any]:
-    """A flat record (or part of one) keyed by summary_key; keys the record has not, as given."""
-    parts = {name: part for name, part, _ in _flat_fields()}
-    return {f"{parts[k]}/{k}" if k in parts else k: v for k, v in flat.items()}
+    return tuple(name for name, _, f in flat_fields() if not f.metadata.get(JSON_ONLY))

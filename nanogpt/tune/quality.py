@@ -14,6 +14,7 @@ says "quality not checked".
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 REAL_DATA = ("text", "tokens")
@@ -47,4 +48,53 @@ def verdict(baseline: list[float], leader: float, min_rel: float) -> dict:
         "delta": delta,
         "floor": floor,
         "flagged": abs(delta) > floor,
+    }
+
+
+def protocol(steps: int) -> list[str]:
+    """The overrides every guarded run gets: `steps` measured steps, each logging its loss, no
+    warmup window, diagnosis or repeats to spend time on."""
+    return [
+        "bench.warmup_steps=1",
+        "bench.warmup_s=0",
+        f"bench.measure_steps={steps}",
+        f"bench.min_measure_steps={steps}",
+        "bench.measure_s=0",
+        "bench.time_budget_s=1000000",
+        "bench.diagnose=false",
+        "bench.repeats=1",
+        "logger.log_interval=1",
+    ]
+
+
+def check(
+    settings: dict,
+    data_kind: str,
+    baseline: list[str],
+    finalists: list,
+    loss_of: Callable[[list[str], int], float | None],
+) -> dict:
+    """The guard's answer for the finalists (entries with .key and .overrides): the baseline
+    trained at every seed of `settings` (hydra.sweeper.quality), each finalist at the first one.
+    `loss_of(params, seed)` runs one point and returns its final_loss (None: it did not run)."""
+    if data_kind not in REAL_DATA:
+        return {"checked": False, "note": NOT_CHECKED}
+    seeds = list(settings.get("seeds", [1337, 1338]))
+    base = [loss_of(baseline, seed) for seed in seeds]
+    if any(b is None for b in base):
+        return {"checked": False, "note": "quality not checked: the baseline did not run"}
+    verdicts = {}
+    for entry in finalists:
+        leader = loss_of(entry.overrides, seeds[0])
+        verdicts[entry.key] = (
+            {"flagged": True, "note": "did not train"}
+            if leader is None
+            else verdict(base, leader, float(settings.get("min_rel", 0.005)))
+        )
+    return {
+        "checked": True,
+        "steps": int(settings.get("steps", 30)),
+        "seeds": seeds,
+        "verdicts": verdicts,
+        "baseline": baseline,
     }

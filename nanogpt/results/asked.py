@@ -1,0 +1,71 @@
+"""The point as the user asked for it: the record's first part (results/record.py), filled by the
+worker before anything is measured (launch/worker.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanogpt.results.fields import JSON_ONLY, json_only
+from nanogpt.results.identity import measured_config, point_id
+from nanogpt.spec import RunSpec
+
+
+@dataclass
+class Asked:
+    """The point as asked: its Hydra overrides and the spec's main choices, as plain values."""
+
+    point_id: str | None = None  # the point's identity: a digest of measured_config
+    overrides: list[str] = field(default_factory=list)  # summary.csv: as text, space-separated
+    overrides_str: str = field(default="defaults", metadata={JSON_ONLY: True})
+    model: str | None = None
+    model_chosen_by: str | None = None  # model=auto: which model the device got, and why
+    dtype: str | None = None
+    compile: bool | None = None
+    compile_mode: str | None = None
+    attention: str | None = None
+    activation_checkpointing: bool | None = None
+    fp8: str | None = None  # torchao float8 recipe, or none
+    loss_kind: str | None = None  # full | chunked (perf.loss); loss_first/loss_last: values
+    loss_chunk: int | None = None  # tokens per chunk (loss=chunked only)
+    dist_strategy: str | None = None  # ddp | fsdp2 (with more than one rank)
+    reshard_after_forward: bool | None = None  # fsdp2 only
+    optimizer: str | None = None
+    optimizer_impl: str | None = None
+    batch_size: int | None = None
+    block_size: int | None = None
+    grad_accum: int | None = None
+    warmup_steps: int | None = None
+    job_dir: str | None = None
+    measured_config: dict | None = json_only()  # the resolved keys it measures (identity.py)
+
+    @classmethod
+    def of(cls, spec: RunSpec, overrides: list[str], job_dir: str) -> Asked:
+        perf = spec.perf
+        measured = measured_config(spec)
+        return cls(
+            overrides=list(overrides),
+            overrides_str=" ".join(overrides) or "defaults",
+            model=spec.model.name,
+            model_chosen_by=spec.model.chosen_by,
+            dtype=perf.dtype.value,
+            compile=perf.compile,
+            compile_mode=perf.compile_mode,
+            attention=perf.attention.value,
+            activation_checkpointing=perf.activation_checkpointing,
+            fp8=perf.fp8.value,
+            loss_kind=perf.loss.value,
+            loss_chunk=perf.loss_chunk if perf.loss.value == "chunked" else None,
+            dist_strategy=spec.dist.strategy.value,
+            reshard_after_forward=(
+                spec.dist.reshard_after_forward if spec.dist.strategy.value == "fsdp2" else None
+            ),
+            optimizer=spec.optimizer.name,
+            optimizer_impl=spec.optimizer.impl.value,
+            batch_size=perf.batch_size,
+            block_size=spec.model.block_size,
+            grad_accum=perf.grad_accum,
+            warmup_steps=spec.bench.warmup_steps,
+            job_dir=job_dir,
+            point_id=point_id(measured),
+            measured_config=measured,
+        )

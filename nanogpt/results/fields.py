@@ -1,0 +1,17 @@
+"""How a field of the record (results/record.py) is marked: the metadata that decides where it
+goes. One place for the markers, so that every part's dataclass, wherever it lives, uses them."""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+# Field metadata: a field marked json_only stays in result.json (and the W&B summary) and is no
+# column of summary.csv: nested values (dicts, per-step lists) and text the table repeats.
+JSON_ONLY = "json_only"
+STEPS = "steps"  # marks Record.steps: steps.csv's rows, no field of result.json
+
+
+def json_only(**kwargs):
+    """A record field kept out of summary.csv (`columns()`): result.json and W&B only."""
+    kwargs.setdefault("default", None)
+    return field(metadata={JSON_ONLY: True}, **kwargs)
