@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra import compose
 from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.configs import CONF_DIR, register_presets
@@ -112,13 +113,26 @@ def fixed_global_batch(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, perf=perf)
 
 
-def check_points(points: list[list[str]], baseline: str | None, here: bool) -> None:
+def check_points(
+    points: list[list[str]],
+    baseline: str | None,
+    here: bool,
+    compose_point: Callable[[list[str]], DictConfig] | None = None,
+) -> None:
     """Compose and validate every point before the first is measured: a bad point stops the
     sweep at once, naming the point and the key (ConfigError). report.baseline must name one.
-    here=False: the points run elsewhere, so this machine's devices are not asked."""
+    here=False: the points run elsewhere, so this machine's devices are not asked.
+    `compose_point(overrides)`: the point's config as its job will get it (the multirun's own
+    config loader, hydra node and all); by default Hydra's compose API."""
     for number, point in enumerate(points, 1):
         try:
-            to_spec(compose(config_name="config", overrides=point), here)
+            if compose_point is None:
+                to_spec(compose(config_name="config", overrides=point), here)
+            else:
+                cfg = compose_point(point)
+                with open_dict(cfg):
+                    cfg.pop("hydra", None)  # the job's settings: no part of the spec
+                to_spec(cfg, here)
         except ConfigError as err:
             raise ConfigError(_point(number, points), str(err)) from None
         except (CompactHydraException, OmegaConfBaseException) as err:

@@ -158,3 +158,39 @@ def test_a_cuda_device_is_resolved_with_its_index(name, index):
     # give one. Building a torch.device needs no GPU.
     device = resolve_device(name)
     assert torch.cuda._utils._get_device_index(device) == index
+
+
+def test_a_sweep_point_is_composed_once_for_its_check_the_sweepers_and_its_launch():
+    """callbacks.RememberedCompositions, on Hydra's own config loader: the check's composition
+    serves the sweeper's check and the launch (a copy each, equal to what Hydra composes and
+    apart from the others), then is dropped; a point asked for again is composed again."""
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from nanogpt.callbacks import RememberedCompositions
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        master = compose(config_name="config", overrides=with_micro([]), return_hydra_config=True)
+        loader = GlobalHydra.instance().config_loader()
+        remembered = RememberedCompositions(loader)
+        composed_by_hydra = []
+
+        def counted(master_config, overrides):
+            composed_by_hydra.append(list(overrides))
+            return loader.load_sweep_config(master_config, overrides)
+
+        remembered.compose = counted
+        point = ["perf.batch_size=3", "model.n_layer=2"]
+        check, sweepers, launch = (remembered(master, point) for _ in range(3))
+        assert composed_by_hydra == [point]  # once, for three uses
+        fresh = OmegaConf.to_container(loader.load_sweep_config(master, point))
+        for copy in (check, sweepers, launch):
+            assert OmegaConf.to_container(copy) == fresh
+        with open_dict(launch):
+            launch.hydra.job.num = 7  # as Hydra's launcher sets it on its config
+        with open_dict(check):
+            del check["hydra"]  # as check_points leaves it out of the spec
+        assert OmegaConf.is_missing(sweepers.hydra.job, "num") and "hydra" in sweepers
+        assert remembered.kept == {}  # used up: no config is kept past the launch
+        remembered(master, point)
+        assert composed_by_hydra == [point, point]
