@@ -35,7 +35,18 @@ from nanogpt.results.compare import measured_peak
 from nanogpt.results.labels import parse_overrides, point_labels
 
 MIB, GIB = 2**20, 2**30
-MEMORY_PARTS = ("weights", "gradients", "optimizer_state", "activations", "logits")
+# The parts of the memory estimate (measure/memory.estimate_memory), stacked in this order; the
+# last two exist under FSDP2 only (the parameters gathered for compute; gradients kept unsharded
+# while accumulating). A part no shown point has gets no bar and no legend entry.
+MEMORY_PARTS = (
+    "weights",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "logits",
+    "gathered_params",
+    "unsharded_gradients",
+)
 
 
 def _bars(table: pd.DataFrame, column: str, scale: float, xlabel: str, title: str) -> Figure:
@@ -165,7 +176,7 @@ def memory_anatomy(table: pd.DataFrame) -> Figure:
     ax = fig.add_subplot()
     rows = list(range(len(shown)))[::-1]
     left = [0.0] * len(shown)
-    for part in MEMORY_PARTS:
+    for part in [p for p in MEMORY_PARTS if any(p in e for e in estimates)]:
         widths = [e.get(part, 0) / scale for e in estimates]
         ax.barh([r + 0.2 for r in rows], widths, 0.4, left=left, label=f"estimate: {part}")
         left = [a + b for a, b in zip(left, widths, strict=True)]
