@@ -50,9 +50,12 @@ class RememberedCompositions:
     overrides compose to the same config, so the multirun's config loader keeps the check's
     composition and hands out copies: a point is composed once. A copy is what Hydra would
     have composed (its launcher sets job.id and job.num on it, as on its own), and an entry is
-    dropped after the two uses a sweep makes of it (the sweeper's check, the launch)."""
+    dropped after the two uses a sweep makes of it (the sweeper's check, the launch). At most
+    LIMIT are kept at once (a composed config holds about 160 KiB): the points of a larger grid
+    past them are composed each time, as Hydra does."""
 
     USES = 2
+    LIMIT = 256
 
     def __init__(self, loader):
         self.compose = loader.load_sweep_config  # Hydra's own, bound to the loader
@@ -63,6 +66,8 @@ class RememberedCompositions:
         kept = self.kept.get(key)
         if kept is None:
             config = self.compose(master_config, list(sweep_overrides))
+            if len(self.kept) >= self.LIMIT:
+                return config
             self.kept[key] = [config, self.USES + 1]  # + the check's own use
             kept = self.kept[key]
         kept[1] -= 1

@@ -194,3 +194,7 @@ def test_a_sweep_point_is_composed_once_for_its_check_the_sweepers_and_its_launc
         assert remembered.kept == {}  # used up: no config is kept past the launch
         remembered(master, point)
         assert composed_by_hydra == [point, point]
+        remembered.LIMIT = 1  # full (the point above is kept): another point is not kept
+        other = ["perf.batch_size=4"]
+        remembered(master, other), remembered(master, other)
+        assert composed_by_hydra == [point, point, other, other] and len(remembered.kept) == 1
