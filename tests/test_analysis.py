@@ -243,30 +243,6 @@ def test_plots_are_drawn_from_the_rows_of_the_table(preset_sweep):
     assert measured == pytest.approx((table["mem_peak_rss_bytes"] / scale).to_list())
 
 
-def test_the_memory_plot_stacks_every_part_the_estimate_can_have():
-    """A part the estimate adds (FSDP2 with accumulation has them all) is a bar of its own."""
-    from nanogpt.measure.memory import estimate_memory
-
-    parts = estimate_memory(
-        n_params=1000,
-        n_layer=2,
-        n_head=2,
-        n_embd=8,
-        block_size=4,
-        vocab_size=16,
-        batch_size=2,
-        optimizer="adamw",
-        dtype="bf16",
-        attention="auto",
-        activation_checkpointing=False,
-        world_size=2,
-        strategy="fsdp2",
-        n_block_params=600,
-        grad_accum=2,
-    )
-    assert set(parts) - {"total"} == set(plots.MEMORY_PARTS)
-
-
 def test_failed_points_are_named_and_marked_but_get_no_bar(preset_sweep, oom_sweep):
     tables = [report.build_table(sweep_dir).table for _, sweep_dir in (preset_sweep, oom_sweep)]
     table = pd.concat(tables, ignore_index=True)  # 8 ok points, then one oom at batch 2

@@ -24,6 +24,7 @@ from nanogpt.measure.trainer import Trainer, data_source, gpt_config
 from nanogpt.model import GPT, Block
 from nanogpt.optim import build_optimizer
 from nanogpt.protocol import CUDA_GRAPH_MODES
+from nanogpt.reporters import plots
 from nanogpt.spec import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
 
 from .conftest import sweep_refusal
@@ -163,6 +164,8 @@ def test_fsdp2_estimate_counts_unsharded_gradients_kept_across_micro_steps():
     assert "unsharded_gradients" not in one
     assert two["unsharded_gradients"] == 4 * 1_000_000  # every parameter's, fp32, unsharded
     assert two["total"] - one["total"] == 4 * 1_000_000
+    # FSDP2 with accumulation has every part the estimate makes: the memory plot stacks each
+    assert set(two) - {"total"} == set(plots.MEMORY_PARTS)
     ddp = estimate_memory(**(common | {"strategy": "ddp"}), grad_accum=2)
     assert "unsharded_gradients" not in ddp  # DDP's gradients are whole anyway
 
