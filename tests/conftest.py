@@ -234,11 +234,65 @@ def micro_sweep(tmp_path_factory):
     return proc, sweep_dir
 
 
+# A case sweep measures its points in the sweep's own process (one torch import, no fork
+# server): what its tests check is a point's figures, not its process.
+CASE_DEFAULTS = ["bench.isolate=false"]
+
+
+def case_sweep(root: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
+    """Scenarios that no grid combines (each its own overrides), measured as the points of one
+    real micro sweep: one Hydra start and one torch import for all of them, where a single run
+    each pays both (about 7 s of CPU on 2 cores; 4 cases took 12.7 s against 27.6 s as single
+    runs, one after the other on an idle machine). Each case is written as a
+    config of a `case` group below ROOT/conf, MICRO included (the command line would override
+    a case's own values; a key naming a config group, as `data=text`, becomes an override in
+    its defaults list), and the sweep runs `+case=NAME,...` with that directory on Hydra's
+    search path. Returns case name -> its job dir. The single-run path itself (a run
+    dir of its own, its exit code) is tested by tests/test_faults.py's single runs."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from nanogpt.configs import CONF_DIR
+
+    group_dir = root / "conf" / "case"
+    group_dir.mkdir(parents=True)
+    for name, overrides in cases.items():
+        node, groups = OmegaConf.create(), []
+        own = {o.split("=")[0] for o in overrides}
+        every = with_micro([*overrides, *(o for o in CASE_DEFAULTS if o.split("=")[0] not in own)])
+        for override in OverridesParser.create().parse_overrides(every):
+            key, value = override.key_or_group, override.value()  # typed as Hydra types it
+            if (Path(CONF_DIR) / key).is_dir():
+                groups.append({f"override /{key}": value})
+            else:
+                OmegaConf.update(node, key, value)
+        if groups:
+            node.defaults = groups
+        (group_dir / f"{name}.yaml").write_text("# @package _global_\n" + OmegaConf.to_yaml(node))
+    sweep_dir = root / "sweep"
+    proc = run_cli(
+        "-m",
+        f"hydra.searchpath=[file://{root / 'conf'}]",
+        f"+case={','.join(cases)}",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=root,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = {}
+    for job, name in enumerate(cases):  # Hydra's basic sweeper runs a comma list in its order
+        job_dir = sweep_dir / str(job)
+        assert f"+case={name}" in (job_dir / ".hydra" / "overrides.yaml").read_text()
+        jobs[name] = job_dir
+    return jobs
+
+
 # Fixtures that run real sweeps or processes: a test that uses one is `slow` (make test-fast
 # leaves it out). Tests that start processes themselves carry @pytest.mark.slow.
 SLOW_FIXTURES = {
     "micro_sweep",
+    "cases",
     "crowded_sweep",
+    "fsdp2_ranks",
     "sweep",
     "single",
     "preset_sweep",

@@ -59,13 +59,19 @@ def _reference(spec: RunSpec, steps: int) -> GPT:
     return model
 
 
-def _train(rank: int, port: int, out_dir, perf: dict) -> None:
+def _train(rank: int, port: int, out_dir, perfs: list[dict]) -> None:
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
     )  # fmt: skip
     world = World.from_env()
     world.init()
+    for case, perf in enumerate(perfs):  # each a model, trainer and optimizer of its own
+        (out_dir / f"rank{rank}_case{case}.json").write_text(json.dumps(_train_one(world, perf)))
+    world.shutdown()
+
+
+def _train_one(world: World, perf: dict) -> dict:
     spec = _spec(**perf)
     trainer = Trainer(spec, torch.device("cpu"), world)
     local = {n: p.to_local().numel() for n, p in trainer.raw_model.named_parameters()}
@@ -84,7 +90,7 @@ def _train(rank: int, port: int, out_dir, perf: dict) -> None:
     full = {n: p.full_tensor() for n, p in trainer.raw_model.named_parameters()}
     ref = dict(_reference(spec, 2).named_parameters())
     error = max((full[n] - ref[n].detach()).abs().max().item() for n in ref)
-    result = {
+    return {
         "wrapping": trainer.model_wrapping,
         "local": local,
         "global": {n: p.numel() for n, p in trainer.raw_model.named_parameters()},
@@ -97,26 +103,33 @@ def _train(rank: int, port: int, out_dir, perf: dict) -> None:
             if hasattr(s, "to_local")
         ),
     }
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
-    world.shutdown()
 
 
-def _spawn(tmp_path, perf: dict) -> list[dict]:
+PERFS = [{}, {"activation_checkpointing": True, "loss": Loss.chunked, "loss_chunk": 8}]
+
+
+@pytest.fixture(scope="module")
+def fsdp2_ranks(tmp_path_factory) -> list[list[dict]]:
+    """Each of PERFS trained by the same two spawned ranks, one after the other (one process
+    group; two fresh interpreters importing torch cost more than the training): per case, what
+    each rank saw."""
+    out_dir = tmp_path_factory.mktemp("fsdp2_ranks")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_train, args=(port, tmp_path, perf), nprocs=2)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    mp.spawn(_train, args=(port, out_dir, PERFS), nprocs=2)
+    return [
+        [json.loads((out_dir / f"rank{r}_case{case}.json").read_text()) for r in (0, 1)]
+        for case in range(len(PERFS))
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "perf", [{}, {"activation_checkpointing": True, "loss": Loss.chunked, "loss_chunk": 8}]
-)
+@pytest.mark.parametrize("case", range(len(PERFS)), ids=["plain", "checkpointed_chunked"])
 def test_fsdp2_shards_every_parameter_and_trains_like_one_model_on_the_mean_gradient(
-    tmp_path, perf
+    fsdp2_ranks, case
 ):
-    ranks = _spawn(tmp_path, perf)
+    ranks = fsdp2_ranks[case]
     for name, total in ranks[0]["global"].items():
         shards = [r["local"][name] for r in ranks]
         assert sum(shards) == total and max(shards) < total, name  # split, not replicated

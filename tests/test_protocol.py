@@ -31,7 +31,7 @@ from nanogpt.results.record import Energy, Record, Setup, Timing
 from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.validate import check_cuda_graph_warmup
 
-from .conftest import MICRO
+from .conftest import MICRO, case_sweep
 
 CPU = torch.device("cpu")
 
@@ -69,15 +69,25 @@ def test_warmup_is_chosen_by_mode_and_an_explicit_number_too_low_is_refused():
         check_cuda_graph_warmup(low, torch.device("cuda:0"))
 
 
-@pytest.mark.slow
-def test_the_window_lasts_its_time_floor_and_says_how_it_went(single):
-    proc, run_dir = single(
+# Scenarios measured as the points of one sweep (conftest.case_sweep), not a single run each.
+CASES = {
+    "window": [
         "bench.warmup_s=0.3",
         "bench.measure_s=0.8",
         "bench.measure_steps=6",
         "logger.log_interval=2",
-    )
-    assert proc.returncode == 0, proc.stderr
+    ],
+    "fp16": ["perf.dtype=fp16"],
+}
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    return case_sweep(tmp_path_factory.mktemp("cases"), CASES)
+
+
+def test_the_window_lasts_its_time_floor_and_says_how_it_went(cases):
+    run_dir = cases["window"]
     record = json.loads((run_dir / "result.json").read_text())
     assert record["warmup_s_run"] >= 0.3 and record["warmup_steps_run"] >= 2
     assert record["measured_s"] >= 0.8 and record["measured_steps"] >= 6
@@ -234,11 +244,8 @@ def test_the_scaler_s_skipped_steps_are_counted_on_the_device():
     assert int(calm.skipped_steps.item()) == 0
 
 
-@pytest.mark.slow
-def test_fp16_warmup_ends_on_a_settled_scale_and_counts_measured_skips(single):
-    proc, run_dir = single("perf.dtype=fp16")
-    assert proc.returncode == 0, proc.stderr
-    record = json.loads((run_dir / "result.json").read_text())
+def test_fp16_warmup_ends_on_a_settled_scale_and_counts_measured_skips(cases):
+    record = json.loads((cases["fp16"] / "result.json").read_text())
     assert record["scaler_settled"] is True and record["scaler_skipped_steps"] >= 0
 
 

@@ -9,12 +9,36 @@ import shutil
 import pandas as pd
 import pytest
 
-from .conftest import SHAKESPEARE, needs_shared, run_cli
+from .conftest import SHAKESPEARE, case_sweep, needs_shared, run_cli
 
 
 def read_steps(job_dir):
     with open(job_dir / "steps.csv") as f:
         return list(csv.DictReader(f))
+
+
+# Scenarios measured as the points of one sweep (conftest.case_sweep), not a single run each.
+CASES = {
+    "warmup": ["bench.warmup_steps=3", "bench.measure_steps=5", "perf.grad_accum=2"],
+    "peak": ["hardware.peak_tflops=0.5"],
+    "budget": ["bench.measure_steps=10000", "bench.time_budget_s=0.5", "bench.min_measure_steps=3"],
+}
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    """CASES (and tinyshakespeare's, where ../shared is beside the repo): case -> its job dir,
+    with `tok`, the text case's token cache, beside them."""
+    root = tmp_path_factory.mktemp("cases")
+    text = {}
+    if SHAKESPEARE.is_file():
+        text["text"] = [
+            "data=text",
+            f"data.path={SHAKESPEARE}",
+            "model.vocab_size=50304",
+            f"data.cache_dir={root / 'tok'}",
+        ]
+    return {**case_sweep(root, CASES | text), "tok": root / "tok"}
 
 
 def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(micro_sweep):
@@ -38,9 +62,8 @@ def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(micro_sweep):
     assert "tokens_per_s" in proc.stdout  # the table is printed
 
 
-def test_warmup_excluded_and_tokens_per_s_matches_step_time(single):
-    proc, run_dir = single("bench.warmup_steps=3", "bench.measure_steps=5", "perf.grad_accum=2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_warmup_excluded_and_tokens_per_s_matches_step_time(cases):
+    run_dir = cases["warmup"]
     record = json.loads((run_dir / "result.json").read_text())
     rows = read_steps(run_dir)
     # The diagnosis after the measured steps: one step the profiler warms up on, one recorded.
@@ -58,35 +81,23 @@ def test_warmup_excluded_and_tokens_per_s_matches_step_time(single):
     assert record["loss_first"] > 0 and record["loss_last"] > 0
 
 
-def test_peak_override_sets_mfu(single):
-    proc, run_dir = single("hardware.peak_tflops=0.5")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((run_dir / "result.json").read_text())
+def test_peak_override_sets_mfu(cases):
+    record = json.loads((cases["peak"] / "result.json").read_text())
     assert record["peak_source"] == "override" and record["peak_tflops"] == 0.5
     assert record["mfu"] == pytest.approx(record["achieved_tflops"] / 0.5)
 
 
-def test_time_budget_stops_measuring_after_min_steps(single):
-    proc, run_dir = single(
-        "bench.measure_steps=10000", "bench.time_budget_s=0.5", "bench.min_measure_steps=3"
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((run_dir / "result.json").read_text())
+def test_time_budget_stops_measuring_after_min_steps(cases):
+    record = json.loads((cases["budget"] / "result.json").read_text())
     assert record["stopped_by_budget"] is True and 3 <= record["measured_steps"] < 10000
 
 
 @needs_shared
-def test_text_data_tokenizes_tinyshakespeare_and_trains(single, tmp_path):
-    proc, run_dir = single(
-        "data=text",
-        f"data.path={SHAKESPEARE}",
-        "model.vocab_size=50304",
-        f"data.cache_dir={tmp_path / 'tok'}",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((run_dir / "result.json").read_text())
+def test_text_data_tokenizes_tinyshakespeare_and_trains(cases):
+    record = json.loads((cases["text"] / "result.json").read_text())
     assert record["status"] == "ok" and record["data_ms_median"] is not None
-    assert list((tmp_path / "tok").glob("*.bin"))
+    assert record["measured_config"]["data"]["path"] == str(SHAKESPEARE)
+    assert list(cases["tok"].glob("*.bin"))
 
 
 def test_report_cli_rebuilds_table(micro_sweep, tmp_path):
