@@ -3,6 +3,9 @@
 # and import-layer checks (ARCHITECTURE.md).
 # Both create .venv with what they need first. On a CUDA machine, set TORCH to the build you
 # want (e.g. TORCH=torch); the default pins the CPU wheel this project's CI machines carry.
+# PYTHON is the interpreter .venv is made from (.ci/run picks the system's python3: on the CI
+# image it runs the suite in about 3/4 of the time pyenv's takes; docs/install.md). A .venv made
+# by another one stays until `make clean`.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
