@@ -105,3 +105,16 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
     )
     assert report.returncode == 0, report.stderr[-2000:]
     assert "table:" in report.stdout and marker.read_text() == "False"
+
+
+@pytest.mark.slow
+def test_the_fork_servers_main_module_imports_no_pandas():
+    """The fork server runs the sweep's main module (nanogpt.run) before any point; pandas is
+    the table's, read at the end in the sweep's process: importing it there too cost each
+    sweep's server 0.4 s of CPU on two cores, and a refused sweep as much."""
+    code = (
+        "import sys, nanogpt.run; print(sorted(m for m in ('pandas', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -27,9 +27,12 @@ compile x {fp32, tf32, bf16, fp16} eager fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # the table's types; pandas itself is imported where a table is read
+    import pandas as pd
 
 BASELINE_OVERRIDE = "report.baseline="
 
@@ -113,6 +116,10 @@ def _reference(column: pd.Series, order: tuple | None):
             if any(_same(v, preferred) for v in values):
                 return preferred
         return values[0]  # a value the rule does not know: the first point's
+    # Imported here, not at the top: app.py imports this module for names_baseline, and a
+    # sweep's fork server imports app.py (through nanogpt.run) before its first point.
+    import pandas as pd
+
     numbers = pd.to_numeric(column, errors="coerce")
     return values[0] if numbers.isna().all() else column[numbers.idxmin()]
 
