@@ -59,10 +59,11 @@ needs_shared = pytest.mark.skipif(
 )
 
 
-def with_micro(overrides) -> list[str]:
-    """MICRO, with any key that `overrides` sets left to them (Hydra refuses a key twice)."""
+def with_micro(overrides, base: list[str] = MICRO) -> list[str]:
+    """BASE (MICRO), with any key that `overrides` sets left to them (Hydra refuses a key
+    twice)."""
     keys = {o.lstrip("+").split("=")[0] for o in overrides}
-    return [o for o in MICRO if o.split("=")[0] not in keys] + list(overrides)
+    return [o for o in base if o.split("=")[0] not in keys] + list(overrides)
 
 
 def run_cli(
@@ -87,8 +88,10 @@ def start_in_terminal(command: list[str], cwd: Path, **popen) -> subprocess.Pope
     """Start `command` as a shell starts a foreground job, for a test that then signals it as a
     terminal would (Ctrl-C: SIGINT to its process group): a session of its own, with SIGINT at
     its default and not blocked. An exec'd child inherits an ignored or blocked signal, and this
-    worker's state is not a shell's: C code that sets SIGINT to SIG_IGN leaves Python's record
-    of the handler unchanged. That is said as a warning (a clue) and undone here first."""
+    worker's state is not a shell's: a non-interactive shell starts a background command (`make
+    test &`) with SIGINT ignored (seen: the warning below named it), and C code that sets
+    SIG_IGN leaves Python's record of the handler unchanged. That is said as a warning (a clue)
+    and undone here first."""
     masks = _signal_masks(os.getpid())
     if SIGINT_BIT & (masks["SigIgn"] | masks["SigBlk"]):
         why = f"SIGINT was ignored or blocked in the test process: {signal_state([])}"
@@ -258,8 +261,7 @@ def case_sweep(root: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
     group_dir.mkdir(parents=True)
     for name, overrides in cases.items():
         node, groups = OmegaConf.create(), []
-        own = {o.split("=")[0] for o in overrides}
-        every = with_micro([*overrides, *(o for o in CASE_DEFAULTS if o.split("=")[0] not in own)])
+        every = with_micro(overrides, base=[*MICRO, *CASE_DEFAULTS])
         for override in OverridesParser.create().parse_overrides(every):
             key, value = override.key_or_group, override.value()  # typed as Hydra types it
             if (Path(CONF_DIR) / key).is_dir():
