@@ -27,14 +27,15 @@ sweep: $(STAMP)
 	$(BIN)/python -m nanogpt.run -m perf.compile=true,false perf.dtype=bf16,fp16
 
 # The suite runs on JOBS worker processes (pytest-xdist), a test file to a worker (its module's
-# sweeps run once), and names its slowest tests; a test marked `alone` (it measures a
-# difference that needs every core idle) runs after, by itself.
+# sweeps run once), and names its slowest tests; the tests marked `alone` (they measure a
+# difference that needs every core idle) run after, by themselves, from their one file (so that
+# run does not collect the whole suite again).
 # `make test-fast` runs what starts no process (tests/process_guard.py fails one that does).
 JOBS ?= 2
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "not alone and not slurm" --durations=20
-	$(BIN)/python -m pytest -q -m "alone and not slurm" --durations=5
+	$(BIN)/python -m pytest -q -m "alone and not slurm" tests/test_alone.py --durations=5
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "not slow" --durations=10

@@ -132,6 +132,12 @@ def signal_state(pids) -> str:
     return "; ".join(parts)
 
 
+def fail_if_slower(new: Path, old: Path, *extra: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m nanogpt.report NEW --compare OLD --fail-if-slower 10 EXTRA...`"""
+    args = [str(new), "--compare", str(old), "--fail-if-slower", "10", *extra]
+    return run_cli(*args, cwd=cwd, module="nanogpt.report")
+
+
 def run_patched(setup: str, *args: str, cwd: Path, env: dict | None = None):
     """`python -m nanogpt.run ARGS` in an interpreter where the Python `setup` ran first (a
     module made unimportable, a constant changed), as a real process."""
@@ -295,6 +301,7 @@ SLOW_FIXTURES = {
     "cases",
     "crowded_sweep",
     "fsdp2_ranks",
+    "torchrun_points",
     "sweep",
     "single",
     "preset_sweep",
@@ -312,7 +319,16 @@ def pytest_configure(config):
     process_guard.register(config)  # make test-fast: an unmarked test may start no process
 
 
+# The one file of tests marked `alone`: make test runs it by path after the rest, by itself.
+ALONE_FILE = Path(__file__).parent / "test_alone.py"
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
+        if item.get_closest_marker("alone") and Path(item.path) != ALONE_FILE:
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked alone: move it to {ALONE_FILE.name}, the one file that "
+                "make test runs by itself"
+            )
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

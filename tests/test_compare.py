@@ -11,7 +11,7 @@ import pytest
 
 from nanogpt.results import compare, stats
 
-from .conftest import run_cli, with_micro
+from .conftest import fail_if_slower
 
 
 def ar1_steps(rng: np.random.Generator, n: int = 40, median_ms: float = 10.0) -> list[float]:
@@ -93,47 +93,6 @@ def test_breakeven_is_compile_time_over_the_step_time_saved():
     assert pd.isna(breakeven.iloc[0]) and pd.isna(breakeven.iloc[2])  # eager; no twin
 
 
-# A model whose matmuls keep both cores busy: one thread makes it clearly slower (about 1.7x
-# here), far past the gate's 10 % even with 12 steps a process.
-THREADS = [
-    "model.n_layer=2",
-    "model.n_head=4",
-    "model.n_embd=256",
-    "model.block_size=128",
-    "model.vocab_size=1024",
-    "perf.batch_size=8",
-    "bench.measure_steps=12",
-    "bench.min_measure_steps=12",
-    "bench.time_budget_s=600",
-    "perf.compile=false",
-    "bench.repeats=2",
-]
-
-
-def gate(new, old, *extra: str, cwd):
-    """`python -m nanogpt.report NEW --compare OLD --fail-if-slower 10 EXTRA...`"""
-    args = [str(new), "--compare", str(old), "--fail-if-slower", "10", *extra]
-    return run_cli(*args, cwd=cwd, module="nanogpt.report")
-
-
-@pytest.mark.slow
-@pytest.mark.alone  # two threads against one: another test on the other core would decide it
-def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
-    def sweep(name: str, threads: str):
-        args = ["-m", *with_micro(THREADS), f"hydra.sweep.dir={tmp_path / name}"]
-        proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": threads}, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return tmp_path / name
-
-    two, one = sweep("two_threads", "2"), sweep("one_thread", "1")
-    slowdown = gate(one, two, cwd=tmp_path)
-    assert slowdown.returncode == 1, slowdown.stdout + slowdown.stderr
-    assert "slower" in slowdown.stdout and "slower: " in slowdown.stderr
-    speedup = gate(two, one, "--markdown", cwd=tmp_path)
-    assert speedup.returncode == 0, speedup.stdout + speedup.stderr
-    assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout
-
-
 def test_the_gate_gives_no_verdict_on_points_measured_once_or_on_sweeps_that_share_none(
     tmp_path, micro_sweep, sweep
 ):
@@ -141,15 +100,15 @@ def test_the_gate_gives_no_verdict_on_points_measured_once_or_on_sweeps_that_sha
     a compared point measured in one process (the session's micro sweep against itself: every
     point joins, each measured once), and two sweeps that share no point (bench.repeats is part
     of a point's id, results/identity.py: a repeats=2 point never joins its repeats=1 twin).
-    A real slowdown gated both ways: test_fail_if_slower_gates_a_real_slowdown_both_ways."""
+    A real slowdown gated both ways: tests/test_alone.py."""
     _, once = micro_sweep
-    no_verdict = gate(once, once, cwd=tmp_path)
+    no_verdict = fail_if_slower(once, once, cwd=tmp_path)
     assert no_verdict.returncode == 5, no_verdict.stdout + no_verdict.stderr
     assert "no verdict" in no_verdict.stderr and "bench.repeats=" in no_verdict.stderr
     # the micro sweep's point perf.batch_size=1 optimizer.impl=foreach, measured twice
     proc, twice = sweep("perf.batch_size=1", "optimizer.impl=foreach", "bench.repeats=2")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    nothing = gate(once, twice, cwd=tmp_path)
+    nothing = fail_if_slower(once, twice, cwd=tmp_path)
     assert nothing.returncode == 5, nothing.stdout + nothing.stderr
     assert "no point is in both sweeps" in nothing.stderr
 

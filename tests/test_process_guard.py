@@ -71,3 +71,21 @@ def test_an_unmarked_test_that_starts_a_process_fails_and_names_the_fix(pytester
             "*test_unmarked_starts_one_in_a_thread is not marked slow but started 1 process(es)*",
         ]
     )
+
+
+def test_a_test_marked_alone_outside_its_file_stops_the_collection(pytester):
+    """make test runs the `alone` tests from tests/test_alone.py by path: one marked elsewhere
+    would run in neither part, so the collection refuses it, naming the file."""
+    pytester.makeconftest(
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n\n\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'alone: needs every core idle')\n"
+    )
+    pytester.makepyfile(
+        test_elsewhere="import pytest\n\n\n@pytest.mark.alone\ndef test_x():\n    pass\n"
+    )
+    result = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*test_elsewhere.py::test_x is marked alone: move it to test_alone.py*"]
+    )
