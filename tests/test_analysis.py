@@ -332,16 +332,6 @@ def test_the_notebook_has_a_parameters_cell_and_its_extra_has_papermill():
         assert {"papermill", "ipykernel", "nbclient"} <= names, extra
 
 
-def test_notebook_reads_a_relative_sweep_dir_from_where_the_user_ran(preset_sweep, monkeypatch):
-    _, sweep_dir = preset_sweep
-    monkeypatch.setenv("PWD", str(sweep_dir.parent))  # the shell's current dir
-    monkeypatch.setenv("NANOGPT_SUMMARY", sweep_dir.name)  # as the README writes it: relative
-    _, text = run_notebook()
-    assert "8 points from 1 sweep(s)" in text
-    assert "1 (baseline)" in text  # the table's speedups, with their verdicts
-    assert "one sweep: nothing to compare" in text
-
-
 def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_sweep, tmp_path):
     """papermill with BASELINE: the speedups, intervals and verdicts shown are the package's
     for that baseline; without it, the sweep's own table (summary.csv)."""
@@ -359,14 +349,18 @@ def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_swe
         assert "perf.dtype=" + ("bf16" if baseline else "fp32") in expected["overrides"][base]
         # The axes are the swept keys, not a fixed compile x dtype grid.
         assert "swept keys: perf.activation_checkpointing, perf.batch_size, perf.dtype" in text
+        assert "one sweep: nothing to compare" in text
         shown[baseline] = texts
     assert shown[None] != shown["perf.dtype=bf16"]
 
 
 def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypatch):
+    """As the README runs it (nbclient, from notebooks/), on two sweeps: the first named as a
+    user writes it, relative to the shell's current dir (PWD), the other by its summary.csv."""
     _, sweep_dir = preset_sweep
     _, oom_dir = oom_sweep
-    monkeypatch.setenv("NANOGPT_SUMMARY", f"{sweep_dir}:{oom_dir / report.SUMMARY_CSV}")
+    monkeypatch.setenv("PWD", str(sweep_dir.parent))
+    monkeypatch.setenv("NANOGPT_SUMMARY", f"{sweep_dir.name}:{oom_dir / report.SUMMARY_CSV}")
     notebook, text = run_notebook()
     table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
     fastest_label = plots.point_labels(table)[table["tokens_per_s"].idxmax()]

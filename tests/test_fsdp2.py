@@ -1,7 +1,8 @@
-"""dist.strategy=fsdp2 for real: two gloo ranks on CPU (torch.multiprocessing and torchrun).
+"""dist.strategy=fsdp2 for real: two gloo ranks on CPU (torch.multiprocessing).
 
 The sharded run is checked against the arithmetic it must equal: one unsharded model, stepped
-by AdamW on the mean of both ranks' gradients.
+by AdamW on the mean of both ranks' gradients. A sweep point under torchrun with FSDP2 is one of
+tests/test_scale.py's torchrun points (beside DDP's, whose figures it is checked against).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import json
 import os
 import socket
 
-import pandas as pd
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -181,28 +181,6 @@ def test_fsdp2_estimate_counts_unsharded_gradients_kept_across_micro_steps():
     assert set(two) - {"total"} == set(plots.MEMORY_PARTS)
     ddp = estimate_memory(**(common | {"strategy": "ddp"}), grad_accum=2)
     assert "unsharded_gradients" not in ddp  # DDP's gradients are whole anyway
-
-
-def test_a_sweep_point_under_torchrun_with_fsdp2_records_per_rank_memory_and_global_tokens(sweep):
-    proc, sweep_dir = sweep(
-        "dist.nproc=2",
-        "dist.strategy=ddp,fsdp2",
-        "dist.reshard_after_forward=false",
-        env={"OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ddp, fsdp = (json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json")))
-    assert fsdp["status"] == "ok" and fsdp["world_size"] == 2
-    assert fsdp["model_wrapping"].startswith("fsdp2(") and ddp["model_wrapping"] == "ddp(model)"
-    assert fsdp["tokens_per_step"] == ddp["tokens_per_step"] == 2 * 16 * 2
-    est_d, est_f = ddp["mem_estimate"], fsdp["mem_estimate"]
-    assert est_f["weights"] == est_d["weights"] // 2  # per rank: half of the fp32 weights
-    assert est_f["optimizer_state"] == est_d["optimizer_state"] // 2
-    assert est_f["gathered_params"] == 4 * fsdp["n_params"]  # no reshard: all, fp32
-    table = pd.read_csv(sweep_dir / "summary.csv")
-    assert list(table["dist_strategy"]) == ["ddp", "fsdp2"]
-    # The knob is fsdp2's: recorded for its point, empty for DDP's.
-    assert pd.isna(table["reshard_after_forward"][0]) and not table["reshard_after_forward"][1]
 
 
 def test_fsdp2_with_one_rank_or_fp16_is_one_line_before_any_point_runs():

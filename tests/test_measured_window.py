@@ -64,10 +64,26 @@ def test_the_rule_compares_others_with_the_points_own_cpu_time():
 
 SPIN = "import time\nend = time.time() + 120\nwhile time.time() < end: pass\n"
 IDLE = "import time\ntime.sleep(120)\n"
+# Busy while a point of the sweep in argv[1] runs (its job dir is there, its result.json not
+# yet), idle around them: the sweep's start and its table cost the suite no spinning core.
+SPIN_WHILE_A_POINT_RUNS = """
+import sys, time
+from pathlib import Path
+jobs = [Path(sys.argv[1]) / str(job) for job in range(int(sys.argv[2]))]
+end = time.time() + 120
+while time.time() < end:
+    running = [job for job in jobs if job.is_dir() and not (job / "result.json").exists()]
+    if not running:
+        time.sleep(0.02)
+        continue
+    tick = time.time() + 0.05
+    while time.time() < tick:
+        pass
+"""
 
 
-def neighbour(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code])
+def neighbour(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *args])
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -125,10 +141,10 @@ def test_off_probes_nothing():
 @pytest.fixture(scope="module")
 def crowded_sweep(tmp_path_factory):
     """bench.exclusive=warn,fail, each point measured for a second while another process
-    spins a core for the whole sweep."""
+    spins a core for as long as the point runs."""
     root = tmp_path_factory.mktemp("contended")
     sweep_dir = root / "sweep"
-    busy = neighbour(SPIN)
+    busy = neighbour(SPIN_WHILE_A_POINT_RUNS, str(sweep_dir), "2")
     try:
         overrides = [
             "bench.exclusive=warn,fail",

@@ -20,7 +20,7 @@ from nanogpt.distributed import World
 from nanogpt.measure.trainer import Trainer
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
-from .conftest import run_cli, run_patched, with_micro
+from .conftest import case_sweep, run_cli, run_patched, with_micro
 
 # torchrun gives each rank one thread; submitit does not, so its tests ask for the same.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -156,17 +156,57 @@ def test_bad_config_under_torchrun_stops_every_rank_and_writes_no_record(tmp_pat
     assert not list(tmp_path.rglob("result.json"))
 
 
-def test_sweep_over_nproc_launches_torchrun_per_point(sweep):
-    proc, sweep_dir = sweep("dist.nproc=1,2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
-    assert [r["world_size"] for r in records] == [1, 2]
-    assert [len(r["step_ms_per_rank"]) for r in records] == [1, 2]
-    assert records[1]["tokens_per_step"] == 2 * records[0]["tokens_per_step"]
-    assert not list(sweep_dir.rglob("measurement.json"))
-    table = pd.read_csv(sweep_dir / "summary.csv")
-    assert list(table["world_size"]) == [1, 2] and set(table["status"]) == {"ok"}
-    assert "dist.nproc=2" in (sweep_dir / "summary.md").read_text()
+@pytest.fixture(scope="module")
+def torchrun_points(tmp_path_factory) -> dict[str, dict]:
+    """One real sweep (case_sweep) of a one-process point and two points that each start
+    torchrun with 2 ranks, DDP's and FSDP2's (without resharding: the knob is recorded for
+    FSDP2's point only, though both set it). Case name -> its record, with its job dir."""
+    root = tmp_path_factory.mktemp("torchrun_points")
+    no_reshard = "dist.reshard_after_forward=false"
+    jobs = case_sweep(
+        root,
+        {
+            "one": ["dist.nproc=1"],
+            "ddp": ["dist.nproc=2", "dist.strategy=ddp", no_reshard],
+            "fsdp2": ["dist.nproc=2", "dist.strategy=fsdp2", no_reshard],
+        },
+    )
+    assert not list(root.rglob("measurement.json"))  # every child's answer was taken
+    points = {name: json.loads((job / "result.json").read_text()) for name, job in jobs.items()}
+    table = pd.read_csv(root / "sweep" / "summary.csv")
+    markdown = (root / "sweep" / "summary.md").read_text()
+    for name, job in jobs.items():
+        assert f"+case={name}" in markdown
+        (row,) = table.index[table["job_dir"] == str(job.resolve())]
+        points[name]["row"] = table.loc[row]
+    return points
+
+
+def test_sweep_points_launch_torchrun_where_they_ask_for_ranks(torchrun_points):
+    one, ddp = torchrun_points["one"], torchrun_points["ddp"]
+    assert [p["world_size"] for p in (one, ddp)] == [1, 2]
+    assert [len(p["step_ms_per_rank"]) for p in (one, ddp)] == [1, 2]
+    assert ddp["tokens_per_step"] == 2 * one["tokens_per_step"]
+    for point in torchrun_points.values():
+        assert point["status"] == "ok" and point["row"]["status"] == "ok"
+        assert point["row"]["world_size"] == point["world_size"]
+
+
+def test_a_sweep_point_under_torchrun_with_fsdp2_records_per_rank_memory_and_global_tokens(
+    torchrun_points,
+):
+    ddp, fsdp = torchrun_points["ddp"], torchrun_points["fsdp2"]
+    assert fsdp["status"] == "ok" and fsdp["world_size"] == 2
+    assert fsdp["model_wrapping"].startswith("fsdp2(") and ddp["model_wrapping"] == "ddp(model)"
+    assert fsdp["tokens_per_step"] == ddp["tokens_per_step"] == 2 * 16 * 2
+    est_d, est_f = ddp["mem_estimate"], fsdp["mem_estimate"]
+    assert est_f["weights"] == est_d["weights"] // 2  # per rank: half of the fp32 weights
+    assert est_f["optimizer_state"] == est_d["optimizer_state"] // 2
+    assert est_f["gathered_params"] == 4 * fsdp["n_params"]  # no reshard: all, fp32
+    assert [ddp["row"]["dist_strategy"], fsdp["row"]["dist_strategy"]] == ["ddp", "fsdp2"]
+    # The knob is fsdp2's: recorded for its point, empty for DDP's.
+    assert pd.isna(ddp["row"]["reshard_after_forward"])
+    assert not fsdp["row"]["reshard_after_forward"]
 
 
 @needs_submitit
