@@ -1,5 +1,6 @@
-"""The fork server (nanogpt/launch/forkserver.py) runs the sweep's main module once, itself:
-its children skip it, and with it the entry point's imports (benchmarks/point_isolation.py)."""
+"""The fork server (nanogpt/launch/forkserver.py) names the sweep's main module without running
+it: neither it nor its children run it again, nor the entry point's imports
+(benchmarks/point_isolation.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from .conftest import run_patched, with_micro
 
 # A main module that notes each time it runs, then (as __main__) starts two children of the
-# fork server. Without the server running it, each child would run it again as __mp_main__.
+# fork server. Without the server naming it, each child would run it again as __mp_main__.
 MAIN = """
 import os, time
 with open(os.environ["MARKS"], "a") as f:
@@ -31,7 +32,7 @@ if __name__ == "__main__":
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux")
 @pytest.mark.parametrize("how", ["script", "module"])
-def test_the_fork_server_runs_the_main_module_once_for_all_its_children(tmp_path, how):
+def test_the_main_module_runs_in_the_sweeps_process_alone(tmp_path, how):
     (tmp_path / "sweep_main.py").write_text(MAIN)
     marks = tmp_path / "marks"
     path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
@@ -45,8 +46,8 @@ def test_the_fork_server_runs_the_main_module_once_for_all_its_children(tmp_path
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    # the sweep's process, then the server; the children ran nothing of it
-    assert marks.read_text().split() == ["__main__", "__mp_main__"]
+    # the sweep's process alone: neither the server nor its children ran it
+    assert marks.read_text().split() == ["__main__"]
 
 
 # A job process whose signal handler raises while it waits for its point, as submitit's
@@ -109,9 +110,10 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
 
 @pytest.mark.slow
 def test_the_fork_servers_main_module_imports_no_pandas():
-    """The fork server runs the sweep's main module (nanogpt.run) before any point; pandas is
-    the table's, read at the end in the sweep's process: importing it there too cost each
-    sweep's server 0.4 s of CPU on two cores, and a refused sweep as much."""
+    """pandas is the table's, read at the end in the sweep's process: imported by the entry
+    point (nanogpt.run), it cost a sweep refused before any point 0.4 s of CPU on two cores.
+    torch is the fork server's and its children's
+    (test_a_cpu_sweeps_own_process_never_imports_torch)."""
     code = (
         "import sys, nanogpt.run; print(sorted(m for m in ('pandas', 'torch') if m in sys.modules))"
     )

@@ -32,7 +32,7 @@ from nanogpt.launch.process import FORK_UNSAFE, Outcome, run_child, wait_for
 
 log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.launch.forkserver_preload"]
-# How the server finds the sweep's main module, to run it once (the preload says why).
+# How the server names the sweep's main module, so that no child runs it (the preload says why).
 MAIN_ENV = "NANOGPT_FORKSERVER_MAIN"
 # Whether the server imports wandb too (a second of a sweep's start): set from the first point
 # that starts it; a later point that logs to W&B where the first did not imports it itself.
