@@ -109,7 +109,7 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_fork_servers_main_module_imports_no_pandas():
+def test_the_entry_point_imports_neither_pandas_nor_torch():
     """pandas is the table's, read at the end in the sweep's process: imported by the entry
     point (nanogpt.run), it cost a sweep refused before any point 0.4 s of CPU on two cores.
     torch is the fork server's and its children's
