@@ -72,8 +72,7 @@ from pathlib import Path
 jobs = [Path(sys.argv[1]) / str(job) for job in range(int(sys.argv[2]))]
 end = time.time() + 120
 while time.time() < end:
-    running = [job for job in jobs if job.is_dir() and not (job / "result.json").exists()]
-    if not running:
+    if not any(job.is_dir() and not (job / "result.json").exists() for job in jobs):
         time.sleep(0.02)
         continue
     tick = time.time() + 0.05
