@@ -113,6 +113,33 @@ def fixed_global_batch(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, perf=perf)
 
 
+def job_gpus(cfg: DictConfig) -> int | None:
+    """The GPUs a point's cluster job asks for on its node (hydra/launcher=slurm), from the
+    point's composed config, hydra node and all.
+
+    hydra.launcher.gpus_per_node left null (conf/hydra/launcher/slurm.yaml): a GPU per rank
+    (dist.nproc) for a point on CUDA (bench.device cuda, cuda:N or auto), none asked for one on
+    the CPU. Set, it is kept; but fewer GPUs than the ranks of a CUDA point is refused, naming
+    the key: each job would otherwise queue, start, and be refused by its own device check
+    (validate.check_gpus_per_point), point after point. GPUs asked another way (gres,
+    gpus_per_task), or a launcher without the key, are left alone."""
+    launcher = cfg.get("hydra", {}).get("launcher", {})
+    if "gpus_per_node" not in launcher or launcher.get("gres") or launcher.get("gpus_per_task"):
+        return launcher.get("gpus_per_node")
+    asked, nproc, device = launcher.gpus_per_node, int(cfg.dist.nproc), str(cfg.bench.device)
+    if asked is None:
+        return nproc if device.startswith("cuda") or device == "auto" else None
+    # auto with no GPU asked measures on the node's CPU: no GPU to match
+    if (device.startswith("cuda") or (device == "auto" and asked > 0)) and asked < nproc:
+        key = "hydra.launcher.gpus_per_node"
+        raise ConfigError(
+            key,
+            f"is {asked}, but dist.nproc={nproc} ranks on {device} need a GPU each",
+            f"set {key}={nproc}, or leave it unset (null: a GPU per rank)",
+        )
+    return asked
+
+
 def check_points(
     points: list[list[str]],
     baseline: str | None,
@@ -130,6 +157,8 @@ def check_points(
                 to_spec(compose(config_name="config", overrides=point), here)
             else:
                 cfg = compose_point(point)
+                if not here:  # a cluster's job: it asks for a GPU per rank, checked at submit
+                    job_gpus(cfg)
                 with open_dict(cfg):
                     cfg.pop("hydra", None)  # the job's settings: no part of the spec
                 to_spec(cfg, here)

@@ -1,5 +1,7 @@
 """hydra/launcher=slurm where there is no SLURM: one line naming hydra/launcher and what is
-missing, exit 2, nothing written. (With a real cluster: tests/slurm/, `make test-slurm`.)"""
+missing, exit 2, nothing written; and what each point's job asks SLURM for (a GPU per rank),
+as the launcher hands it to submitit, nothing submitted. (With a real cluster:
+tests/slurm/, `make test-slurm`.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from nanogpt.configs import CONF_DIR
 from tests.conftest import run_cli, with_micro
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
@@ -42,4 +47,72 @@ def test_sbatch_without_a_cluster_is_one_line(tmp_path):
     (line,) = proc.stderr.splitlines()
     assert line.startswith("error: hydra/launcher=slurm: sbatch is here but no SLURM controller")
     assert "SLURM_CONF" in line
+    assert not sweep_dir.exists()
+
+
+# ------------------------------------------------------------------------------------------
+# A GPU per rank: dist.nproc=N asks SLURM for N GPUs, or is refused before anything is submitted
+# ------------------------------------------------------------------------------------------
+
+
+def composed(tmp_path, *overrides: str):
+    """A point's config as the multirun composes it for hydra/launcher=slurm, hydra node and
+    all (Hydra's compose API)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(
+            "config",
+            ["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", *overrides],
+            return_hydra_config=True,
+        )
+
+
+def job_parameters(config) -> dict:
+    """What the launcher asks submitit's executor for, for the point's job (nothing submitted)."""
+    from nanogpt.app import job_gpus
+    from nanogpt.launchers.slurm import SlurmLauncher
+
+    params = OmegaConf.to_container(config.hydra.launcher, resolve=True)
+    params.pop("_target_")
+    return SlurmLauncher(**params).job_parameters(int(config.dist.nproc), job_gpus(config))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "gpus", "tasks"),
+    [
+        (["dist.nproc=2", "bench.device=cuda"], 2, 2),  # a GPU per rank, from dist.nproc
+        (["bench.device=auto"], 1, 1),  # a single-rank point: its own GPU, as ever
+        (["dist.nproc=2", "bench.device=cpu"], None, 2),  # a CPU point asks for no GPU
+        (["dist.nproc=2", "bench.device=cuda", "hydra.launcher.gpus_per_node=4"], 4, 2),
+    ],
+)
+def test_a_points_job_asks_slurm_for_a_gpu_per_rank(tmp_path, overrides, gpus, tasks):
+    asked = job_parameters(composed(tmp_path, *overrides))
+    assert asked["gpus_per_node"] == gpus and asked["tasks_per_node"] == tasks
+    assert asked["slurm_partition"] is None and asked["timeout_min"] == 60  # the rest as set
+
+
+def test_fewer_gpus_than_ranks_is_refused_before_anything_is_submitted(tmp_path, capsys):
+    # The multirun's own check (the callback, every point composed as its job will be): one
+    # line naming the key and the fix, exit 2, and no sweep dir; before, every job queued,
+    # started and was refused by its own device check.
+    from nanogpt.callbacks import SweepReport
+
+    sweep_dir = tmp_path / "sweep"
+    point = ["dist.nproc=2", "bench.device=cuda", "hydra.launcher.gpus_per_node=1"]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        config = compose(
+            "config",
+            ["hydra/launcher=slurm", f"hydra.sweep.dir={sweep_dir}", *point],
+            return_hydra_config=True,
+        )
+        with pytest.raises(SystemExit) as stopped:
+            SweepReport().on_multirun_start(config)
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "error: point 1 of 1 (dist.nproc=2 bench.device=cuda): hydra.launcher.gpus_per_node: "
+        "is 1, but dist.nproc=2 ranks on cuda need a GPU each; set "
+        "hydra.launcher.gpus_per_node=2, or leave it unset (null: a GPU per rank). "
+        "(nothing was measured)"
+    )
     assert not sweep_dir.exists()

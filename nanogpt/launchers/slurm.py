@@ -4,6 +4,8 @@ Built on hydra-submitit-launcher's SlurmLauncher, which runs each point's Hydra 
 SLURM job. What this class adds, from the submitting side:
 - before anything is written, SLURM must be here and answer: else one line naming
   hydra/launcher and what is missing, exit 2;
+- a point of dist.nproc=N is a job of N tasks, every task a rank, with a GPU each on CUDA
+  (app.job_gpus: gpus_per_node from dist.nproc unless set; set to fewer, refused at submit);
 - it waits on the scheduler's own state of each job (squeue keeps ended jobs for MinJobAge),
   not on accounting (sacct), which a cluster may not run; a requeued job is waited for again;
 - a job that ended without a result (scancel, its time limit, a node failure) is recorded in
@@ -32,8 +34,9 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 )
 from omegaconf import OmegaConf, open_dict
 
-from nanogpt.app import to_spec
-from nanogpt.faults import describe, interrupted_exit
+from nanogpt.app import job_gpus, to_spec
+from nanogpt.errors import ConfigError
+from nanogpt.faults import CONFIG_EXIT, describe, interrupted_exit
 from nanogpt.files import read_json, write_json
 from nanogpt.launch.handoff import Job
 from nanogpt.launch.job import record_ended_outside
@@ -96,39 +99,53 @@ class SlurmLauncher(SubmititSlurmLauncher):
         ]
 
     def _submit(self, job_overrides, initial_job_idx: int) -> list:
-        """One job array per dist.nproc among the points: a point of dist.nproc=N is a job of
-        N tasks (its ranks, from SLURM's environment); the jobs in the points' order."""
-        groups: dict[int, list[int]] = {}
+        """One job array per (dist.nproc, GPUs) among the points: a point of dist.nproc=N is a
+        job of N tasks (its ranks, from SLURM's environment) and, on CUDA, N GPUs
+        (app.job_gpus); the jobs in the points' order."""
+        groups: dict[tuple[int, int | None], list[int]] = {}
         for i, overrides in enumerate(job_overrides):
             config = self.hydra_context.config_loader.load_sweep_config(
                 self.config, list(overrides)
             )
-            groups.setdefault(int(config.dist.nproc), []).append(i)
+            try:  # a sweeper whose points were not known at the multirun's start (the search)
+                gpus = job_gpus(config)
+            except ConfigError as err:
+                print(f"error: {err} (nothing was submitted)", file=sys.stderr)
+                sys.exit(CONFIG_EXIT)
+            groups.setdefault((int(config.dist.nproc), gpus), []).append(i)
         jobs: list = [None] * len(job_overrides)
-        for nproc, members in groups.items():
+        for (nproc, gpus), members in groups.items():
             submitted = self._submit_array(
-                [job_overrides[i] for i in members], [initial_job_idx + i for i in members], nproc
+                [job_overrides[i] for i in members],
+                [initial_job_idx + i for i in members],
+                nproc,
+                gpus,
             )
             for i, job in zip(members, submitted, strict=True):
                 jobs[i] = job
         return jobs
 
-    def _submit_array(self, job_overrides, numbers: list[int], nproc: int) -> list:
-        """Submit points as one job array, as hydra-submitit-launcher does."""
-        import submitit
-
+    def job_parameters(self, nproc: int, gpus: int | None) -> dict:
+        """What the job of a point of dist.nproc=`nproc` asks submitit's executor for: the
+        launcher's keys, a task per rank, `gpus` GPUs a node (app.job_gpus)."""
         params = dict(self.params)
         if nproc > 1:
             params["tasks_per_node"] = nproc
-        folder = params.pop("submitit_folder")
-        max_num_timeout = params.pop("max_num_timeout")
-        executor = submitit.AutoExecutor(
-            cluster="slurm", folder=folder, slurm_max_num_timeout=max_num_timeout
-        )
+        params["gpus_per_node"] = gpus
+        del params["submitit_folder"], params["max_num_timeout"]  # the executor's own
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(
-            **{key if key in generic else f"slurm_{key}": v for key, v in params.items()}
+        return {key if key in generic else f"slurm_{key}": v for key, v in params.items()}
+
+    def _submit_array(self, job_overrides, numbers: list[int], nproc: int, gpus) -> list:
+        """Submit points as one job array, as hydra-submitit-launcher does."""
+        import submitit
+
+        executor = submitit.AutoExecutor(
+            cluster="slurm",
+            folder=self.params["submitit_folder"],
+            slurm_max_num_timeout=self.params["max_num_timeout"],
         )
+        executor.update_parameters(**self.job_parameters(nproc, gpus))
         for number, overrides in zip(numbers, job_overrides, strict=True):
             print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
         state = Singleton.get_state()
