@@ -55,21 +55,24 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             lse = torch.logsumexp(z, dim=-1)
             picked = z.gather(1, safe[:, None]).squeeze(1)
             loss += ((lse - picked) * valid).sum()
-            if not (want_dx or want_dw):
-                continue
-            # d loss / d z = softmax(z) - onehot(target), for valid rows; in place over z. The
-            # 1/n_valid of the mean is applied after the matmuls, in fp32: divided first, the
-            # entries (about 1/(V * n_valid)) would round to zero in fp16 before the loss
-            # scale arrives in backward. Undivided they lie in [-1, 1], and each row of g
-            # sums to 0, so g @ W and g^T @ x stay far inside fp16's range.
-            g = z.sub_(lse[:, None]).exp_()
-            g.scatter_add_(1, safe[:, None], -valid[:, None].to(g.dtype))
-            g.mul_(valid[:, None])
-            g = g.to(dtype)
-            if want_dx:
-                dx[start : start + chunk] = ((g @ w).float() / n_valid).to(x.dtype)
-            if want_dw:
-                dw.add_(g.t() @ x_c)
+            if want_dx or want_dw:
+                # d loss / d z = softmax(z) - onehot(target), for valid rows; in place over z.
+                # The 1/n_valid of the mean is applied after the matmuls, in fp32: divided
+                # first, the entries (about 1/(V * n_valid)) would round to zero in fp16 before
+                # the loss scale arrives in backward. Undivided they lie in [-1, 1], and each
+                # row of g sums to 0, so g @ W and g^T @ x stay far inside fp16's range.
+                z.sub_(lse[:, None]).exp_()
+                z.scatter_add_(1, safe[:, None], -valid[:, None].to(z.dtype))
+                z.mul_(valid[:, None])
+                g, z = z.to(dtype), None  # the 16-bit gradient; the fp32 buffer is freed here
+                if want_dx:
+                    dx[start : start + chunk] = ((g @ w).float() / n_valid).to(x.dtype)
+                if want_dw:
+                    dw.add_(g.t() @ x_c)
+            # Let go of this chunk's logits before the next chunk's exist: a name still bound
+            # keeps its tensor until the next iteration rebinds it, and the peak would then be
+            # two chunks (this one's fp32 z and 16-bit g beside the next one's).
+            z = g = None
         if dw is not None:
             dw.div_(n_valid)
         ctx.save_for_backward(dx, dw)

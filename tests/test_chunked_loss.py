@@ -13,11 +13,13 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nanogpt.chunked_loss import chunked_cross_entropy
+from nanogpt.chunked_loss import ChunkedLinearCrossEntropy, chunked_cross_entropy
 from nanogpt.measure.flops import counted_flops_per_token
-from nanogpt.measure.memory import estimate_memory
+from nanogpt.measure.memory import LOGITS_EXTRA_BYTES, estimate_memory
 from nanogpt.model import GPT, GPTConfig
 
 from .conftest import sweep_refusal
@@ -115,6 +117,54 @@ def test_no_tensor_of_the_full_logits_shape_exists_in_forward_or_backward(loss):
         assert (12, TINY["vocab_size"]) in watch.shapes  # a chunk's logits, and no more
 
 
+class LiveBytes(TorchDispatchMode):
+    """The bytes held by the storages ops allocate while active, and their peak, sampled after
+    every op. A storage counts from the op that made it until torch frees it: torch's own weak
+    reference to a storage (StorageWeakRef) expires when its last tensor, view or autograd
+    save lets go. Views and in-place results share an input's storage and add nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[StorageWeakRef, int] = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.live = {ref: n for ref, n in self.live.items() if not ref.expired()}
+        inputs = {StorageWeakRef(t.untyped_storage()) for t in _tensors((args, kwargs))}
+        for t in _tensors(out):
+            ref = StorageWeakRef(t.untyped_storage())
+            if ref not in inputs and ref not in self.live:
+                self.live[ref] = t.untyped_storage().nbytes()
+        self.peak = max(self.peak, sum(self.live.values()))
+        return out
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("grads", [True, False])
+def test_the_chunked_loss_holds_one_chunk_of_logits_at_a_time(grads):
+    n, vocab, width, chunk = 64, 4096, 4, 16  # 4 chunks; the logits dwarf everything else
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, width, generator=g).requires_grad_(grads)
+    w = torch.randn(vocab, width, generator=g).requires_grad_(grads)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    watch = LiveBytes()
+    with watch:
+        ChunkedLinearCrossEntropy.apply(x, w, targets, chunk, torch.bfloat16)
+    # One chunk at its largest: the 16-bit product and its fp32 upcast (then the fp32
+    # gradient and its 16-bit copy), 2 + 4 bytes a logit. Beside it for the whole loop: the
+    # weight's 16-bit copy, and with gradients dx (x's dtype) and the fp32 dW.
+    one_chunk = chunk * vocab * (2 + 4)
+    whole = vocab * width * 2 + (n * width * 4 + vocab * width * 4 if grads else 0)
+    assert watch.peak >= one_chunk  # the tracker sees the chunk's logits
+    # Two chunks alive (chunk i's z and g until chunk i+1 rebinds them) would add 4 + 2 bytes
+    # a logit again (4 without gradients): far past this bound.
+    assert watch.peak <= whole + 1.1 * one_chunk, (watch.peak, whole, one_chunk)
+
+
 def test_the_memory_estimate_logits_term_follows_the_loss():
     common = dict(
         n_params=124_000_000,
@@ -131,7 +181,8 @@ def test_the_memory_estimate_logits_term_follows_the_loss():
     )
     full = estimate_memory(**common)
     chunked = estimate_memory(**common, loss="chunked", loss_chunk=2048)
-    assert full["logits"] == 12 * 1024 * 50304 * (2 + 4)
+    # bf16 logits plus the fitted fp32 bytes an eager loss holds beside them (measure/memory.py)
+    assert full["logits"] == round(12 * 1024 * 50304 * (2 + LOGITS_EXTRA_BYTES[False]))
     # One chunk's logits (compute dtype + fp32) plus the whole-size dx and fp32 dW buffers.
     assert chunked["logits"] == 2048 * 50304 * (2 + 4) + 12 * 1024 * 768 * 4 + 50304 * 768 * 4
     assert chunked["total"] < full["total"]

@@ -9,7 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nanogpt.results import compare, stats
+from nanogpt.results import compare, derive, stats, table
+from nanogpt.results.record import Record
+from nanogpt.results.store import write_record
+from nanogpt.tune import fit, objectives
 
 from .conftest import fail_if_slower
 
@@ -147,6 +150,42 @@ def test_the_recommendation_names_the_best_points_and_their_leads(micro_sweep):
     assert any(line.startswith("fastest within 64 GiB: ") for line in lines)
     assert any(line.startswith(f"cheapest: perf.batch_size={batch} ") for line in lines)
     assert any("significant" in line for line in lines)
+
+
+def _cuda_record(batch: int, step_ms: float, measured_gib: float, warmup_gib: float) -> Record:
+    """An ok CUDA point's record, its rates derived by the one function the loop calls."""
+    gib = 2**30
+    record = Record(status="ok")
+    record.asked.overrides = [f"perf.batch_size={batch}"]
+    record.asked.compile, record.asked.dtype, record.asked.batch_size = True, "bf16", batch
+    record.setup.tokens_per_step, record.setup.world_size = 1024 * batch, 1
+    record.setup.flops_per_token = 10**9
+    record.timing.step_ms_median = step_ms
+    record.timing.step_ms_measured = [[step_ms * (1 + i / 100) for i in range(8)]]
+    record.memory.mem_peak_allocated_bytes = int(measured_gib * gib)
+    record.memory.mem_warmup_peak_allocated_bytes = int(warmup_gib * gib)
+    record.rates = derive.rates(record, derive.Ceilings(derive.Peak(None, "unknown")))
+    return record
+
+
+def test_fits_are_judged_on_the_larger_of_the_warmup_and_measured_peaks(tmp_path):
+    # Batch 16 is the faster and its measured steps need 6 GiB, but its first step needed 12:
+    # with 10 GiB it does not fit. Batch 8 needs 7 GiB in both.
+    records = {16: _cuda_record(16, 50.0, 6, 12), 8: _cuda_record(8, 30.0, 7, 7)}
+    for batch, record in records.items():
+        write_record(tmp_path / str(batch), record)
+    sweep = table.build_table(tmp_path)
+    names = [f"perf.batch_size={b}" for b in sweep.table["batch_size"]]
+    lines = compare.recommend(sweep.table, sweep.series(), names, memory_budget_gib=10)
+    [within] = [line for line in lines if line.startswith("fastest within 10 GiB: ")]
+    assert within.startswith("fastest within 10 GiB: perf.batch_size=8 ("), lines
+    # The search reads the same peak: its objective and the footprint its margin rule holds
+    # against the budget; the W&B view's peak panels read the record's peak_memory_bytes.
+    big = json.loads((tmp_path / "16" / "result.json").read_text())
+    assert objectives.peak_memory_gib(big) == 12.0
+    budget = fit.Budget(10 * 2**30, "bench.max_batch_memory_gib")
+    assert not fit.within_margin(objectives.footprint_bytes(big), budget, margin=0.1)
+    assert (big["peak_memory_bytes"], big["peak_memory_from"]) == (12 * 2**30, "cuda warmup")
 
 
 def test_the_gate_names_points_measured_in_one_process_only():

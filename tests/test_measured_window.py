@@ -23,6 +23,7 @@ from nanogpt.distributed import World
 from nanogpt.measure import memory
 from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu
 from nanogpt.measure.trainer import Trainer
+from nanogpt.results import derive
 from nanogpt.results import table as report
 from nanogpt.results.summary_keys import summary_key
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
@@ -49,6 +50,51 @@ def test_warmup_peak_is_kept_apart_from_the_measured_steps_peak():
     warmup, measured = figures["mem_warmup_peak_rss_bytes"], figures["mem_peak_rss_bytes"]
     assert warmup - measured > 200 * 2**20, (warmup, measured)
     assert figures["mem_peak_rss_method"] == "vmhwm"
+
+
+class CudaAllocatorCounters:
+    """The CUDA caching allocator's counters as torch.cuda reports them (this machine has no
+    GPU, so they are the one thing faked): bytes in tensors now, and the peak since the last
+    reset_peak_memory_stats."""
+
+    def __init__(self, monkeypatch):
+        self.now = self.peak = 0
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+        for name in ("memory_allocated", "memory_reserved"):
+            monkeypatch.setattr(torch.cuda, name, lambda device=None: self.now)
+        for name in ("max_memory_allocated", "max_memory_reserved"):
+            monkeypatch.setattr(torch.cuda, name, lambda device=None: self.peak)
+
+    def step(self, transient: int) -> None:
+        """A step that allocates `transient` bytes (activations, logits) and frees them."""
+        self.now += transient
+        self.peak = max(self.peak, self.now)
+        self.now -= transient
+
+    def reset(self, device=None) -> None:
+        self.peak = self.now
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_a_cuda_graph_modes_peak_keeps_the_pool_its_warmup_recorded(monkeypatch, cuda_graphs):
+    gib = 2**30
+    cuda = CudaAllocatorCounters(monkeypatch)
+    cuda.now = 2 * gib  # weights, gradients and optimizer state
+    probe = memory.MemoryProbe(torch.device("cuda", 0), cuda_graphs=cuda_graphs)
+    probe.start()
+    cuda.step(10 * gib)  # the first step: compilation's transients on top of the activations
+    cuda.step(7 * gib)  # eager, or recording the graphs: the activations, into their pool
+    probe.split()
+    for _ in range(3):  # measured steps: eager ones allocate again, graph replays nothing
+        cuda.step(0 if cuda_graphs else 7 * gib)
+    figures = probe.result()
+    assert figures["mem_warmup_peak_allocated_bytes"] == 12 * gib
+    peak, window = figures["mem_peak_allocated_bytes"], figures["mem_peak_allocated_from"]
+    # Under CUDA graphs the measured window alone would read 2 GiB: weights and states only.
+    assert (peak, window) == ((12 * gib, "warmup") if cuda_graphs else (9 * gib, "measured"))
+    # What the point needs to fit is the larger of the two peaks either way.
+    assert derive.peak_memory(figures) == (12 * gib, "cuda warmup")
 
 
 # ------------------------------------------------------------------------------------------

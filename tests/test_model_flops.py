@@ -104,3 +104,28 @@ def test_summarize_statistics():
     assert stats["median"] == 30.0 and stats["mean"] == 30.0
     assert stats["p10"] == pytest.approx(14.0) and stats["p90"] == pytest.approx(46.0)
     assert stats["cv"] == pytest.approx(stats["std"] / 30.0)
+
+
+# The peaks one H100 80GB measured on 2026-11-23 (torch 2.11; ../shared/device/
+# h100-2026-11-23.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW: what the estimate's
+# activation and logits coefficients were fitted to (nanogpt/measure/memory.py).
+H100_PEAKS_GIB = {"compiled": 9.08, "eager": 11.31, "checkpointing": 7.76}
+
+
+@pytest.mark.parametrize("case", H100_PEAKS_GIB)
+def test_the_memory_estimate_is_within_5_percent_of_the_h100s_peaks(case):
+    shape = dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304)
+    with torch.device("meta"):  # shapes only: the exact parameter count, no memory
+        model = GPT(GPTConfig(**shape, bias=False))
+    estimate = estimate_memory(
+        **shape,
+        n_params=model.get_num_params(non_embedding=False),
+        batch_size=12,
+        optimizer="adamw",
+        dtype="bf16",
+        attention="auto",
+        activation_checkpointing=case == "checkpointing",
+        compiled=case == "compiled",
+    )
+    measured = H100_PEAKS_GIB[case] * 2**30
+    assert abs(estimate["total"] / measured - 1) <= 0.05, (case, estimate["total"] / 2**30)

@@ -43,7 +43,7 @@ from nanogpt.measure.setup import describe_setup
 from nanogpt.measure.timing import StepTimer
 from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.measure.window import StepLog, Window
-from nanogpt.protocol import SCALE_SETTLE_STEPS, warmup_steps
+from nanogpt.protocol import CUDA_GRAPH_MODES, SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
 from nanogpt.results.asked import Asked
 from nanogpt.results.record import Record, Setup
@@ -102,7 +102,7 @@ def _keep_measured_steps(record: Record, log: StepLog) -> None:
 def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, history) -> None:
     bench, device = spec.bench, trainer.device
     record.setup = describe_setup(spec, trainer)
-    probe = memory.MemoryProbe(device)
+    probe = memory.MemoryProbe(device, cuda_graphs=_graph_mode(spec) in CUDA_GRAPH_MODES)
     probe.start()
     energy = EnergyProbe(device)
     warmup = warmup_steps(bench.warmup_steps, _graph_mode(spec), device.type == "cuda")

@@ -4,6 +4,11 @@
   took from the driver (reserved), over the measured steps: reset when the probe starts and
   again between warmup and the measured steps (`split`), which keeps warmup's peaks apart
   (mem_warmup_peak_*: compilation, autotuning and CUDA-graph recording transients).
+  CUDA-graph compile modes (reduce-overhead, max-autotune) are the exception: their replays
+  allocate nothing (the graphs' memory pool was taken while warmup recorded them), so a
+  measured-only peak would read about weights + gradients + optimizer state. For them the
+  allocated peak is the larger of warmup's and the measured steps' (`graph_aware_peak`), and
+  mem_peak_allocated_from says which window it came from.
 - NVML (nvidia-ml-py): device memory in use as the driver sees it, all processes included;
   sampled at each window, the largest sample kept.
 - Process peak RSS (resident host memory). On Linux the kernel's peak (VmHWM) is reset when the
@@ -39,9 +44,10 @@ PROC_STATUS = Path("/proc/self/status")
 
 
 class MemoryProbe:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, cuda_graphs: bool = False):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.cuda_graphs = cuda_graphs  # a CUDA-graph compile mode: its pool is warmup's
         self._nvml_handle, self._nvml_device = nvml_handle(device) if self.cuda else (None, None)
         self._nvml_peak: int | None = None
         self.rss_method = "ru_maxrss"
@@ -94,6 +100,7 @@ class MemoryProbe:
         out = {
             **self.warmup,
             "mem_peak_allocated_bytes": None,
+            "mem_peak_allocated_from": None,
             "mem_peak_reserved_bytes": None,
             "mem_nvml_used_bytes": self._nvml_peak,
             "mem_nvml_device": self._nvml_device,
@@ -101,9 +108,25 @@ class MemoryProbe:
             "mem_peak_rss_method": self.rss_method,
         }
         if self.cuda:
-            out["mem_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            out["mem_peak_allocated_bytes"], out["mem_peak_allocated_from"] = graph_aware_peak(
+                torch.cuda.max_memory_allocated(self.device),
+                self.warmup.get("mem_warmup_peak_allocated_bytes"),
+                self.cuda_graphs,
+            )
             out["mem_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
         return out
+
+
+def graph_aware_peak(
+    measured: int | None, warmup: int | None, cuda_graphs: bool
+) -> tuple[int | None, str | None]:
+    """The allocated peak a record reports, and the window it comes from ("measured" or
+    "warmup"). Normally the measured steps' own. Under CUDA graphs the replays allocate
+    nothing: the graphs' pool was allocated while warmup recorded them and is still held, so
+    the larger of the two peaks is the one the step needs."""
+    if cuda_graphs and warmup is not None and (measured is None or warmup > measured):
+        return warmup, "warmup"
+    return measured, None if measured is None else "measured"
 
 
 def reset_peak_rss() -> str:
@@ -225,6 +248,23 @@ def estimate_of(spec: RunSpec, model, world_size: int, strategy: str) -> dict:
     )
 
 
+# The activation and logits terms' coefficients, fitted together to the peaks one H100 80GB
+# measured on 2026-11-23 (torch 2.11; ../shared/device/h100-2026-11-23.md, summarised in
+# docs/benchmarks.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW, flash attention:
+#   eager 11.31 GiB, eager with activation checkpointing 7.76 GiB, compiled 9.08 GiB.
+# Eager and checkpointed share the logits and differ by 11 layers' activations: those two fix
+# the activations (38.9 bytes) and the eager logits (9.30 bytes a logit, 2 of them bf16); the
+# compiled point, its activations assumed the same, fixes the compiled logits (5.43). Rounded,
+# the estimate is within 0.1 % of all three (tests/test_model_flops.py holds it to 5 %). These
+# are effective bytes: at the peak (the start of backward) the gradients are not allocated yet
+# while autocast's weight copies and Inductor's buffers are, and the fit absorbs that.
+ACTIVATION_BYTES = 39  # a layer, a token, a channel, 16-bit: Korthikanti's 34, plus the
+#                        residual stream, fp32 under autocast, saved at both LayerNorms
+LOGITS_EXTRA_BYTES = {False: 7.3, True: 3.4}  # a logit beyond its compute-dtype copy, eager
+#   (log_softmax's fp32 output and its fp32 gradient, nearly two fp32 copies) and compiled
+#   (Inductor fuses the upcast into the loss kernels: less than one)
+
+
 def estimate_memory(
     *,
     n_params: int,
@@ -252,11 +292,13 @@ def estimate_memory(
     Parameters stay fp32 under autocast; gradients match them. AdamW keeps two fp32 moments,
     SGD with momentum one. Activations per layer follow Korthikanti et al. (2022), "Reducing
     Activation Recomputation in Large Transformer Models", section 4.1: s*b*h*(34 + 5*a*s/h)
-    bytes with 16-bit activations; the 5*a*s/h term is the materialised attention matrix, which
-    fused (flash / memory-efficient) kernels never store. fp32 activations double the 16-bit
+    bytes with 16-bit activations, ACTIVATION_BYTES (fitted, above) for its 34; the 5*a*s/h term
+    is the materialised attention matrix, which fused (flash / memory-efficient) kernels never
+    store. fp32 activations double the 16-bit
     parts. With checkpointing each layer keeps only its input, plus one layer being recomputed.
-    Logits (b*s*vocab) are kept in the compute dtype plus an fp32 copy for the loss; compiled,
-    Inductor fuses the upcast into the loss kernels and the fp32 copy is never built. With
+    Logits (b*s*vocab) take their compute dtype's bytes plus LOGITS_EXTRA_BYTES (fitted,
+    above): eager, log_softmax's fp32 output and its fp32 gradient; compiled, Inductor fuses
+    the upcast into the loss kernels and holds less. With
     loss=chunked (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, in the
     compute dtype and in fp32 (the buffer the softmax gradient is built in, eager or compiled),
     plus the head's gradients it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32.
@@ -272,7 +314,7 @@ def estimate_memory(
     """
     act_bytes = 2 if dtype in ("bf16", "fp16") else 4
     tokens = batch_size * block_size
-    per_layer = tokens * n_embd * 34 * act_bytes // 2
+    per_layer = tokens * n_embd * ACTIVATION_BYTES * act_bytes // 2
     if attention in ("manual", "math"):
         per_layer += 5 * n_head * block_size * tokens * act_bytes // 2
     if activation_checkpointing:
@@ -286,7 +328,7 @@ def estimate_memory(
             chunk * vocab_size * (act_bytes + 4) + 4 * tokens * n_embd + 4 * vocab_size * n_embd
         )
     else:
-        logits = tokens * vocab_size * (act_bytes + (0 if compiled else 4))
+        logits = round(tokens * vocab_size * (act_bytes + LOGITS_EXTRA_BYTES[compiled]))
     shards = world_size if strategy == "fsdp2" else 1
     parts = {
         "weights": 4 * n_params // shards,

@@ -82,11 +82,14 @@ def view_spec(
 ) -> dict:
     """The views of one sweep as plain JSON (see the module docstring for its keys).
 
-    cuda: memory is the CUDA allocator's (peak allocated, and allocated per window) rather
-    than the process's resident memory, which is all a CPU run has.
+    cuda: the memory per window is the CUDA allocator's too (allocated), not only the
+    process's resident memory, which is all a CPU run has. The peak panels show what each
+    point needs (peak_memory_bytes: CUDA allocated where measured, else RSS).
     """
     key = summary_key  # the record's fields, namespaced by part in the run summary
-    peak_memory = key("mem_peak_allocated_bytes" if cuda else "mem_peak_rss_bytes")
+    # what the point needs, as every "fits" is judged (results/derive.peak_memory): the larger
+    # of warmup's and the measured steps' peaks, CUDA allocated, else the process's RSS
+    peak_memory = key("peak_memory_bytes")
     tokens_per_s = key("tokens_per_s")
     memory_lines = ["train/mem_rss_bytes"] + (["train/mem_allocated_bytes"] if cuda else [])
     comparison = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nanogpt.results import stats
+from nanogpt.results import derive, stats
 from nanogpt.results.bottleneck import fastest_line
 
 COMPILE = "perf.compile="
@@ -179,12 +179,15 @@ def recommend(
 
 
 def measured_peak(table: pd.DataFrame) -> tuple[pd.Series, str]:
-    """Peak bytes per row: the CUDA allocator's when any row has it, else the process's RSS."""
-    cuda = pd.to_numeric(table["mem_peak_allocated_bytes"], errors="coerce")
-    if cuda.notna().any():
-        return cuda, "peak CUDA allocated"
+    """Peak bytes per row, the memory each point needs (results/derive.peak_memory: the larger
+    of warmup's and the measured steps' peaks; the CUDA allocator's, else the process's RSS),
+    and what they are."""
+    judged = [derive.peak_memory(row) for _, row in table.iterrows()]
+    peak = pd.Series([b for b, _ in judged], index=table.index, dtype="float64")
+    if any(which and which.startswith("cuda") for _, which in judged):
+        return peak, "peak CUDA allocated"
     # RSS also holds the interpreter, PyTorch's libraries and freed-but-cached heap pages.
-    return pd.to_numeric(table["mem_peak_rss_bytes"], errors="coerce"), "peak RSS"
+    return peak, "peak RSS"
 
 
 def _best(

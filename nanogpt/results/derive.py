@@ -14,6 +14,8 @@ mfu_achievable, for a whole point (`rates`) and for one log window (`window_rate
                       (NVML: this GPU's rank; RAPL: every rank on this host)
     tokens per kWh  = 3.6e6 J / J per token, with an interval from the counter's timing error
     power over limit: mean power above the enforced limit by more than POWER_LIMIT_SLACK
+    peak memory     = the larger of warmup's and the measured steps' peaks (`peak_memory`): what
+                      "fits" is judged on, everywhere
     steady          = the window was long enough and its step time did not drift (`steadiness`)
 
 The ceilings a point is divided by are resolved once, before it is measured
@@ -22,7 +24,10 @@ The ceilings a point is divided by are resolved once, before it is measured
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from nanogpt.protocol import STEADY_MIN_S
@@ -111,6 +116,7 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
         out.tokens_per_s_wall = tokens_per_s(setup.tokens_per_step, timing.step_ms_wall)
     if energy.energy_j and timing.measured_steps:
         _energy_rates(out, setup, energy, timing.measured_steps)
+    out.peak_memory_bytes, out.peak_memory_from = peak_memory(dataclasses.asdict(record.memory))
     if ceilings.achievable_flops:
         out.achievable_tflops = ceilings.achievable_flops / 1e12
         out.mfu_achievable = achieved / ceilings.achievable_flops
@@ -126,6 +132,42 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
                 stacklevel=2,
             )
     return out
+
+
+# The peaks peak_memory weighs, CUDA's first: (kind, the measured steps' field, warmup's field)
+PEAK_FIELDS = (
+    ("cuda", "mem_peak_allocated_bytes", "mem_warmup_peak_allocated_bytes"),
+    ("rss", "mem_peak_rss_bytes", "mem_warmup_peak_rss_bytes"),
+)
+
+
+def peak_memory(fields: Mapping) -> tuple[int | None, str | None]:
+    """The peak memory a point needs, and which peak that is: the one rule by which a point
+    "fits" (the search's memory margin and its peak_memory_gib objective, the table's "fastest
+    within N GiB", the plots and the W&B view's memory panels).
+
+    The larger of warmup's peak and the measured steps': a first step that compiles, autotunes
+    or records CUDA graphs can need more than the steps after it, and a point fits only if
+    every one of its steps does. The CUDA caching allocator's peak (bytes in tensors) where the
+    point has one, else the process's peak RSS. `fields`: a flat record (result.json's dict, a
+    table row). Returns (bytes, "cuda measured" | "cuda warmup" | "rss measured" | "rss
+    warmup"), or (None, None) when no peak was recorded."""
+    for kind, measured_field, warmup_field in PEAK_FIELDS:
+        measured, warmup = _bytes(fields.get(measured_field)), _bytes(fields.get(warmup_field))
+        if warmup is not None and (measured is None or warmup >= measured):
+            return warmup, f"{kind} warmup"
+        if measured is not None:
+            return measured, f"{kind} measured"
+    return None, None
+
+
+def _bytes(value) -> int | None:
+    """A byte count from a record or a table cell (a missing one: None, NaN or pandas' NA)."""
+    try:
+        count = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(count) else int(count)
 
 
 def ceilings_of(record: Record, matmul_emulated: str | None = None) -> Ceilings:

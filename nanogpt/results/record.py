@@ -125,6 +125,8 @@ class Timing:
 @dataclass
 class Memory:
     mem_peak_allocated_bytes: int | None = None  # CUDA caching allocator
+    # "measured", or "warmup" under CUDA graphs when warmup's peak (the graphs' pool) is larger
+    mem_peak_allocated_from: str | None = None
     mem_peak_reserved_bytes: int | None = None
     mem_nvml_used_bytes: int | None = None  # the driver's view, all processes, largest sample
     mem_nvml_device: str | None = json_only()  # the NVML device read (by UUID), or why none
@@ -133,9 +135,9 @@ class Memory:
     memory_snapshot: str | None = json_only()  # file name, written on a CUDA OOM when asked
     # The peaks above are the measured steps' (measure/memory.py, MemoryProbe.split); warmup's,
     # first-step compilation and autotuning included, apart:
-    mem_warmup_peak_allocated_bytes: int | None = json_only()
+    mem_warmup_peak_allocated_bytes: int | None = None
     mem_warmup_peak_reserved_bytes: int | None = json_only()
-    mem_warmup_peak_rss_bytes: int | None = json_only()
+    mem_warmup_peak_rss_bytes: int | None = None
 
 
 @dataclass
@@ -189,6 +191,8 @@ class Rates:
     tokens_per_kwh_ci_high: float | None = None
     power_mean_w: float | None = None  # energy_j / energy_s
     power_over_limit: bool | None = None  # mean power > the enforced limit + 5 %: not trusted
+    peak_memory_bytes: int | None = None  # what the point needs: max(warmup, measured) peak
+    peak_memory_from: str | None = None  # which: "cuda measured", "cuda warmup", "rss ..."
 
 
 @dataclass

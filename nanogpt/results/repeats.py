@@ -57,6 +57,9 @@ def _largest_peaks(records: list[Record]):
         values = [getattr(r.memory, field) for r in records if getattr(r.memory, field)]
         setattr(memory, field, max(values) if values else None)
     memory.mem_peak_rss_bytes = max(r.memory.mem_peak_rss_bytes or 0 for r in records) or None
+    # which window the largest allocated peak came from (measured, or warmup's CUDA graphs)
+    top = max(records, key=lambda r: r.memory.mem_peak_allocated_bytes or 0)
+    memory.mem_peak_allocated_from = top.memory.mem_peak_allocated_from
     return memory
 
 

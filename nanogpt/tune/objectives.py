@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from nanogpt.results import derive
+
 GIB = 2**30
 
 # The record's fields the search reads (nanogpt/results/record.py).
@@ -44,19 +46,18 @@ def field(record: dict, name: str):
 
 
 def peak_memory_gib(record: dict) -> float | None:
-    """The device's peak: the CUDA allocator's where there is one, else the process's RSS."""
-    peak = field(record, "peak_cuda")
-    if peak is None:
-        peak = field(record, "peak_rss")
+    """The peak memory the point needs (results/derive.peak_memory: the larger of warmup's
+    and the measured steps' peaks; the CUDA allocator's where there is one, else the RSS)."""
+    peak, _ = derive.peak_memory(record)
     return None if peak is None else peak / GIB
 
 
 def footprint_bytes(record: dict) -> int | None:
-    """What the point's training takes, to hold against a memory budget: the CUDA allocator's
-    peak where there is one, else the analytic estimate (a CPU process's RSS also holds the
-    interpreter and torch, which no batch size changes)."""
-    peak = field(record, "peak_cuda")
-    return peak if peak is not None else field(record, "estimate")
+    """What the point's training takes, to hold against a memory budget: the CUDA peak it
+    needs (derive.peak_memory) where there is one, else the analytic estimate (a CPU
+    process's RSS also holds the interpreter and torch, which no batch size changes)."""
+    peak, which = derive.peak_memory(record)
+    return peak if which and which.startswith("cuda") else field(record, "estimate")
 
 
 def value(
