@@ -159,7 +159,9 @@ def test_a_quiet_neighbour_is_not_contention_and_a_busy_one_is():
         fields = probed_steps(psutil.Process(quiet.pid))
     finally:
         stop(quiet)
-    assert fields["contended"] is False, fields["contention"]
+    # not flagged: false, or null ("too short to judge") where a loaded machine left the point
+    # too little CPU time of its own for the counters' ticks to tell
+    assert fields["contended"] is not True, fields["contention"]
     assert fields["own_cpu_s"] > 0.5  # the point's steps, on its clock
     busy = neighbour(SPIN)
     try:
