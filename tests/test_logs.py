@@ -12,7 +12,11 @@ import torch
 from torch.autograd.profiler import profile
 
 from nanogpt import logs
+from nanogpt.distributed import World
 from nanogpt.measure.kineto_log import without_trace_points
+from nanogpt.measure.loop import measure
+from nanogpt.results import derive
+from nanogpt.spec import Exclusive, RunSpec
 
 from .conftest import run_cli, with_micro
 
@@ -31,6 +35,48 @@ def test_kineto_trace_points_are_dropped_and_other_stderr_lines_kept(capfd):
     err = capfd.readouterr().err
     assert "USDT" not in err and "profiler_" not in err
     assert err == "a native line\n"
+
+
+def micro_point() -> RunSpec:
+    """A micro point for the real measured loop (measure/loop.py), diagnosed on one step."""
+    spec = RunSpec()
+    shape = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)
+    for key, value in shape.items():
+        setattr(spec.model, key, value)
+    spec.perf.batch_size, spec.bench.device, spec.bench.exclusive = 2, "cpu", Exclusive.off
+    spec.bench.warmup_steps, spec.bench.measure_steps, spec.bench.min_measure_steps = 1, 2, 1
+    spec.bench.diagnose_steps = 1
+    return spec
+
+
+def profiling() -> bool:
+    """Whether the profiler runs: of a point's steps, only the diagnosis's."""
+    return torch._C._autograd._profiler_enabled()
+
+
+NO_PEAK = derive.Ceilings(derive.Peak(None, "unknown"))
+
+
+def test_a_diagnosis_that_raises_writes_to_stderr_and_leaves_its_message(tmp_path, caplog):
+    """stderr is set aside only while Kineto starts and stops: the diagnosed steps write to the
+    process's own, and their exception reaches the record and the log."""
+    own = os.fstat(2)
+    seen = []
+
+    def fails_when_profiled(module, args, output):
+        if profiling():
+            seen.append(os.fstat(2))
+            raise RuntimeError("the kernel failed")
+
+    hook = torch.nn.modules.module.register_module_forward_hook(fails_when_profiled)
+    try:
+        record = measure(micro_point(), torch.device("cpu"), World(), NO_PEAK, tmp_path, [])
+    finally:
+        hook.remove()
+    assert record.status == "ok"  # the measured figures stand
+    assert record.diagnosis.diag_error == "failed: RuntimeError: the kernel failed"
+    assert "the diagnosis failed (RuntimeError: the kernel failed)" in caplog.text
+    assert seen and all((s.st_dev, s.st_ino) == (own.st_dev, own.st_ino) for s in seen)
 
 
 def _point_process(said, file_lines: io.StringIO) -> io.StringIO:

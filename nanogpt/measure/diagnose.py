@@ -38,6 +38,7 @@ with the reason ("unavailable: ..."), never an AttributeError.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 
@@ -47,6 +48,7 @@ from torch.autograd.profiler import profile, record_function
 
 from nanogpt.devices import synchronize
 from nanogpt.faults import describe
+from nanogpt.measure.kineto_log import quiet_profiler
 from nanogpt.measure.step_split import (
     CUDA_ATTRIBUTES,
     DATA_MARK,
@@ -55,6 +57,8 @@ from nanogpt.measure.step_split import (
     split_step,
 )
 from nanogpt.results.bottleneck import Diagnosis, Setting, judge
+
+logger = logging.getLogger(__name__)
 
 
 class _MarkedSource:
@@ -78,8 +82,8 @@ def profile_diagnosis(trainer, n_steps: int) -> tuple[dict, list[float], list[fl
     try:
         synchronize(device)
         # Kineto, as torch.profiler.profile drives it, without the wrapper's start-up import of
-        # torch._inductor (seconds, in every point's process).
-        with profile(use_device="cuda" if cuda else None, use_kineto=True) as prof:
+        # torch._inductor (seconds, in every point's process); its USDT lines kept off stderr.
+        with quiet_profiler(profile(use_device="cuda" if cuda else None, use_kineto=True)) as prof:
             for _ in range(n_steps + 1):
                 started = time.perf_counter()
                 with record_function(STEP_MARK):
@@ -172,6 +176,7 @@ def run_diagnosis(spec, trainer, record, log, matmul_emulated: str | None) -> No
         figures, step_ms, data_ms = profile_diagnosis(trainer, spec.bench.diagnose_steps)
     except Exception as exc:  # the measured figures stand without a diagnosis
         record.diagnosis = Diagnosis(diag_error=f"failed: {describe(exc)}")
+        logger.warning("the diagnosis failed (%s); the measured figures stand", describe(exc))
         return
     first = trainer.steps_done - len(step_ms) + 1
     for i, (ms, data) in enumerate(zip(step_ms, data_ms, strict=True)):

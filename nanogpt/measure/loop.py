@@ -36,7 +36,6 @@ from nanogpt.measure import memory
 from nanogpt.measure.contention import ContentionProbe
 from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
-from nanogpt.measure.kineto_log import without_trace_points
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.progress import Progress
 from nanogpt.measure.setup import describe_setup
@@ -136,8 +135,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
             setattr(record.timing, key, value)
         contention.enforce()  # bench.exclusive=fail: the point fails, its figures kept
         if bench.profile:  # after the measured steps: the profiler cannot touch them
-            with without_trace_points():
-                _profile(spec, trainer, record, log, out_dir)
+            _profile(spec, trainer, record, log, out_dir)
     finally:
         energy.halt()  # a failure mid-window leaves no thread polling
         bar.close()
@@ -145,8 +143,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
             setattr(record.memory, key, value)
     _derive(spec, trainer, ceilings, record, log)
     # After the measured steps and their memory peaks: the profiled steps enter no statistic.
-    with without_trace_points():
-        run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
+    run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
 
 
 def _graph_mode(spec: RunSpec) -> str | None:

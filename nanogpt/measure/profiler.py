@@ -23,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from nanogpt.devices import synchronize
+from nanogpt.measure.kineto_log import quiet_profiler
 
 TOP_OPS = 15
 TRACE_FILE = "trace.json"
@@ -37,7 +38,7 @@ def profile_steps(
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    with quiet_profiler(profile(activities=activities)) as prof:  # Kineto's USDT lines off
         for _ in range(n_steps):
             synchronize(device)
             started = time.perf_counter()
