@@ -7,10 +7,12 @@
 #   bash benchmarks/gpu_table.sh nanogpt          # the runner and our GPT against nanoGPT's
 #   bash benchmarks/gpu_table.sh protocol         # the default-point gap; diagnostics' cost
 #
-# Before, on the machine with the checkout (the folder .gpu/ is git-ignored and travels):
-#   echo /.gpu/ >> .git/info/exclude; mkdir -p .gpu/nanoGPT
-#   cp ../shared/device/wheels/*.whl .gpu/
-#   cp NANOGPT_CHECKOUT/{bench.py,model.py,configurator.py} .gpu/nanoGPT/   # for `nanogpt`
+# The first loan runs benchmarks/gpu_check.sh (one command, every part time-boxed); these are the
+# longer figures, one part per command in a later loan. Before, on the machine with the checkout:
+#   bash benchmarks/gpu_check.sh --prepare     # the git-ignored .gpu/: wheels, tokenizer files
+#   mkdir -p .gpu/nanoGPT; cp NANOGPT_CHECKOUT/{bench.py,model.py,configurator.py} .gpu/nanoGPT/
+# and name .gpu among the paths that travel (the device tool's carry=[".gpu"]): ignored, it does
+# not travel otherwise.
 #
 # Each part writes OUT/PART.md: for a sweep the documented columns of its table (the whole table is
 # its summary.csv), else what it printed; all sweep dirs and logs go into OUT/sweeps.tar.gz. OUT is $OUT (the device tool's) or ./gpu_out.
