@@ -30,7 +30,13 @@ OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 # conf/config.yaml's defaults list starts with this schema: a wrong type or an unknown key
 # fails at composition, naming the key.
-ConfigStore.instance().store(name="base_config", node=RunSpec)
+# optimizer.build is a Hydra target node ({_target_: CLASS, its arguments}): the schema declares
+# it, and its own keys are open, so `optimizer.build._target_=torch.optim.Adagrad` and
+# `optimizer.build.lr_decay=0.01` work as typed, without `+` (optim_rules.check_build checks
+# them against the class). Everywhere else a key the schema lacks is refused.
+BASE_CONFIG = OmegaConf.structured(RunSpec)
+OmegaConf.set_struct(BASE_CONFIG.optimizer.build, False)
+ConfigStore.instance().store(name="base_config", node=BASE_CONFIG)
 register_presets()  # sweeps/ as the `sweep` group: +sweep=NAME
 PRINT_CONFIG = "`python -m nanogpt.run --cfg job --resolve ...` prints every key and its value"
 

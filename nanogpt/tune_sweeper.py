@@ -20,16 +20,17 @@ only); the search itself is here, and its plain logic in nanogpt/tune/ (docs/tun
 The study lives in the sweep dir (SWEEP_DIR/study.journal, Optuna's journal file storage: no
 database). Rerun the same command with hydra.sweep.dir=SWEEP_DIR after a kill: the study
 continues, and the runner skips every point that already has an ok record (point_id), so no
-point is measured twice.
+point is measured twice. Ctrl-C stops it so too: the table of what ran, one line, exit 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -40,9 +41,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nanogpt import tune_space
 from nanogpt.app import to_spec
+from nanogpt.configs import runs_here
 from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT
+from nanogpt.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.results import store
+from nanogpt.results import table as sweep_table
 from nanogpt.tune import answer, fit, ladder, objectives, quality
 from nanogpt.tune.jobs import JobNumbers
 from nanogpt.tune_space import as_overrides, key_of, merged, values_of
@@ -83,6 +86,7 @@ class Search:
         self.quality = dict(quality or {})
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
+        self.doing = "the search's start"  # what a Ctrl-C interrupts, for its line
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -100,6 +104,24 @@ class Search:
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(CONFIG_EXIT)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (faults.Stopped), in this process
+            self._stop()
+
+    def _stop(self) -> NoReturn:
+        """Ctrl-C here, while the search asks, composes or launches a candidate (one that lands
+        while a candidate measures is recorded by it, and the callback stops the sweep:
+        callbacks.SweepReport.on_job_end). Nothing is undone: the study keeps the trial open (a
+        resume asks it again first), the records stay. As a grid: the table, one line, 130."""
+        cfg = self.config
+        sweep_dir, report, cost = Path(cfg.hydra.sweep.dir), cfg.report, cfg.cost
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: no table (nanogpt.report)
+            if any(sweep_dir.glob(f"*/{store.RESULT_FILE}")):
+                prices = (cost.usd_per_hour, cost.usd_per_kwh)
+                sweep_table.publish(sweep_dir, report.baseline, report.memory_budget_gib, *prices)
+        resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
+        line = f"interrupted at {self.doing}; {resume} (the study and the ok points are kept)"
+        print(line, file=sys.stderr)
+        sys.exit(interrupted_exit())
 
     def _sweep(self, arguments: list[str]) -> Any:
         cfg = self.config
@@ -119,7 +141,12 @@ class Search:
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
         self.jobs = JobNumbers(self.sweep_dir)
-        self.budget = fit.device_budget(str(cfg.bench.device), cfg.bench.max_batch_memory_gib)
+        # The memory of the device the points run on: unknown when a cluster's launcher runs
+        # them (and then said), never this (login) node's
+        device, budget_gib = str(cfg.bench.device), cfg.bench.max_batch_memory_gib
+        self.budget = fit.device_budget(device, budget_gib, runs_here(cfg))
+        if self.budget.bytes is None:
+            print(fit.unknown_line(self.budget), file=sys.stderr)
         self.returns: list = []
 
         probes = self._probe_rung(distributions, ladder.grid_size(dims))
@@ -160,7 +187,7 @@ class Search:
             sampler=optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=4),
             load_if_exists=True,
         )
-        # A trial a kill left running: failed, and its candidate asked again first (the runner
+        # A trial a kill or Ctrl-C left running: failed, its candidate asked again first (the runner
         # keeps a point already recorded ok, so nothing is measured twice).
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         for trial in running:
@@ -201,6 +228,7 @@ class Search:
         """One candidate's probe: composed, validated, estimated; measured if it may fit."""
         overrides = merged(self.fixed, params)
         entry = ladder.Entry(key=key_of(params), overrides=params, rung="probe", trial=number)
+        self.doing = f"probe {entry.key}"
         try:
             spec = self._spec(merged(overrides, self.probe))
         except ConfigError as err:
@@ -213,10 +241,12 @@ class Search:
         return self._measure(params, "probe", self.probe, trial=number)
 
     def _spec(self, overrides: list[str]):
+        """A candidate's spec, validated for where it will run: a search submitted to a cluster
+        from a login node asks none of that node's devices (configs.runs_here)."""
         loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with open_dict(loaded):
             del loaded["hydra"]
-        return to_spec(loaded)
+        return to_spec(loaded, runs_here(self.config))
 
     def _measure(
         self, params: list[str], rung: str, extra: list[str], trial: int | None = None
@@ -242,6 +272,7 @@ class Search:
         return entry
 
     def _launch(self, overrides: list[str], key: str) -> dict:
+        self.doing = key
         number = self.jobs.of(key)
         [ret] = self.launcher.launch([overrides], initial_job_idx=number)
         self.returns.append([ret])

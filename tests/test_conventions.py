@@ -62,6 +62,7 @@ MEASURED = [
     "perf.dtype=bf16",
     "model.n_layer=2",
     "optimizer.lr=0.001",
+    "optimizer.roles.embeddings.lr=0.001",  # a key left out at its default (identity.py)
     "data=text",
     "bench.repeats=2",
     "bench.measure_steps=5",

@@ -22,6 +22,8 @@ CASES = {
     "warmup": ["bench.warmup_steps=3", "bench.measure_steps=5", "perf.grad_accum=2"],
     "peak": ["hardware.peak_tflops=0.5"],
     "budget": ["bench.measure_steps=10000", "bench.time_budget_s=0.5", "bench.min_measure_steps=3"],
+    "muon": ["optimizer=muon"],
+    "adagrad": ["optimizer.build._target_=torch.optim.Adagrad"],
 }
 
 
@@ -111,3 +113,22 @@ def test_report_cli_rebuilds_table(micro_sweep, tmp_path):
     assert again.returncode == 0, again.stderr
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table.loc[table["overrides"].str.contains(baseline), "speedup"].item() == 1.0
+
+
+def test_muon_lists_its_roles_and_state_and_any_class_runs_by_its_target(cases):
+    """optimizer=muon and optimizer.build._target_ measured for real (tests/test_optim.py has
+    the rules)."""
+    muon = json.loads((cases["muon"] / "result.json").read_text())
+    assert muon["status"] == "ok" and muon["optimizer_stepped"] == "Muon + AdamW"
+    roles = muon["optimizer_roles"]
+    assert roles["matrices"]["stepped_by"] == "Muon" and "head" not in roles  # tied: embedding
+    assert roles["embeddings"]["stepped_by"] == roles["scalars"]["stepped_by"] == "AdamW"
+    assert roles["matrices"]["state_bytes"] == 4 * roles["matrices"]["n_params"]
+    assert muon["optimizer_state_bytes"] == sum(r["state_bytes"] for r in roles.values())
+    by_role = muon["mem_estimate"]["optimizer_state_by_role"]
+    assert muon["mem_estimate"]["optimizer_state"] == sum(by_role.values())
+    assert muon["muon_adjust_lr_fn"] == "original" and 0 < muon["optimizer_step_frac"] < 1
+    adagrad = json.loads((cases["adagrad"] / "result.json").read_text())
+    assert adagrad["status"] == "ok" and adagrad["optimizer"] == "torch.optim.Adagrad"
+    assert adagrad["optimizer_stepped"] == "torch.optim.Adagrad"
+    assert adagrad["optimizer_state_bytes"] > 0

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -20,6 +21,7 @@ import pytest
 # an error that stops pytest from running any test (the imports below need it: tune_space).
 optuna = pytest.importorskip("optuna")
 
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -30,7 +32,7 @@ from nanogpt.errors import ConfigError
 from nanogpt.run import objective_of
 from nanogpt.tune import fit, ladder, objectives, quality
 
-from .conftest import SHAKESPEARE, needs_shared, with_micro
+from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
 
 TUNE = "hydra/sweeper=tune"
 SMALL_SEARCH = [  # every rung, kept short: two leaders, one finalist measured in two processes
@@ -99,6 +101,111 @@ def test_the_estimate_prunes_what_cannot_fit_and_grows_with_the_batch():
     assert fit.misfit(fit.estimate_bytes(small), budget) is None
     assert "> budget" in fit.misfit(fit.estimate_bytes(big), budget)
     assert not fit.within_margin(budget.bytes, budget, 0.1)
+
+
+# A machine with two GPUs, as NVML sees it (PCI order) and with a MIG slice of the second: UUID ->
+# total bytes. NVML ignores CUDA_VISIBLE_DEVICES; CUDA numbers only the GPUs it leaves visible.
+GIB = 2**30
+GPUS = {"GPU-0a": 80 * GIB, "GPU-1b": 40 * GIB, "MIG-1b-slice": 10 * GIB}
+
+
+def fake_gpus(monkeypatch, visible: str | None, nvml_fails: bool = False) -> None:
+    """This CPU machine as one with GPUS: NVML (a pynvml module with the calls nanogpt makes)
+    and the one CUDA answer asked for a device (its UUID; CUDA_VISIBLE_DEVICES read as CUDA
+    reads it, NVML indices or UUIDs). Everything else is the real code."""
+    nvml = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def init():
+        if nvml_fails:
+            raise NVMLError("Driver Not Loaded")
+
+    def by_uuid(uuid):
+        if uuid not in GPUS:
+            raise NVMLError("Not Found")
+        return uuid
+
+    whole = [uuid for uuid in GPUS if uuid.startswith("GPU-")]
+    nvml.NVMLError, nvml.nvmlInit, nvml.nvmlShutdown = NVMLError, init, lambda: None
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: whole[index]
+    nvml.nvmlDeviceGetHandleByUUID = by_uuid
+    nvml.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(total=GPUS[handle])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+
+    def properties(device):  # torch's uuid prints without its GPU-/MIG- prefix
+        names = os.environ.get("CUDA_VISIBLE_DEVICES")
+        listed = [] if names is None else names.split(",")
+        seen = [whole[int(n)] if n.isdigit() else n for n in listed] if listed else whole
+        return types.SimpleNamespace(uuid=seen[torch.device(device).index or 0].split("-", 1)[1])
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a torch built with CUDA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(fit, "_ask_child", fit.gpu_memory)  # the child's answer, asked here
+
+
+@pytest.mark.parametrize(("visible", "gib"), [(None, 80), ("1", 40), ("MIG-1b-slice", 10)])
+def test_the_gpu_budget_is_the_memory_of_the_gpu_the_points_see(monkeypatch, visible, gib):
+    # Under SLURM (CUDA_VISIBLE_DEVICES=1) cuda:0 is NVML's GPU 1; under MIG a slice of it. The
+    # GPU is found by its UUID (devices.nvml_handle), never by NVML's index.
+    fake_gpus(monkeypatch, visible)
+    for device in ("cuda", "cuda:0", "auto"):
+        budget = fit.device_budget(device, None)
+        assert budget.bytes == gib * GIB, (device, budget)
+        assert budget.source.startswith("the GPU's memory (NVML, ")
+
+
+def test_a_budget_that_cannot_be_read_is_unknown_and_said_never_another_devices(monkeypatch):
+    fake_gpus(monkeypatch, "1", nvml_fails=True)  # a CUDA point, NVML not answering
+    for device in ("cuda", "auto"):
+        assert fit.device_budget(device, None) == fit.Budget(None, "unknown: no NVML (NVMLError)")
+    line = fit.unknown_line(fit.device_budget("cuda", None))
+    assert line.startswith("tune: memory budget unknown: no NVML (NVMLError); no candidate is")
+    assert "set bench.max_batch_memory_gib to the memory of the points' device" in line
+    # A cluster's launcher runs the points: this (login) node's memory is not theirs.
+    elsewhere = fit.device_budget("cpu", None, here=False)
+    assert elsewhere.bytes is None and "other machines" in elsewhere.source
+    assert fit.device_budget("cuda", 12, here=False).bytes == 12 * GIB  # said, so known
+    assert fit.unknown_line(fit.device_budget("cpu", None)) is None  # RAM here
+
+
+@pytest.mark.slow
+def test_the_gpu_is_asked_in_a_child_process_that_sees_what_the_points_see(monkeypatch):
+    # The real child (python -m nanogpt.tune.fit) inherits CUDA_VISIBLE_DEVICES, as the points
+    # do: with no GPU visible the budget of a CUDA search is unknown, not this machine's RAM.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    budget = fit.device_budget("cuda", None)
+    assert budget == fit.Budget(None, "unknown: CUDA is not available here")
+
+
+def test_a_search_on_a_cluster_checks_its_candidates_for_there_not_on_this_machine():
+    # Submitted to SLURM from a login node without a GPU, a CUDA candidate is valid (it runs on
+    # a GPU node); run here, on this machine without CUDA, it is invalid. The budget of one
+    # byte prunes every valid candidate, so nothing is launched.
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+
+    from nanogpt.tune_sweeper import Search
+
+    search, reasons = Search(), {}
+    search.fixed = with_micro(["bench.device=cuda"])  # the task's overrides, as the sweep's
+    search.budget = fit.Budget(1, "one byte")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        search.hydra_context = HydraContext(config_loader=loader, callbacks=None)
+        for launcher in ("slurm", "basic"):
+            overrides = [f"hydra/launcher={launcher}", *search.fixed]
+            search.config = compose("config", overrides, return_hydra_config=True)
+            reasons[launcher] = search._probe(["perf.dtype=bf16"], 0).reason
+    assert reasons["slurm"].startswith("pruned before running: estimated"), reasons
+    assert reasons["basic"].startswith("invalid: bench.device: cuda was asked for"), reasons
 
 
 def test_pareto_front_and_climbers():
@@ -175,40 +282,60 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
     assert "oom" in (sweep_dir / "tune.md").read_text()
 
 
+# The search made to wait as it composes its second candidate (the first is measured by then),
+# noting when it does: Ctrl-C then lands in the search's own work, where Hydra's config loader
+# runs, not in a measuring process (which records its own interruption). The 60 s are a ceiling:
+# the test signals as soon as the note is there.
+SLOW_SECOND_CANDIDATE = (
+    "import pathlib, time; from nanogpt import tune_sweeper as t; real = t.Search._spec; "
+    "seen = []; t.Search._spec = lambda self, o: (seen.append(o), len(seen) == 2 and "
+    "(pathlib.Path('composing').touch(), time.sleep(60)), real(self, o))[-1]"
+)
+
+
 @pytest.mark.slow
-def test_the_study_resumes_after_a_kill_and_measures_no_point_twice(tmp_path):
+def test_ctrl_c_stops_a_search_in_one_line_and_the_same_command_resumes_it(tmp_path):
     sweep_dir = tmp_path / "sweep"
     args = [
-        sys.executable,
-        "-m",
-        "nanogpt.run",
         "-m",
         *with_micro(
             [TUNE, "perf.batch_size=choice(1,2,4)", "hydra.sweeper.n_trials=3", *SMALL_SEARCH]
         ),
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    first = subprocess.Popen(
-        args,
-        cwd=tmp_path,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    code = (
+        f"import runpy, sys; {SLOW_SECOND_CANDIDATE}; sys.argv[0] = 'nanogpt.run'; "
+        "runpy.run_module('nanogpt.run', run_name='__main__')"
     )
-    deadline = time.time() + 240
-    while time.time() < deadline and first.poll() is None:
-        if any(r.get("status") == "ok" for r in _records(sweep_dir).values()):
-            break
-        time.sleep(0.5)
-    assert first.poll() is None, "the search ended before it could be killed"
-    os.killpg(first.pid, signal.SIGKILL)  # the search, its fork server and its child: no goodbye
-    first.wait()
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        first = start_in_terminal(
+            [sys.executable, "-c", code, *args], tmp_path, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "composing").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "no second candidate"
+            time.sleep(0.1)
+        os.killpg(first.pid, signal.SIGINT)  # a terminal's Ctrl-C, to the whole group
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    err = (tmp_path / "stderr.txt").read_text()
+    assert first.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted at probe perf.batch_size="), last
+    assert f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume" in last
     before = {
         job: r["finished_at"] for job, r in _records(sweep_dir).items() if r["status"] == "ok"
     }
-    assert before and not (sweep_dir / "tune.md").exists()
+    assert len(before) == 1 and (sweep_dir / "summary.csv").is_file()  # the table of what ran
+    assert not (sweep_dir / "tune.md").exists()
+    running = _study(sweep_dir).get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    assert len(running) == 1  # the interrupted candidate's trial, kept open for the resume
 
-    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    again = run_cli(*args, cwd=tmp_path, timeout=600)  # the same command
     assert again.returncode == 0, again.stderr[-3000:]
     after = _records(sweep_dir)
     for job, finished in before.items():  # kept, not measured again

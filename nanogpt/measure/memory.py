@@ -34,6 +34,8 @@ import psutil
 import torch
 
 from nanogpt.devices import nvml_handle
+from nanogpt.optim import role_counts
+from nanogpt.optim_rules import estimated_state
 from nanogpt.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -234,6 +236,9 @@ def estimate_of(spec: RunSpec, model, world_size: int, strategy: str) -> dict:
         vocab_size=spec.model.vocab_size,
         batch_size=perf.batch_size,
         optimizer=spec.optimizer.name,
+        optimizer_state_by_role=estimated_state(
+            spec.optimizer, role_counts(model, spec.model.vocab_size)
+        )[0],
         dtype=perf.dtype.value,
         attention=perf.attention.value,
         activation_checkpointing=perf.activation_checkpointing,
@@ -286,11 +291,15 @@ def estimate_memory(
     n_block_params: int = 0,
     grad_accum: int = 1,
     compiled: bool = False,
-) -> dict[str, int]:
+    optimizer_state_by_role: dict[str, int] | None = None,
+) -> dict:
     """Analytic training memory in bytes, by component.
 
     Parameters stay fp32 under autocast; gradients match them. AdamW keeps two fp32 moments,
-    SGD with momentum one. Activations per layer follow Korthikanti et al. (2022), "Reducing
+    SGD with momentum one. `optimizer_state_by_role` (bytes by role of parameter, from
+    optim_rules.estimated_state: AdamW 8 a parameter, Muon 4) replaces that count when given,
+    and the estimate lists it by role ("optimizer_state_by_role", outside the total's parts).
+    Activations per layer follow Korthikanti et al. (2022), "Reducing
     Activation Recomputation in Large Transformer Models", section 4.1: s*b*h*(34 + 5*a*s/h)
     bytes with 16-bit activations, ACTIVATION_BYTES (fitted, above) for its 34; the 5*a*s/h term
     is the materialised attention matrix, which fused (flash / memory-efficient) kernels never
@@ -345,5 +354,10 @@ def estimate_memory(
         parts["gathered_params"] = act_bytes * gathered
         if grad_accum > 1:
             parts["unsharded_gradients"] = 4 * n_params
+    if optimizer_state_by_role is not None:
+        parts["optimizer_state"] = sum(optimizer_state_by_role.values()) // shards
     parts["total"] = sum(parts.values())
+    if optimizer_state_by_role is not None:
+        by_role = optimizer_state_by_role.items()
+        parts["optimizer_state_by_role"] = {role: b // shards for role, b in by_role}
     return parts

@@ -29,7 +29,7 @@ class Asked:
     loss_chunk: int | None = None  # tokens per chunk (loss=chunked only)
     dist_strategy: str | None = None  # ddp | fsdp2 (with more than one rank)
     reshard_after_forward: bool | None = None  # fsdp2 only
-    optimizer: str | None = None
+    optimizer: str | None = None  # adamw | sgd | muon, or optimizer.build's class
     optimizer_impl: str | None = None
     batch_size: int | None = None
     block_size: int | None = None
@@ -59,7 +59,7 @@ class Asked:
             reshard_after_forward=(
                 spec.dist.reshard_after_forward if spec.dist.strategy.value == "fsdp2" else None
             ),
-            optimizer=spec.optimizer.name,
+            optimizer=(spec.optimizer.build or {}).get("_target_") or spec.optimizer.name,
             optimizer_impl=spec.optimizer.impl.value,
             batch_size=perf.batch_size,
             block_size=spec.model.block_size,

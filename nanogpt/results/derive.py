@@ -240,3 +240,13 @@ def steadiness(
             reasons.append(DRIFT)
             notes.append(f"the last third of the steps ran {abs(drift[0]):.1f} % {way}")
     return Steadiness(tuple(reasons), "; ".join(notes) or None, drift)
+
+
+def optimizer_step_frac(diagnosis) -> float | None:
+    """The optimizer's share of a diagnosed step's wall time: the device's share of the step
+    times the optimizer's share of device time (on CPU, operator self time inside
+    `Optimizer.step`). Null where the diagnosis has no split (its diag_error says why)."""
+    device, optimizer = diagnosis.diag_step_device_frac, diagnosis.diag_device_time_optimizer_frac
+    if device is None or optimizer is None:
+        return None
+    return device * optimizer

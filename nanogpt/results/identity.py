@@ -38,6 +38,9 @@ NOT_MEASURED = {
     "hardware": ("recalibrate",),
 }
 ALSO_MEASURED = {"logger": ("log_interval",)}
+# Keys added after sweeps were recorded: left out while at their defaults, so that a point
+# measured before them keeps its point_id (and a resume finds it).
+LATER_KEYS = {"optimizer": ("adjust_lr_fn", "roles", "build")}
 
 
 def measured_config(spec: RunSpec) -> dict:
@@ -50,6 +53,11 @@ def measured_config(spec: RunSpec) -> dict:
     for group, keys in ALSO_MEASURED.items():
         measured[group] = {k: plain[group][k] for k in keys}
     measured["hardware"]["calibrate"] = spec.hardware.calibrate or spec.hardware.recalibrate
+    defaults = spec_to_dict(RunSpec())
+    for group, keys in LATER_KEYS.items():
+        for key in keys:
+            if measured[group].get(key) == defaults[group][key]:
+                del measured[group][key]
     return measured
 
 

@@ -13,6 +13,8 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
             (computed in one function, results/derive.py), with their peak and its source
   Profile   torch.profiler's trace and top ops, when asked for
   Diagnosis the bottleneck verdict, its hint and the figures behind them (results/bottleneck.py)
+  OptimizerPart  the parameters by role, what stepped each, the state it keeps, its share of a
+            step (results/optimizer_part.py)
   MaxBatch  the largest batch that fits, when asked for
 
 Every field name is unique across the parts, so result.json, summary.csv and the notebook all read
@@ -35,6 +37,7 @@ from typing import Any
 from nanogpt.results.asked import Asked
 from nanogpt.results.bottleneck import Diagnosis
 from nanogpt.results.fields import JSON_ONLY, STEPS, json_only
+from nanogpt.results.optimizer_part import OptimizerPart
 
 STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, measure/timing.py
 
@@ -218,6 +221,7 @@ PARTS = {
     "rates": Rates,
     "profile": Profile,
     "diagnosis": Diagnosis,
+    "optimizer": OptimizerPart,
     "max_batch": MaxBatch,
 }
 
@@ -235,6 +239,7 @@ class Record:
     rates: Rates = field(default_factory=Rates)  # results/derive.py, called by the loop
     profile: Profile = field(default_factory=Profile)
     diagnosis: Diagnosis = field(default_factory=Diagnosis)  # measure/diagnose.py, judged there
+    optimizer: OptimizerPart = field(default_factory=OptimizerPart)  # measure/setup.py
     max_batch: MaxBatch = field(default_factory=MaxBatch)  # measure/maxbatch.py, in a child
     env: dict | None = json_only()  # versions, devices, host, git commit (hardware/env.py)
     wall_s: float | None = None  # the job process's clock around the whole point

@@ -107,6 +107,13 @@ def _fmt(value, spec: str = ",.0f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _budget(budget: dict) -> str:
+    """The memory budget as tune.md says it: GiB and where from, or why it is unknown."""
+    if budget["bytes"] is None:
+        return budget["source"]  # "unknown: ..."
+    return f"{budget['bytes'] / 2**30:.3g} GiB ({budget['source']})"
+
+
 def _interval(rec: dict) -> str:
     low, high = rec.get("tokens_per_s_ci_low"), rec.get("tokens_per_s_ci_high")
     return f"[{_fmt(low)}, {_fmt(high)}]" if low is not None and high is not None else "-"
@@ -121,7 +128,7 @@ def markdown(s: dict) -> str:
         f" Space: {', '.join(f'`{k}` {v or INTERVAL}' for k, v in s['space'].items())}"
         f" (full grid: {s['grid_size'] or 'continuous'} points). Fixed: "
         f"`{' '.join(s['fixed']) or 'nothing'}`. Memory budget: "
-        f"{_fmt((s['budget']['bytes'] or 0) / 2**30, '.3g')} GiB ({s['budget']['source']}), "
+        f"{_budget(s['budget'])}, "
         f"margin {s['memory_margin']:.0%}.",
         "",
     ]

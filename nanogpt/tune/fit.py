@@ -1,58 +1,104 @@
 """Which candidates fit before they run: the analytic memory estimate against the device's
 budget (nanogpt/measure/memory.py estimate_memory, the same figure a record's mem_estimate is).
 
-The budget is bench.max_batch_memory_gib when set, else the device's memory: a CUDA GPU's total
-as NVML reports it (the sweep's process must not initialise CUDA: its points are forked from
-it), a CPU's RAM available when the search starts. An estimate past the budget prunes the
-candidate before any process starts; one within it that still runs out of memory is recorded
-`oom` and told to the search as infeasible (a constraint).
+The budget is bench.max_batch_memory_gib when set, else the memory of the device the points will
+run on: a CUDA GPU's total as NVML reports it for that very GPU (devices.nvml_handle, matched by
+UUID: an NVML index names another GPU under CUDA_VISIBLE_DEVICES, SLURM or MIG), a CPU's RAM
+available when the search starts. The GPU is asked in a child process (`python -m
+nanogpt.tune.fit DEVICE`): its UUID comes from CUDA, and the sweep's process must hold no CUDA
+context (it would take memory on the GPU it measures, and a parallel launcher's slots fork from
+it). Where that figure is not known (no NVML, no CUDA here, or the points run on another
+machine: a SLURM launcher from a login node) the budget is unknown, with why, and nothing is
+pruned by the estimate: never another device's memory.
+
+An estimate past the budget prunes the candidate before any process starts; one within it that
+still runs out of memory is recorded `oom` and told to the search as infeasible (a constraint).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import psutil
 import torch
 
+from nanogpt.devices import nvml_handle, resolve_device
 from nanogpt.measure.memory import estimate_of
 from nanogpt.measure.trainer import gpt_config
 from nanogpt.model import GPT
 from nanogpt.spec import RunSpec
 
 GIB = 2**30
+ASK_GPU_TIMEOUT_S = 120  # a child imports torch and starts CUDA: seconds, more on a busy node
 
 
 @dataclass(frozen=True)
 class Budget:
     bytes: int | None  # None: unknown, nothing is pruned by estimate
-    source: str
+    source: str  # where the figure comes from, or why there is none ("unknown: ...")
 
 
-def device_budget(device: str, budget_gib: float | None) -> Budget:
+def device_budget(device: str, budget_gib: float | None, here: bool = True) -> Budget:
+    """The memory a candidate's estimate is held against. here=False: the points run on another
+    machine (configs.runs_here), whose memory this one cannot read."""
     if budget_gib is not None:
         return Budget(int(budget_gib * GIB), "bench.max_batch_memory_gib")
-    if device.startswith("cuda") or device == "auto":
-        total = _nvml_total(int(device.partition(":")[2] or 0))
-        if total is not None:
-            return Budget(total, "the GPU's memory (NVML)")
-        if device != "auto":
-            return Budget(None, "unknown: NVML does not answer")
+    if not here:
+        return Budget(None, "unknown: the points run on other machines (the launcher's)")
+    if device.startswith("cuda") or (device == "auto" and torch.version.cuda is not None):
+        answer = _ask_child(device)  # (`auto` with a torch built without CUDA: the CPU, or MPS)
+        if answer["cuda"]:  # a CUDA device: its GPU's memory, or unknown, never the host's RAM
+            if answer["bytes"] is None:
+                return Budget(None, f"unknown: {answer['why']}")
+            return Budget(answer["bytes"], answer["why"])
     return Budget(psutil.virtual_memory().available, "RAM available at the search's start")
 
 
-def _nvml_total(index: int) -> int | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no GPU: the budget falls back to RAM or unknown
+def unknown_line(budget: Budget) -> str | None:
+    """The one line the search says when its budget is unknown, or None."""
+    if budget.bytes is not None:
         return None
+    return (
+        f"tune: memory budget {budget.source}; no candidate is pruned before it runs (set "
+        "bench.max_batch_memory_gib to the memory of the points' device, in GiB, to prune)"
+    )
+
+
+def gpu_memory(device: str) -> dict:
+    """What the child answers (run in this process it would start CUDA here): whether `device`
+    is a CUDA device in this process (`auto`: the run's own choice, devices.resolve_device), and
+    its GPU's total memory by NVML, the handle matched by UUID (a MIG slice's own memory), or
+    None and why."""
+    if device == "auto":
+        if resolve_device(device).type != "cuda":
+            return {"cuda": False}
+    elif not torch.cuda.is_available():
+        return {"cuda": True, "bytes": None, "why": "CUDA is not available here"}
+    handle, which = nvml_handle(resolve_device(device))
+    if handle is None:
+        return {"cuda": True, "bytes": None, "why": which}
+    import pynvml  # nvml_handle found it and initialised NVML
+
+    total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    return {"cuda": True, "bytes": total, "why": f"the GPU's memory (NVML, {which})"}
+
+
+def _ask_child(device: str) -> dict:
+    """gpu_memory(device), answered by a fresh interpreter with this process's environment
+    (CUDA_VISIBLE_DEVICES included: the GPU the points will see)."""
+    command = [sys.executable, "-m", "nanogpt.tune.fit", device]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=ASK_GPU_TIMEOUT_S)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        why = f"the GPU's memory was not read in {ASK_GPU_TIMEOUT_S} s"
+    except (ValueError, IndexError):  # no JSON line: the child failed
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        why = f"the GPU's memory was not read (exit {done.returncode}: {last[:200]})"
+    return {"cuda": True, "bytes": None, "why": why}  # which device is not known either
 
 
 def estimate_bytes(spec: RunSpec) -> int:
@@ -80,3 +126,7 @@ def within_margin(used_bytes: int | None, budget: Budget, margin: float) -> bool
     if used_bytes is None or budget.bytes is None:
         return True
     return used_bytes <= (1 - margin) * budget.bytes
+
+
+if __name__ == "__main__":  # the child of _ask_child: one JSON line on stdout
+    print(json.dumps(gpu_memory(sys.argv[1])))
