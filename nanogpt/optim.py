@@ -1,10 +1,22 @@
-"""Optimizers as nanoGPT configures them: weight decay only on 2-D weights (matmuls and
-embeddings), never on biases and LayerNorm gains (Loshchilov & Hutter, 2019, decoupled decay)."""
+"""Optimizers by role: each parameter of the model belongs to one role (matrices, embeddings,
+head, scalars; nanogpt/optim_rules.py says which and what each role's defaults are), a param
+group per role, and one object the trainer steps.
+
+- adamw, sgd: nanoGPT's configure_optimizers: weight decay on the 2-D roles only, never on
+  biases and LayerNorm gains (Loshchilov & Hutter, 2019, decoupled decay).
+- muon: torch.optim.Muon on the block matrices, AdamW on the rest, stepped as one optimizer
+  (`Combined`): the GradScaler, clipping and the diagnosis see one step.
+- optimizer.build: any class, named as Hydra names it ({_target_: torch.optim.Adagrad,
+  _partial_: true, ...}), called with the role groups and its other keys. The spec carries the
+  node as plain values (library code imports no Hydra); the class is imported here as Hydra's
+  instantiate would import it (optim_rules.resolve_target).
+"""
 
 from __future__ import annotations
 
 import torch
 
+from nanogpt.optim_rules import BUILD_KEYS, ROLES, resolve_target, role_settings, stepped_by
 from nanogpt.spec import OptimizerConfig, OptimizerImpl
 
 # torch.optim's implementation switches: fused (one kernel for all params), foreach
@@ -17,34 +29,128 @@ IMPL_FLAGS = {
 }
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    params = [p for p in model.parameters() if p.requires_grad]
+def parameter_roles(model: torch.nn.Module, vocab_size: int) -> dict[str, list]:
+    """The model's trainable parameters by role (optim_rules.ROLES), each once. `model.blocks`
+    holds the transformer blocks (nanoGPT's transformer.h). An embedding's weight is an
+    embedding wherever else it is used: a head tied to it is no second tensor."""
+    embedded = {
+        id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)
+    }
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    roles: dict[str, list] = {role: [] for role in ROLES}
+    for name, p in model.named_parameters():  # a shared tensor is named once
+        if not p.requires_grad:
+            continue
+        if p.dim() < 2:
+            roles["scalars"].append(p)
+        elif id(p) in embedded:
+            roles["embeddings"].append(p)
+        elif id(p) in in_blocks:
+            roles["matrices"].append(p)
+        elif p.dim() == 2 and p.shape[0] == vocab_size:
+            roles["head"].append(p)
+        else:
+            raise ValueError(f"{name} {tuple(p.shape)} is outside the blocks but not a head")
+    return roles
+
+
+def role_groups(model: torch.nn.Module, cfg: OptimizerConfig, vocab_size: int) -> list[dict]:
+    """One param group per role that has parameters: {"role", "params", "lr",
+    "weight_decay", "stepped_by"}."""
+    roles = parameter_roles(model, vocab_size)
+    settings = role_settings(cfg, model.config.n_embd, tied_head=not roles["head"])
+    steppers = stepped_by(cfg)
     return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"role": role, "params": params, **settings[role], "stepped_by": steppers[role]}
+        for role, params in roles.items()
+        if params
     ]
 
 
 def build_optimizer(
-    model: torch.nn.Module, cfg: OptimizerConfig, prefer_fused: bool = False
-) -> torch.optim.Optimizer:
+    model: torch.nn.Module,
+    cfg: OptimizerConfig,
+    prefer_fused: bool = False,
+    vocab_size: int | None = None,
+):
     """`prefer_fused`: with impl=auto, take the fused implementation. The trainer asks for it on
     CUDA, for every dtype: it is what GPU trainers run (nanoGPT's train.py), and with fp16 a
     non-fused optimizer makes GradScaler.step read found_inf to the host every step, a sync
-    inside the measured loop; a fused one checks it on the device."""
-    groups = param_groups(model, cfg.weight_decay)
+    inside the measured loop; a fused one checks it on the device. With optimizer=muon the
+    flags are the AdamW part's: torch.optim.Muon has one implementation, a tensor at a time."""
+    groups = role_groups(model, cfg, vocab_size or model.config.vocab_size)
     flags = IMPL_FLAGS[cfg.impl]
     if prefer_fused and cfg.impl is OptimizerImpl.auto:
         flags = IMPL_FLAGS[OptimizerImpl.fused]
+    if cfg.build and cfg.build.get("_target_"):
+        kwargs = {k: v for k, v in cfg.build.items() if k not in BUILD_KEYS}
+        return resolve_target(cfg.build["_target_"])(_torch_groups(groups), **kwargs)
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **flags)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **flags)
+        return torch.optim.SGD(_torch_groups(groups), lr=cfg.lr, momentum=cfg.momentum, **flags)
+    adamw = [g for g in groups if g["stepped_by"] == "AdamW"]
+    betas = tuple(cfg.betas)
+    if cfg.name != "muon":
+        return torch.optim.AdamW(_torch_groups(adamw), lr=cfg.lr, betas=betas, **flags)
+    muon = torch.optim.Muon(
+        _torch_groups([g for g in groups if g["stepped_by"] == "Muon"]),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        adjust_lr_fn=cfg.adjust_lr_fn,
+    )
+    if not adamw:
+        return muon
+    return Combined([muon, torch.optim.AdamW(_torch_groups(adamw), betas=betas, **flags)])
 
 
-def implementation(optimizer: torch.optim.Optimizer) -> str:
+def _torch_groups(groups: list[dict]) -> list[dict]:
+    """The groups as torch.optim takes them: params, lr, weight_decay (no bookkeeping keys)."""
+    return [{k: g[k] for k in ("params", "lr", "weight_decay")} for g in groups]
+
+
+class Combined:
+    """Several optimizers stepped as one, as nanochat's MuonAdamW steps Muon and AdamW: one
+    `step`, `zero_grad` and `state_dict`, and `param_groups` that are the parts' own groups
+    (the same dicts), so GradScaler.unscale_ unscales every part's gradients and GradScaler.step
+    steps all parts or, after an inf, none. Each part's step keeps its own profiler range
+    (`Optimizer.step#Muon.step`), which the diagnosis counts as optimizer time."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]):
+        self.parts = parts
+        self.param_groups = [group for part in parts for group in part.param_groups]
+
+    @property
+    def state(self) -> dict:
+        return {p: s for part in self.parts for p, s in part.state.items()}
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for part in self.parts:
+            part.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for part, own in zip(self.parts, state["parts"], strict=True):
+            part.load_state_dict(own)
+
+
+def implementation(optimizer) -> str:
     """Which implementation steps: fused, foreach or for_loop. torch decides foreach=None at
-    the first step (foreach for CUDA tensors, else for_loop), as its own default does."""
+    the first step (foreach for CUDA tensors, else for_loop), as its own default does. Muon
+    has one: a tensor at a time."""
+    if isinstance(optimizer, Combined):
+        return ", ".join(f"{type(p).__name__} {implementation(p)}" for p in optimizer.parts)
+    if isinstance(optimizer, getattr(torch.optim, "Muon", ())):
+        return "for_loop (Muon's only)"
     defaults = optimizer.defaults
+    if "foreach" not in defaults and "fused" not in defaults:  # a class of the user's
+        return f"{type(optimizer).__name__}'s own"
     if defaults.get("fused"):
         return "fused"
     if defaults.get("foreach") is None:
@@ -52,3 +158,21 @@ def implementation(optimizer: torch.optim.Optimizer) -> str:
         on_cuda = bool(params) and all(p.is_cuda for p in params)
         return "foreach (torch's default)" if on_cuda else "for_loop (torch's default)"
     return "foreach" if defaults["foreach"] else "for_loop"
+
+
+def state_bytes(optimizer, params: list) -> int:
+    """Bytes of the optimizer's state tensors for `params`, counted (after a step: torch
+    creates the state at the first one). Step counters count too (a scalar tensor each)."""
+    state = optimizer.state
+    tensors = [t for p in params for t in state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+    # FSDP2's state is sharded (DTensor): this rank's shard is what it holds
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def role_counts(model: torch.nn.Module, vocab_size: int) -> dict[str, int]:
+    """Parameters by role (elements, not tensors): what the memory estimate counts state for."""
+    return {
+        role: sum(p.numel() for p in params)
+        for role, params in parameter_roles(model, vocab_size).items()
+    }

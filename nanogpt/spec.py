@@ -94,14 +94,38 @@ class ModelConfig:
 
 
 @dataclass
+class RoleConfig:
+    """A role's learning rate and weight decay; None: the optimizer's default for the role
+    (nanogpt/optim_rules.py)."""
+
+    lr: float | None = None
+    weight_decay: float | None = None
+
+
+@dataclass
+class RolesConfig:
+    """optimizer.roles.<role>: the parameters outside the block matrices, whose own learning
+    rate and weight decay are optimizer.lr and optimizer.weight_decay."""
+
+    embeddings: RoleConfig = field(default_factory=RoleConfig)
+    head: RoleConfig = field(default_factory=RoleConfig)  # an untied head only
+    scalars: RoleConfig = field(default_factory=RoleConfig)  # norms, biases, gains
+
+
+@dataclass
 class OptimizerConfig:
-    name: str = "adamw"  # adamw | sgd
-    lr: float = 6e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    weight_decay: float = 0.1
-    momentum: float = 0.9  # sgd only
+    name: str = "adamw"  # adamw | sgd | muon
+    lr: float = 6e-4  # the block matrices' (and, for adamw and sgd, every role's by default)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW's (muon: its AdamW)
+    weight_decay: float = 0.1  # the block matrices' (adamw, sgd: every 2-D role's by default)
+    momentum: float = 0.9  # sgd and muon
     grad_clip: float = 1.0  # 0 disables clipping
-    impl: OptimizerImpl = OptimizerImpl.auto
+    impl: OptimizerImpl = OptimizerImpl.auto  # muon: its AdamW part (Muon steps a tensor a time)
+    adjust_lr_fn: str = "original"  # muon: torch.optim.Muon's learning-rate adjustment
+    roles: RolesConfig = field(default_factory=RolesConfig)
+    # Any optimizer class, built Hydra's way: {_target_: torch.optim.Adagrad, _partial_: true,
+    # its other arguments}, called with the parameter groups (nanogpt/optim.py). Empty: by name.
+    build: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -242,12 +266,23 @@ def spec_from_dict(raw: dict[str, Any]) -> RunSpec:
         values = dict(raw.get(f.name, {}))
         for sub in dataclasses.fields(cls):
             default = getattr(defaults, sub.name)
-            if isinstance(default, enum.Enum) and sub.name in values:
+            if dataclasses.is_dataclass(default) and sub.name in values:
+                values[sub.name] = _nested(type(default), values[sub.name])
+            elif isinstance(default, enum.Enum) and sub.name in values:
                 values[sub.name] = type(default)(values[sub.name])
             elif default and isinstance(default, list) and isinstance(default[0], enum.Enum):
                 values[sub.name] = [type(default[0])(v) for v in values.get(sub.name, default)]
         groups[f.name] = cls(**values)
     return RunSpec(**groups)
+
+
+def _nested(cls, raw: dict) -> Any:
+    """A nested dataclass (optimizer.roles and its roles) from its dict."""
+    values = dict(raw)
+    for sub in dataclasses.fields(cls):
+        if sub.name in values and dataclasses.is_dataclass(getattr(cls(), sub.name)):
+            values[sub.name] = _nested(type(getattr(cls(), sub.name)), values[sub.name])
+    return cls(**values)
 
 
 def _plain(value: Any) -> Any:

@@ -4,8 +4,9 @@ Types and unknown keys are Hydra's job (structured configs); these are the check
 express. Each failure raises ConfigError: one sentence naming the key and the fix.
 
 The sweep's own process runs them for every point before it measures any. A point on the CPU
-is checked without importing torch (device_support.py): that process starts seconds sooner. A
-CUDA, MPS or `auto` device is asked through torch, imported then.
+is checked without importing torch (device_support.py, optim_rules.py): that process starts
+seconds sooner. A CUDA, MPS or `auto` device is asked through torch, imported then, and so is
+an optimizer.build class (imported to see that it is there).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from nanogpt.data import check_data
 from nanogpt.device_support import Place, attention_unavailable, parse_device, precision_unavailable
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
+from nanogpt.optim_rules import check_optimizer
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 from nanogpt.spec import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
 
@@ -104,28 +106,6 @@ def check_sizes(spec: RunSpec) -> None:
         )
 
 
-def check_optimizer(spec: RunSpec) -> None:
-    """The values torch.optim would reject at the first step, or that train nothing.
-    Written as `not (ok)` so that NaN fails too."""
-    opt = spec.optimizer
-    if not opt.lr > 0:
-        raise ConfigError("optimizer.lr", f"is {opt.lr} but must be positive", "use e.g. 6e-4")
-    betas = list(opt.betas)
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise ConfigError(
-            "optimizer.betas",
-            f"is {betas} but must be two values in [0, 1)",
-            "use e.g. [0.9,0.95]",
-        )
-    for key, value in {
-        "optimizer.weight_decay": opt.weight_decay,
-        "optimizer.momentum": opt.momentum,
-        "optimizer.grad_clip": opt.grad_clip,
-    }.items():
-        if not value >= 0:
-            raise ConfigError(key, f"is {value} but must be 0 or more", f"set {key}=0 to disable")
-
-
 def check_model(spec: RunSpec) -> None:
     m = spec.model
     if m.n_embd % m.n_head:
@@ -145,9 +125,11 @@ def check_choices(spec: RunSpec) -> None:
             f"'{spec.perf.compile_mode}' is not a torch.compile mode",
             f"use one of {', '.join(COMPILE_MODES)}",
         )
-    if spec.optimizer.name not in ("adamw", "sgd"):
+    if spec.optimizer.name not in ("adamw", "sgd", "muon"):
         raise ConfigError(
-            "optimizer.name", f"'{spec.optimizer.name}' is unknown", "use optimizer=adamw or sgd"
+            "optimizer.name",
+            f"'{spec.optimizer.name}' is unknown",
+            "use optimizer=adamw, sgd or muon, or optimizer.build._target_=CLASS",
         )
     if spec.logger.backend not in ("wandb", "none"):
         raise ConfigError(

@@ -38,7 +38,7 @@ from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.progress import Progress
-from nanogpt.measure.setup import describe_setup
+from nanogpt.measure.setup import count_optimizer_state, describe_optimizer, describe_setup
 from nanogpt.measure.timing import StepTimer
 from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.measure.window import StepLog, Window
@@ -101,6 +101,7 @@ def _keep_measured_steps(record: Record, log: StepLog) -> None:
 def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, history) -> None:
     bench, device = spec.bench, trainer.device
     record.setup = describe_setup(spec, trainer)
+    record.optimizer = describe_optimizer(spec, trainer, record.setup.mem_estimate)
     probe = memory.MemoryProbe(device, cuda_graphs=_graph_mode(spec) in CUDA_GRAPH_MODES)
     probe.start()
     energy = EnergyProbe(device)
@@ -142,8 +143,10 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         for key, value in probe.result().items():
             setattr(record.memory, key, value)
     _derive(spec, trainer, ceilings, record, log)
+    count_optimizer_state(spec, trainer, record.optimizer)  # the state the steps created
     # After the measured steps and their memory peaks: the profiled steps enter no statistic.
     run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
+    record.optimizer.optimizer_step_frac = derive.optimizer_step_frac(record.diagnosis)
 
 
 def _graph_mode(spec: RunSpec) -> str | None:

@@ -1,5 +1,7 @@
 """What a point is before its first step: parameter and FLOP counts, tokens per step, the
-wrapping, the optimizer implementation and the memory estimate (the record's `Setup`)."""
+wrapping, the optimizer implementation and the memory estimate (the record's `Setup`); its
+parameters by role and what steps each (the record's `OptimizerPart`, whose state bytes are
+counted after the measured steps: `count_optimizer_state`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from pathlib import Path
 
 from nanogpt.measure import flops, memory
 from nanogpt.measure.trainer import Trainer
+from nanogpt.optim import role_groups, state_bytes
+from nanogpt.optim_rules import estimated_state
+from nanogpt.results.optimizer_part import OptimizerPart
 from nanogpt.results.record import Setup
 from nanogpt.spec import RunSpec
 
@@ -37,6 +42,51 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
         mem_estimate_bytes=estimate["total"],
         mem_estimate=estimate,
     )
+
+
+def describe_optimizer(spec: RunSpec, trainer: Trainer, estimate: dict) -> OptimizerPart:
+    """Each role's parameters, learning rate, weight decay, what steps it and the state the
+    memory estimate (`estimate`, measure/memory.py) gives it."""
+    opt = spec.optimizer
+    groups = role_groups(trainer.raw_model, opt, spec.model.vocab_size)
+    by_role = estimate.get("optimizer_state_by_role", {})
+    roles = {
+        g["role"]: {
+            "n_params": sum(p.numel() for p in g["params"]),
+            "tensors": len(g["params"]),
+            "lr": g["lr"],
+            "weight_decay": g["weight_decay"],
+            "stepped_by": g["stepped_by"],
+            "state_bytes_est": by_role.get(g["role"]),
+            "state_bytes": None,  # counted after the measured steps
+        }
+        for g in groups
+    }
+    muon = "Muon" in {g["stepped_by"] for g in groups}
+    note = None
+    if muon:
+        note = (
+            "Muon steps one matrix at a time (torch.optim.Muon has no foreach or fused path); "
+            f"optimizer.impl={opt.impl.value} applies to the AdamW part"
+        )
+    return OptimizerPart(
+        optimizer_stepped=" + ".join(dict.fromkeys(g["stepped_by"] for g in groups)),
+        optimizer_roles=roles,
+        optimizer_state_rule=estimated_state(opt, {})[1],
+        muon_adjust_lr_fn=opt.adjust_lr_fn if muon else None,
+        optimizer_note=note,
+    )
+
+
+def count_optimizer_state(spec: RunSpec, trainer: Trainer, part: OptimizerPart) -> None:
+    """The state the optimizer holds, counted from its tensors by role (after the measured
+    steps: torch creates it at the first step); this rank's share under FSDP2."""
+    total = 0
+    for g in role_groups(trainer.raw_model, spec.optimizer, spec.model.vocab_size):
+        counted = state_bytes(trainer.optimizer, g["params"])
+        part.optimizer_roles[g["role"]]["state_bytes"] = counted
+        total += counted
+    part.optimizer_state_bytes = total
 
 
 def _inductor_cache_state() -> str:

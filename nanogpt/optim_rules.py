@@ -1,0 +1,294 @@
+"""What each optimizer does with each role of parameter, decided without torch.
+
+A model's parameters fall into four roles (nanogpt/optim.py sorts them):
+
+  matrices    the 2-D weights inside the transformer blocks (attention and MLP projections)
+  embeddings  the token and position tables; a head tied to the token table is this tensor,
+              so it is an embedding, never a matrix
+  head        the output projection when it is a tensor of its own: the 2-D parameter outside
+              the blocks whose rows are the vocabulary (model.vocab_size)
+  scalars     every parameter of fewer than 2 dimensions: LayerNorm gains and biases, biases
+
+The learning rate and weight decay of each role, unless optimizer.roles.<role> sets them:
+
+  adamw, sgd, optimizer.build   nanoGPT's configure_optimizers: every role at optimizer.lr;
+                                optimizer.weight_decay on the 2-D roles, none on scalars
+  muon                          nanochat's setup_optimizer (nanochat/gpt.py): Muon on the
+                                matrices at optimizer.lr (0.02) and optimizer.weight_decay;
+                                AdamW on the rest, embeddings at 0.2 and the head at 0.004,
+                                both times (n_embd / 768)^-0.5 as nanochat scales its AdamW
+                                groups, decayed 0.001 and 0.01 (an embedding tied to the head,
+                                as the built-in GPT's, takes the head's: it is the head too);
+                                scalars at 0.005 (nanochat's residual gains: scalar_lr 0.5 x
+                                0.01), not decayed (nanoGPT never decays a 1-D tensor)
+
+Below them, the optimizer's keys checked (`check_optimizer`, which validate.py runs). A sweep's
+own process checks every point before it measures any: these rules import no torch, so a CPU
+point is checked without it. Muon's availability is read from the installed torch's version
+(torch.optim.Muon arrived in torch 2.9); an optimizer.build class is imported, torch with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import re
+
+from nanogpt.errors import ConfigError
+from nanogpt.spec import OptimizerConfig, OptimizerImpl, RunSpec, Strategy
+
+ROLES = ("matrices", "embeddings", "head", "scalars")
+ROLE_KEYS = ROLES[1:]  # optimizer.roles.<role>; the matrices' are optimizer.lr / weight_decay
+BUILD_KEYS = ("_target_", "_partial_")  # optimizer.build's Hydra keys, not the class's arguments
+
+# nanochat's setup_optimizer defaults for its AdamW groups at n_embd 768, and the scalars'.
+NANOCHAT_LR = {"embeddings": 0.2, "head": 0.004, "scalars": 0.5 * 0.01}
+NANOCHAT_WEIGHT_DECAY = {"embeddings": 0.001, "head": 0.01, "scalars": 0.0}
+NANOCHAT_WIDTH = 768
+
+MUON_SINCE = (2, 9)  # torch.optim.Muon's first release
+MUON_ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn choices
+
+# fp32 slots a parameter keeps in each torch.optim class's state (its `state[p]` tensors the
+# size of p; step counters are left out): 4 bytes each.
+STATE_SLOTS = {
+    "AdamW": 2,  # exp_avg, exp_avg_sq
+    "Adam": 2,
+    "Adamax": 2,  # exp_avg, exp_inf
+    "NAdam": 2,
+    "RAdam": 2,
+    "Adadelta": 2,  # square_avg, acc_delta
+    "Rprop": 2,  # prev, step_size
+    "Adagrad": 1,  # sum
+    "RMSprop": 1,  # square_avg (plus momentum_buffer / grad_avg when asked)
+    "ASGD": 1,  # ax
+    "Muon": 1,  # momentum_buffer
+}
+
+
+def stepped_by(opt: OptimizerConfig) -> dict[str, str]:
+    """The optimizer class that steps each role: a torch.optim name or optimizer.build's
+    target."""
+    if opt.build and opt.build.get("_target_"):
+        return dict.fromkeys(ROLES, str(opt.build["_target_"]))
+    if opt.name == "muon":
+        return {"matrices": "Muon", **dict.fromkeys(ROLE_KEYS, "AdamW")}
+    return dict.fromkeys(ROLES, "SGD" if opt.name == "sgd" else "AdamW")
+
+
+def role_settings(
+    opt: OptimizerConfig, n_embd: int, tied_head: bool = False
+) -> dict[str, dict[str, float]]:
+    """Each role's {"lr", "weight_decay"}: optimizer.roles where set, else the defaults above.
+    `tied_head`: the token embedding is also the head (the built-in GPT). Then muon's default
+    for the embeddings is the head's: nanochat's embedding rate (50x the head's) would move the
+    output projection too fast (on nano-1k the loss rose from 6.9 to 21 in five steps)."""
+    if opt.name == "muon":
+        scale = (n_embd / NANOCHAT_WIDTH) ** -0.5
+        lr = {"embeddings": NANOCHAT_LR["embeddings"] * scale, "head": NANOCHAT_LR["head"] * scale}
+        lr["scalars"] = NANOCHAT_LR["scalars"]
+        decay = dict(NANOCHAT_WEIGHT_DECAY)
+        if tied_head:
+            lr["embeddings"], decay["embeddings"] = lr["head"], decay["head"]
+    else:
+        lr = dict.fromkeys(ROLE_KEYS, opt.lr)
+        decay = {"embeddings": opt.weight_decay, "head": opt.weight_decay, "scalars": 0.0}
+    settings = {"matrices": {"lr": opt.lr, "weight_decay": opt.weight_decay}}
+    for role in ROLE_KEYS:
+        asked = getattr(opt.roles, role)
+        settings[role] = {
+            "lr": lr[role] if asked.lr is None else asked.lr,
+            "weight_decay": decay[role] if asked.weight_decay is None else asked.weight_decay,
+        }
+    return settings
+
+
+def state_bytes_per_param(opt: OptimizerConfig, stepper: str) -> int | None:
+    """Bytes of optimizer state a parameter stepped by `stepper` keeps; None for a class this
+    table does not know (a user's)."""
+    name = stepper.rpartition(".")[2]
+    if name == "SGD":
+        momentum = opt.momentum if not opt.build else opt.build.get("momentum", 0)
+        return 4 if momentum else 0
+    slots = STATE_SLOTS.get(name)
+    return None if slots is None else 4 * slots
+
+
+def estimated_state(opt: OptimizerConfig, counts: dict[str, int]) -> tuple[dict[str, int], str]:
+    """The optimizer state in bytes by role, for `counts` (parameters by role), and the rule:
+    AdamW 8 bytes a parameter, Muon 4, SGD 4 with momentum; a class the table does not know is
+    counted as AdamW, and the rule says so (the record's counted figure is exact)."""
+    by_role, unknown = {}, set()
+    for role, stepper in stepped_by(opt).items():
+        per_param = state_bytes_per_param(opt, stepper)
+        if per_param is None:
+            unknown.add(stepper)
+            per_param = 4 * STATE_SLOTS["AdamW"]
+        by_role[role] = per_param * counts.get(role, 0)
+    rule = "bytes a parameter: " + ", ".join(
+        f"{stepper} {state_bytes_per_param(opt, stepper)}"
+        for stepper in dict.fromkeys(stepped_by(opt).values())
+        if stepper not in unknown
+    )
+    if unknown:
+        rule += f"; {', '.join(sorted(unknown))} unknown here, counted as AdamW's 8"
+    return by_role, rule
+
+
+def torch_version() -> str:
+    """The installed torch's version, from its package metadata: torch is not imported."""
+    return importlib.metadata.version("torch")
+
+
+def muon_missing(version: str | None = None) -> str | None:
+    """Why a torch of `version` (default: the installed one) has no torch.optim.Muon; None
+    when it has."""
+    version = version or torch_version()
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+    if numbers < MUON_SINCE:
+        return f"torch {version} has no torch.optim.Muon (it arrived in torch 2.9)"
+    return None
+
+
+def resolve_target(target: str):
+    """optimizer.build._target_ ("torch.optim.Adagrad", "mypkg.opt.Lion") as the callable it
+    names, imported as Hydra's instantiate imports it: the longest importable module, then
+    attributes. Raises ValueError with what went wrong."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except AttributeError:
+            raise ValueError(f"{'.'.join(parts[:cut])} has no {'.'.join(parts[cut:])}") from None
+        if not callable(found):
+            raise ValueError(f"{target} is not callable")
+        return found
+    raise ValueError(f"no module of {target} can be imported")
+
+
+# The optimizer's keys, checked before any model is built (validate.py runs them): one
+# ConfigError line each, naming the key and the fix.
+
+
+def check_optimizer(spec: RunSpec) -> None:
+    """The values torch.optim would reject at the first step, or that train nothing.
+    Written as `not (ok)` so that NaN fails too."""
+    opt = spec.optimizer
+    if not opt.lr > 0:
+        raise ConfigError("optimizer.lr", f"is {opt.lr} but must be positive", "use e.g. 6e-4")
+    betas = list(opt.betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(
+            "optimizer.betas",
+            f"is {betas} but must be two values in [0, 1)",
+            "use e.g. [0.9,0.95]",
+        )
+    for key, value in {
+        "optimizer.weight_decay": opt.weight_decay,
+        "optimizer.momentum": opt.momentum,
+        "optimizer.grad_clip": opt.grad_clip,
+    }.items():
+        if not value >= 0:
+            raise ConfigError(key, f"is {value} but must be 0 or more", f"set {key}=0 to disable")
+    for role in ROLE_KEYS:
+        asked, key = getattr(opt.roles, role), f"optimizer.roles.{role}"
+        if asked.lr is not None and not asked.lr > 0:
+            fix = "give a positive rate, or null for the role's default"
+            raise ConfigError(f"{key}.lr", f"is {asked.lr} but must be positive", fix)
+        if asked.weight_decay is not None and not asked.weight_decay >= 0:
+            fix = "give 0 or more, or null for the role's default"
+            raise ConfigError(f"{key}.weight_decay", f"is {asked.weight_decay}, below 0", fix)
+    check_build(spec)
+    check_muon(spec)
+
+
+def check_build(spec: RunSpec) -> None:
+    """optimizer.build: a class to call with the parameter groups (nanogpt/optim.py), importable
+    here, and no second optimizer beside it."""
+    opt, build = spec.optimizer, spec.optimizer.build
+    if not build:
+        return
+    target = build.get("_target_")
+    if not target or not isinstance(target, str):
+        raise ConfigError(
+            "optimizer.build._target_", "is not set", "name a class: torch.optim.Adagrad"
+        )
+    if build.get("_partial_", True) is not True:
+        raise ConfigError(
+            "optimizer.build._partial_",
+            "must be true: the runner calls the class with the parameter groups",
+            "set it to true, or leave it out",
+        )
+    nested = [k for k, v in build.items() if isinstance(v, dict) and "_target_" in v]
+    if nested:
+        raise ConfigError(
+            f"optimizer.build.{nested[0]}", "is a nested _target_, not built here", "give values"
+        )
+    if opt.name == "muon":
+        raise ConfigError(
+            "optimizer.build",
+            "replaces the optimizer, and optimizer=muon is two (Muon and AdamW)",
+            "use it with optimizer=adamw or sgd, or leave optimizer.build out",
+        )
+    if opt.impl is not OptimizerImpl.auto:
+        raise ConfigError(
+            "optimizer.impl",
+            f"{opt.impl.value} is a flag of the built-in optimizers; optimizer.build gets only "
+            "its own keys",
+            "set optimizer.impl=auto and e.g. optimizer.build.foreach=true",
+        )
+    try:
+        cls = resolve_target(target)
+    except ValueError as err:
+        raise ConfigError(
+            "optimizer.build._target_", f"'{target}': {err}", "give an importable class path"
+        ) from None
+    taken = _arguments(cls)
+    for key in build:
+        if taken is not None and key not in (*BUILD_KEYS, *taken):
+            raise ConfigError(
+                f"optimizer.build.{key}",
+                f"is no argument of {target}",
+                f"use one of {', '.join(sorted(taken))}",
+            )
+
+
+def _arguments(cls) -> set[str] | None:
+    """The keyword arguments `cls` takes besides the parameters (None: any, **kwargs)."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the class will say
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params} - {"self", "params"}
+
+
+def check_muon(spec: RunSpec) -> None:
+    """optimizer=muon: a torch with torch.optim.Muon, whole matrices (no FSDP2 shards), one of
+    Muon's learning-rate adjustments."""
+    opt = spec.optimizer
+    if opt.name != "muon":
+        return
+    missing = muon_missing()
+    if missing:
+        raise ConfigError("optimizer", missing, "install torch 2.9 or newer, or use adamw")
+    if spec.dist.strategy is Strategy.fsdp2:
+        raise ConfigError(
+            "dist.strategy",
+            "fsdp2 shards every matrix over the ranks, and Muon's Newton-Schulz step needs "
+            "whole matrices",
+            "use dist.strategy=ddp with optimizer=muon",
+        )
+    if opt.adjust_lr_fn not in MUON_ADJUST_LR:
+        raise ConfigError(
+            "optimizer.adjust_lr_fn",
+            f"'{opt.adjust_lr_fn}' is not one of torch.optim.Muon's",
+            f"use {' or '.join(MUON_ADJUST_LR)}",
+        )
