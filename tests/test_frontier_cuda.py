@@ -58,32 +58,6 @@ def test_the_chunked_loss_saves_what_the_estimate_predicts_compiled_or_not(sweep
         assert abs(measured - predicted) < 0.25 * full_logits, (compiled, measured, predicted)
 
 
-# The default CUDA point, measured briefly: the shapes the estimate's coefficients were fitted
-# to (GPT-2 124M, block 1024, batch 12, bf16; one H100, 2026-11-23, measure/memory.py).
-DEFAULT_POINT_BRIEFLY = [
-    *GPU_POINT,
-    "bench.warmup_s=0",
-    "bench.measure_s=0",
-    "bench.measure_steps=5",
-    "bench.min_measure_steps=1",
-    "bench.diagnose=false",
-    "bench.exclusive=off",
-    "logger=none",
-]
-
-
-def test_the_estimate_predicts_the_default_points_peak_compiled_or_not(sweep):
-    proc, sweep_dir = sweep(*DEFAULT_POINT_BRIEFLY, "perf.compile=true,false", micro=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
-    assert [r["status"] for r in records] == ["ok"] * 2
-    for r in records:
-        assert (r["model"], r["block_size"], r["batch_size"]) == ("gpt2", 1024, 12)
-        # H100: compiled 9.08 GiB (estimate 9.08), eager 11.31 GiB (estimate 11.32)
-        ratio = r["mem_estimate_bytes"] / r["mem_peak_allocated_bytes"]
-        assert abs(ratio - 1) <= 0.05, (r["compile"], ratio)
-
-
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (one rank each)")
 def test_fsdp2_on_two_gpus_with_compile_and_checkpointing(sweep):
     proc, sweep_dir = sweep(
