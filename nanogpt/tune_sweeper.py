@@ -46,8 +46,7 @@ from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.results import store
 from nanogpt.results import table as sweep_table
-from nanogpt.tune import answer, fit, ladder, objectives, quality
-from nanogpt.tune.jobs import JobNumbers
+from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality
 from nanogpt.tune_space import as_overrides, key_of, merged, values_of
 
 log = logging.getLogger(__name__)
@@ -108,10 +107,9 @@ class Search:
             self._stop()
 
     def _stop(self) -> NoReturn:
-        """Ctrl-C here, while the search asks, composes or launches a candidate (one that lands
-        while a candidate measures is recorded by it, and the callback stops the sweep:
-        callbacks.SweepReport.on_job_end). Nothing is undone: the study keeps the trial open (a
-        resume asks it again first), the records stay. As a grid: the table, one line, 130."""
+        """Ctrl-C as the search asks, composes or launches a candidate (one in a measurement is
+        recorded and stops the sweep in callbacks.SweepReport.on_job_end). Nothing is undone:
+        the trial stays open (a resume asks it first). As a grid: the table, one line, 130."""
         cfg = self.config
         sweep_dir, report, cost = Path(cfg.hydra.sweep.dir), cfg.report, cfg.cost
         with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: no table (nanogpt.report)
@@ -140,7 +138,7 @@ class Search:
                 raise ConfigError("tune.objective", f"{name} cannot be computed", why)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
-        self.jobs = JobNumbers(self.sweep_dir)
+        self.jobs = jobs.JobNumbers(self.sweep_dir)
         # The memory of the device the points run on: unknown when a cluster's launcher runs
         # them (and then said), never this (login) node's
         device, budget_gib = str(cfg.bench.device), cfg.bench.max_batch_memory_gib
@@ -252,24 +250,11 @@ class Search:
         self, params: list[str], rung: str, extra: list[str], trial: int | None = None
     ) -> ladder.Entry:
         """Run one point (the runner skips one already recorded ok) and read its record."""
-        overrides = merged(self.fixed, params, extra)
-        record = self._launch(overrides, f"{rung} {key_of(params)}")
+        record = self._launch(merged(self.fixed, params, extra), f"{rung} {key_of(params)}")
         entry = ladder.Entry(
             key=key_of(params), overrides=params, rung=rung, trial=trial, record=record
         )
-        status = record.get("status")
-        if status == "oom":
-            entry.reason = "oom: ran out of memory"
-        elif status != "ok":
-            entry.reason = f"{status}: {record.get('error') or 'no record'}"
-        else:
-            found = record["objectives"]
-            if any(v is None for v in found):
-                missing = [n for n, v in zip(self.names, found, strict=True) if v is None]
-                entry.reason = f"no figure for {', '.join(missing)}"
-            else:
-                entry.values = found
-        return entry
+        return ladder.judged(entry, self.names)
 
     def _launch(self, overrides: list[str], key: str) -> dict:
         self.doing = key
@@ -280,15 +265,7 @@ class Search:
         record = store.read_result(job_dir / store.RESULT_FILE) or {}
         if ret.status != JobStatus.COMPLETED and not record:
             record = {"status": "error", "error": str(ret._return_value)}
-        # the figures the search keeps, by its own names (objectives.RECORD_FIELDS)
-        slim = {name: objectives.field(record, name) for name in objectives.RECORD_FIELDS}
-        slim["objectives"] = objectives.values(record, self.names, **self.prices)
-        slim["footprint_bytes"] = objectives.footprint_bytes(record)
-        slim["peak_memory_gib"] = objectives.peak_memory_gib(record)
-        slim["wall_s"] = record.get("wall_s")
-        slim["job_dir"] = str(job_dir)
-        slim["grad_accum"] = (record.get("measured_config") or {}).get("perf", {}).get("grad_accum")
-        return slim
+        return jobs.kept(record, job_dir, self.names, self.prices)
 
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:

@@ -31,6 +31,23 @@ class Entry:
         return self.values is not None and self.reason is None
 
 
+def judged(entry: Entry, names: list[str]) -> Entry:
+    """The entry with its verdict from its record (tune/jobs.kept): the objectives' values, or
+    why there are none (ran out of memory, failed, a figure the record cannot give)."""
+    record = entry.record
+    status, found = record.get("status"), record.get("objectives") or []
+    if status == "oom":
+        entry.reason = "oom: ran out of memory"
+    elif status != "ok":
+        entry.reason = f"{status}: {record.get('error') or 'no record'}"
+    elif any(v is None for v in found):
+        missing = [n for n, v in zip(names, found, strict=True) if v is None]
+        entry.reason = f"no figure for {', '.join(missing)}"
+    else:
+        entry.values = found
+    return entry
+
+
 def better(a: float, b: float, direction: str) -> bool:
     return a > b if direction == "maximize" else a < b
 
