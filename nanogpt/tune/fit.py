@@ -6,10 +6,10 @@ run on: a CUDA GPU's total as NVML reports it for that very GPU (devices.nvml_ha
 UUID: an NVML index names another GPU under CUDA_VISIBLE_DEVICES, SLURM or MIG), a CPU's RAM
 available when the search starts. The GPU is asked in a child process (`python -m
 nanogpt.tune.fit DEVICE`): its UUID comes from CUDA, and the sweep's process must hold no CUDA
-context (it would take memory on the GPU it measures, and a parallel launcher's slots fork from
-it). Where that figure is not known (no NVML, no CUDA here, or the points run on another
-machine: a SLURM launcher from a login node) the budget is unknown, with why, and nothing is
-pruned by the estimate: never another device's memory.
+context (it would take memory on the GPU it measures for the whole search, and be one more
+process on that GPU). Where that figure is not known (no NVML, no CUDA here, or the points run
+on another machine: a SLURM launcher from a login node) the budget is unknown, with why, and
+nothing is pruned by the estimate: never another device's memory.
 
 An estimate past the budget prunes the candidate before any process starts; one within it that
 still runs out of memory is recorded `oom` and told to the search as infeasible (a constraint).
