@@ -423,6 +423,11 @@ def test_host_bound_hints_follow_what_the_point_already_uses():
         ({"attention": 0.6, "matmul": 0.4}, {"attention": "math"}, "perf.attention=auto"),
         ({"elementwise": 0.6, "matmul": 0.4}, {}, "perf.compile=true (fuses elementwise"),
         ({"optimizer": 0.5, "matmul": 0.4}, {"optimizer_impl": "foreach"}, "impl=fused"),
+        (
+            {"optimizer": 0.5, "matmul": 0.4},
+            {"optimizer_impl": "Muon for_loop (Muon's only), AdamW fused"},
+            "Muon's Newton-Schulz steps",
+        ),
         ({"matmul": 0.7, "elementwise": 0.3}, {"dtype": "bf16"}, "at its kernels' speed"),
     ],
 )

@@ -183,6 +183,10 @@ def _device(d: Diagnosis, s: Setting) -> list[str]:
         return [f"{busy}, {share}: try perf.attention=auto (a fused attention kernel)"]
     if top == "elementwise" and not s.compile:
         return [f"{busy}, {share}: try perf.compile=true (fuses elementwise and norm operators)"]
+    if top == "optimizer" and "Muon" in s.optimizer_impl:
+        # no implementation to switch to: its cost a step is the matrices', whatever the batch
+        why = "Muon's Newton-Schulz steps, a matrix at a time (it has no fused path)"
+        return [f"{busy}, {share}: {why}; a bigger perf.batch_size spreads it over more tokens"]
     if top == "optimizer" and s.optimizer_impl != "fused":
         return [f"{busy}, {share}: try optimizer.impl=fused"]
     return [f"{busy}, {share}: the point is at its kernels' speed; fewer FLOPs or faster kernels"]
