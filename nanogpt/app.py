@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nanogpt.configs import CONF_DIR, register_presets
 from nanogpt.errors import ConfigError
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
-from nanogpt.results.baseline import names_baseline
+from nanogpt.results.baseline import ambiguity, names_baseline
 from nanogpt.spec import RunSpec
 from nanogpt.validate import check
 
@@ -172,12 +172,16 @@ def check_points(
             raise ConfigError(_point(number, points), str(err)) from None
         except (CompactHydraException, OmegaConfBaseException) as err:
             raise ConfigError(_point(number, points), hydra_error_line(err)) from None
-    if baseline and not any(names_baseline(" ".join(point), baseline) for point in points):
+    named = [point for point in points if baseline and names_baseline(point, baseline)]
+    if baseline and not named:
         raise ConfigError(
             "report.baseline",
             f"'{baseline}' is in none of the sweep's {len(points)} points",
-            "use text from one point's overrides, e.g. perf.dtype=fp32",
+            "use one point's overrides, e.g. perf.dtype=fp32",
         )
+    several = ambiguity(named, points, baseline) if baseline else None
+    if several:
+        raise ConfigError("report.baseline", *several)
 
 
 def _point(number: int, points: list[list[str]]) -> str:

@@ -29,8 +29,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
 from nanogpt.results import compare
+from nanogpt.results.display import to_markdown
 from nanogpt.results.labels import point_labels
-from nanogpt.results.table import ReportError, build_table, publish, to_markdown
+from nanogpt.results.table import ReportError, build_table, publish
 
 # The saved config's keys this entry point takes its defaults from: (section, key) -> its flag.
 SETTINGS = {

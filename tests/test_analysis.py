@@ -24,6 +24,7 @@ from nanogpt.configs import CONF_DIR, expand
 from nanogpt.errors import ConfigError
 from nanogpt.measure import maxbatch
 from nanogpt.reporters import plots
+from nanogpt.results import display
 from nanogpt.results import table as report
 
 from .conftest import REPO, run_cli, with_micro
@@ -345,7 +346,7 @@ def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_swe
         if baseline is None:  # the sweep's own settings: what it wrote
             summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
             assert expected["speedup"].tolist() == pytest.approx(summary["speedup"].tolist())
-        texts = [report.speedup_text(row) for _, row in expected.iterrows()]
+        texts = [display.speedup_text(row) for _, row in expected.iterrows()]
         assert all(t in text for t in texts), (texts, text)
         (base,) = expected.index[expected["speedup_verdict"] == "baseline"]
         assert "perf.dtype=" + ("bf16" if baseline else "fp32") in expected["overrides"][base]

@@ -528,7 +528,7 @@ def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
     header = next(line for line in proc.stdout.splitlines() if "step_ms" in line)
     assert "bottleneck" in header.split()
     markdown = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()
-    assert "bottleneck" in next(line for line in markdown if line.startswith("| status"))
+    assert "bottleneck" in next(line for line in markdown if line.startswith("| point"))
     fastest = summary.loc[summary["tokens_per_s"].idxmax()]
     if isinstance(fastest["bottleneck"], str):
         assert f"is {fastest['bottleneck']}: " in proc.stdout

@@ -9,7 +9,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from .conftest import SHAKESPEARE, case_sweep, needs_shared, run_cli
+from .conftest import SHAKESPEARE, case_sweep, needs_shared, report_cli
 
 
 def read_steps(job_dir):
@@ -50,8 +50,13 @@ def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(micro_sweep):
     assert len(results) == 4
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert len(table) == 4 and set(table["status"]) == {"ok"}
-    # The baseline line, a blank line, then header, rule and 4 rows.
-    assert (sweep_dir / "summary.md").read_text().count("\n") == 8
+    # The baseline line, a blank line, then header, rule and 4 rows: the console's table, each
+    # point named by what varies.
+    lines = (sweep_dir / "summary.md").read_text().splitlines()
+    assert lines[0].startswith("baseline: ") and lines[2].startswith("| point | status |")
+    assert [line.count("|") for line in lines[4:8]] == [lines[2].count("|")] * 4
+    assert lines[4].startswith("| perf.batch_size=1 optimizer.impl=foreach |")
+    assert "e+0" not in "".join(lines)  # numbers for people
     # The baseline rule: the plain optimizer loop, then the smallest batch.
     (base,) = table.index[table["speedup_verdict"] == "baseline"]
     assert table.loc[base, ["optimizer_impl", "batch_size"]].tolist() == ["for_loop", 1]
@@ -109,7 +114,7 @@ def test_report_cli_rebuilds_table(micro_sweep, tmp_path):
     shutil.copytree(micro_sweep[1], sweep_dir)  # the shared sweep stays as it was
     (sweep_dir / "summary.csv").unlink()
     baseline = "perf.batch_size=2 optimizer.impl=foreach"
-    again = run_cli(str(sweep_dir), "--baseline", baseline, cwd=tmp_path, module="nanogpt.report")
+    again = report_cli(sweep_dir, "--baseline", baseline)
     assert again.returncode == 0, again.stderr
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table.loc[table["overrides"].str.contains(baseline), "speedup"].item() == 1.0

@@ -15,12 +15,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanogpt.results import baseline, swept
+from nanogpt.results import baseline, compare, display, swept
 from nanogpt.results import table as report
 from nanogpt.results.labels import point_labels
 from nanogpt.results.tidy import STEPS_PARQUET, SUMMARY_PARQUET, read_summary
 
-from .conftest import run_cli, with_micro
+from .conftest import report_cli, run_cli, with_micro
 
 # --- the override grammar's values --------------------------------------------------------
 
@@ -127,6 +127,56 @@ def test_a_given_baseline_wins_and_one_that_names_no_ok_point_is_an_error():
         baseline.choose(table, "dtype=fp8")
 
 
+def test_a_given_baseline_matches_whole_overrides_never_a_substring():
+    # batch 16 comes first and its text contains "perf.batch_size=1": a substring rule took it.
+    table = points({"perf.batch_size": 16}, {"perf.batch_size": 1})
+    position = baseline.choose(table, "perf.batch_size=1").position
+    assert table.iloc[position]["overrides"].split()[-1] == "perf.batch_size=1"
+    # Values are typed as Hydra types them: false is False; a bare word is a whole value.
+    table = points({"compile": True}, {"compile": False})
+    assert chosen(table, "compile=false")["compile"] is False
+    assert baseline.names_baseline("+sweep/accum_split=4x4 perf.dtype=bf16", "4x4")
+    assert not baseline.names_baseline("+sweep/accum_split=4x4", "4x")
+
+
+def test_a_given_baseline_that_names_several_points_is_refused_naming_them():
+    table = points(*({"compile": c, "dtype": d} for c in (True, False) for d in ("bf16", "fp16")))
+    with pytest.raises(baseline.BaselineError) as err:
+        baseline.choose(table, "dtype=bf16")
+    line = str(err.value)
+    assert "names 2 points" in line and "compile=True dtype=bf16" in line
+    assert "compile=False dtype=bf16" in line and "\n" not in line
+    assert chosen(table, "dtype=bf16 compile=false") == {
+        "compile": False,
+        "dtype": "bf16",
+        "attention": "auto",
+    }
+
+
+def test_a_verdict_says_when_it_rests_on_one_process_a_point():
+    table = points({"perf.batch_size": 1}, {"perf.batch_size": 2})
+    table["tokens_per_step"], table["tokens_per_s"] = [64, 64], [640.0, 1280.0]
+    table["steady"], table["step_ms_median"] = [True, True], [100.0, 50.0]
+    slow, fast = [100.0 + i % 3 for i in range(12)], [50.0 + i % 3 for i in range(12)]
+    compare.add_speedups(table, [[slow], [fast]], 0)  # one process each
+    assert table["speedup_verdict"].tolist() == ["baseline", "faster, within one process"]
+    text = display.console(table)
+    assert "2.0" in text and "]*" in text and "bench.repeats=3" in text.splitlines()[-1]
+    compare.add_speedups(table, [[slow, slow], [fast, fast]], 0)  # pooled over two each
+    assert table["speedup_verdict"].tolist() == ["baseline", "faster"]
+    assert "]*" not in display.console(table) and "bench.repeats" not in display.console(table)
+
+
+def test_the_console_shows_numbers_for_people():
+    assert [display.number(v) for v in (30822.4, 16.61, 0.000123, 4632.0)] == [
+        "30,822",
+        "16.6",
+        "0.000123",
+        "4,632",
+    ]
+    assert display.percent(0.0822) == "8.2 %" and display.mebibytes(501.5 * 2**20) == "502"
+
+
 # --- real sweeps --------------------------------------------------------------------------
 
 # Swept: a nested preset group (no config path of its own) and a list-valued key.
@@ -220,32 +270,33 @@ def test_the_baseline_rule_is_stated_in_the_table(tidy_sweep):
     assert sweep.unreadable == []
 
 
-def run_report(*args: str, cwd):
-    return run_cli(*map(str, args), cwd=cwd, module="nanogpt.report")
-
-
 def test_report_rebuilds_with_the_sweeps_settings_and_a_new_baseline_changes_the_numbers(
     tidy_sweep,
 ):
     _, sweep_dir = tidy_sweep
     built = read_summary(sweep_dir / report.SUMMARY_CSV)
-    proc = run_report(sweep_dir, cwd=sweep_dir.parent)
+    proc = report_cli(sweep_dir)
     assert proc.returncode == 0, proc.stderr
     again = read_summary(sweep_dir / report.SUMMARY_CSV)
     pd.testing.assert_frame_equal(again, built)
     assert again["usd_per_1m_tokens"].notna().all()  # cost.usd_per_hour from the sweep
 
-    proc = run_report(sweep_dir, "--baseline", "4x4", cwd=sweep_dir.parent)
+    # "4x4" names two points (the betas differ): refused in one line naming them, both whole.
+    proc = report_cli(sweep_dir, "--baseline", "4x4")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "names 2 points (+sweep/accum_split=4x4 optimizer.betas=[0.9,0.95]; " in proc.stderr
+    named = "4x4 optimizer.betas=[0.8,0.9]"  # a bare value and a list, typed as Hydra types them
+    proc = report_cli(sweep_dir, "--baseline", named)
     assert proc.returncode == 0, proc.stderr
     moved = read_summary(sweep_dir / report.SUMMARY_CSV)
     new_base = moved.index[moved["speedup_verdict"] == "baseline"].item()
-    assert "4x4" in moved.loc[new_base, "overrides"]
+    assert "4x4 optimizer.betas=[0.8,0.9]" in moved.loc[new_base, "overrides"]
     # Every speedup is recomputed against the new baseline, intervals and verdicts with it.
     expected = built["speedup"] / built.loc[new_base, "speedup"]
     assert moved["speedup"].tolist() == pytest.approx(expected.tolist())
     assert moved["speedup_ci_low"].tolist() != built["speedup_ci_low"].tolist()
     first_line = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()[0]
-    assert first_line.startswith("baseline: ") and "given: report.baseline='4x4'" in first_line
+    assert first_line.startswith("baseline: ") and f"given: report.baseline='{named}'" in first_line
 
 
 def test_a_presets_baseline_and_plots_are_kept_by_the_report(attention_sweep):
@@ -255,7 +306,7 @@ def test_a_presets_baseline_and_plots_are_kept_by_the_report(attention_sweep):
     assert "perf.attention=manual" in base
     for png in sweep_dir.glob("*.png"):
         png.unlink()
-    again = run_report(sweep_dir, cwd=sweep_dir.parent)
+    again = report_cli(sweep_dir)
     assert again.returncode == 0, again.stderr
     rebuilt = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
     assert rebuilt["speedup"].tolist() == pytest.approx(built["speedup"].tolist())
@@ -263,7 +314,7 @@ def test_a_presets_baseline_and_plots_are_kept_by_the_report(attention_sweep):
     # `--baseline ''` asks for the rule, which also picks manual; `--no-plots` draws none.
     for png in sweep_dir.glob("*.png"):
         png.unlink()
-    rule = run_report(sweep_dir, "--baseline", "", "--no-plots", cwd=sweep_dir.parent)
+    rule = report_cli(sweep_dir, "--baseline", "", "--no-plots")
     assert rule.returncode == 0 and "perf.attention=manual (the unfused" in rule.stdout
     assert not list(sweep_dir.glob("*.png"))
 

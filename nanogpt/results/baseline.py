@@ -31,6 +31,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nanogpt.results.swept import (
+    parse_override,
+    parse_value,
+    point_values,
+    split_overrides,
+    swept_keys,
+)
+
 if TYPE_CHECKING:  # the table's types; pandas itself is imported where a table is read
     import pandas as pd
 
@@ -85,6 +93,9 @@ def choose(table: pd.DataFrame, text: str | None = None) -> Choice:
     ok = table[table["status"] == "ok"]
     if text:
         named = ok[[names_baseline(overrides, text) for overrides in ok["overrides"]]]
+        several = ambiguity(list(named["overrides"]), list(table["overrides"]), text)
+        if several:
+            raise BaselineError("report.baseline: {}; {}".format(*several))
         if named.empty:
             raise BaselineError(
                 f"report.baseline='{text}' matches no ok point; use text from one of the "
@@ -137,8 +148,52 @@ def _shown(knob: Knob, row: pd.Series) -> str:
     return str(value).lower() if isinstance(value, bool | np.bool_) else str(value)
 
 
-def names_baseline(overrides: str, baseline: str) -> bool:
-    """Whether a point's override string contains the baseline text, not counting the
-    report.baseline override itself (given on the command line, every point carries it)."""
-    kept = [o for o in str(overrides).split() if not o.startswith(BASELINE_OVERRIDE)]
-    return baseline in " ".join(kept)
+def names_baseline(overrides, baseline: str) -> bool:
+    """Whether a point is one the baseline text names. Each override of the text must be one
+    of the point's, whole and typed as Hydra types it (results/swept.py): `perf.batch_size=1`
+    is not `perf.batch_size=16`, `perf.compile=false` is `perf.compile=False`; a word without
+    `=` names a point one of whose values it is (`4x4` for `+sweep/accum_split=4x4`). The
+    report.baseline override itself (every point of a sweep given one carries it) is no part
+    of a point. `overrides`: a list, or a table's overrides cell."""
+    values = point_values(_without_baseline(overrides))
+    wanted = split_overrides(baseline)
+    for item in wanted:
+        parsed = parse_override(item)
+        if parsed is None:  # a bare value
+            if not any(_equal(value, parse_value(item)) for value in values.values()):
+                return False
+        elif parsed[0] not in values or not _equal(values[parsed[0]], parsed[1]):
+            return False
+    return bool(wanted)
+
+
+def _without_baseline(overrides) -> list[str]:
+    point = overrides if isinstance(overrides, list) else split_overrides(overrides)
+    return [o for o in point if not o.lstrip("+").startswith(BASELINE_OVERRIDE)]
+
+
+def _equal(a, b) -> bool:
+    return repr(a) == repr(b) or (str(a).lower() == str(b).lower())
+
+
+def ambiguity(named: list[list[str]], points: list[list[str]], baseline: str):
+    """(problem, fix) when a baseline text names several of a sweep's points, else None. Each
+    point named is shown by the overrides that vary across `points` (all of them: a list of
+    overrides each), as the table names it."""
+    if len(named) < 2:
+        return None
+    varies = set(swept_keys([_without_baseline(point) for point in points]))
+    shown = [
+        " ".join(o for o in _without_baseline(point) if _key(o) in varies) or "defaults"
+        for point in named
+    ]
+    listed = "; ".join(shown[:4]) + ("; ..." if len(shown) > 4 else "")
+    return (
+        f"'{baseline}' names {len(named)} points ({listed})",
+        f"name one whole, e.g. report.baseline='{shown[0]}'",
+    )
+
+
+def _key(override: str) -> str | None:
+    parsed = parse_override(override)
+    return parsed[0] if parsed else None

@@ -28,7 +28,10 @@ def speedup(table: pd.DataFrame, steps: list, base: int, other: int, base_draws=
     draws = base_draws / stats.resampled(steps[other], stats.SEED + 1)
     low, high = stats.interval(draws)
     low, high = scale * low, scale * high
-    return scale * figure, low, high, stats.verdict(low, high)
+    verdict = stats.verdict(low, high)
+    if verdict != stats.NOT_SIGNIFICANT and min(len(steps[base]), len(steps[other])) < 2:
+        verdict = f"{verdict}, {stats.ONE_PROCESS}"  # the basis it rests on (stats.py)
+    return scale * figure, low, high, verdict
 
 
 def comparable(table: pd.DataFrame, steps: list, i: int) -> bool:
@@ -209,7 +212,8 @@ def _best(
     if column == "tokens_per_kwh":
         return line + _energy_lead(table, best, second, names[second])
     ratio, low, high, verdict = speedup(table, steps, second, best)
-    lead = "significant" if verdict != stats.NOT_SIGNIFICANT else "not significant (~)"
+    lead = "not significant (~)" if verdict == stats.NOT_SIGNIFICANT else "significant"
+    lead += f" {stats.ONE_PROCESS}" if verdict.endswith(stats.ONE_PROCESS) else ""
     return line + f"; {ratio:.3g}x the tokens/s of {names[second]} [{low:.3g}-{high:.3g}], {lead}"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nanogpt.results.swept import parse_override, swept_keys
+from nanogpt.results.swept import parse_override, split_overrides, swept_keys
 
 
 def point_labels(table: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
@@ -18,7 +18,7 @@ def point_labels(table: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
 
 def overrides_of(text) -> list[str]:
     """A table's overrides cell (space-separated; "defaults" for none) as a list."""
-    return [] if text in (None, "", "defaults") else str(text).split()
+    return split_overrides(text)
 
 
 def parse_overrides(text: str) -> dict[str, str]:

@@ -94,6 +94,11 @@ def speedup(base: list[list[float]], other: list[list[float]]) -> tuple[float, f
     return ratio, low, high
 
 
+# A verdict's basis when either point ran in one process (bench.repeats=1): its interval is the
+# noise within that process, and a machine's speed drifts between processes more than that.
+ONE_PROCESS = "within one process"
+
+
 def verdict(low: float, high: float) -> str:
     """'faster' / 'slower' when the speedup's whole interval lies beyond 1 ± NOISE, else '~'."""
     if low > 1 + NOISE:

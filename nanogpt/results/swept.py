@@ -97,6 +97,30 @@ def _primitive(word: str):
     return word
 
 
+def split_overrides(text) -> list[str]:
+    """A table's overrides cell (the overrides joined by spaces; "defaults" for none) as the
+    list it was joined from. A space inside brackets or quotes (`model.sizes=[1, 2]`) belongs
+    to its value."""
+    if text in (None, "", "defaults"):
+        return []
+    items, current, depth, quote = [], "", 0, ""
+    for char in str(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == " " and depth <= 0:
+            items += [current] if current else []
+            current = ""
+            continue
+        current += char
+    return items + ([current] if current else [])
+
+
 def point_values(overrides: list[str]) -> dict[str, object]:
     """A point's typed values by key, in the order its overrides give them."""
     parsed = (parse_override(text) for text in overrides)

@@ -24,27 +24,10 @@ import pandas as pd
 
 from nanogpt.faults import FAILED_STATUSES
 from nanogpt.results import baseline as baseline_rule
-from nanogpt.results import compare, stats, store, sweep_steps, swept, tidy
-from nanogpt.results.derive import DRIFT
+from nanogpt.results import compare, display, store, sweep_steps, swept, tidy
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import columns
 from nanogpt.results.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
-
-PRINTED_COLUMNS = (
-    "overrides",
-    "status",
-    "step_ms_median",
-    "step_ms_cv",
-    "steady",
-    "tokens_per_s",
-    "achieved_tflops",
-    "mfu",
-    "mfu_achievable",
-    "mem_peak_rss_bytes",
-    "mem_peak_allocated_bytes",
-    "bottleneck",
-    "speedup",
-)
 
 
 class ReportError(Exception):
@@ -138,87 +121,15 @@ def build_table(
     return sweep
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    """A GitHub-flavoured markdown table (no extra dependency)."""
-    cells = table.map(_cell)
-    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(row) + " |" for row in cells.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value).replace("|", "\\|")
-
-
 def write_summary(sweep_dir: Path, sweep: Sweep) -> None:
     """summary.csv, summary.parquet, steps.parquet and summary.md (which names the baseline)."""
-    markdown = f"{sweep.baseline}\n\n{to_markdown(sweep.table)}"
+    markdown = f"{sweep.baseline}\n\n{display.markdown(sweep.table)}"
     tidy.write(sweep_dir, sweep.table, sweep.steps, markdown)
 
 
 def failed_points(table: pd.DataFrame) -> list[str]:
     failed = table[table["status"].isin(FAILED_STATUSES)]
     return [f"{row.overrides} ({row.error})" for row in failed.itertuples()]
-
-
-def printable(table: pd.DataFrame) -> str:
-    shown = table[list(PRINTED_COLUMNS)].fillna(float("nan"))  # None prints as "-" too
-    shown["speedup"] = [speedup_text(row) for _, row in table.iterrows()]
-    shown["steady"] = [steady_text(row) + contended_text(row) for _, row in table.iterrows()]
-    if "co_running" in table and table["co_running"].map(lambda v: isinstance(v, list)).any():
-        # points run side by side (hydra/launcher=parallel): how many ran beside each
-        beside = [len(v) if isinstance(v, list) else "-" for v in table["co_running"]]
-        shown.insert(2, "beside", beside)
-    for col in ("mem_peak_rss_bytes", "mem_peak_allocated_bytes"):
-        shown[col] = shown[col].astype("float64") / 2**20
-    shown = shown.rename(
-        columns={
-            "mem_peak_rss_bytes": "rss_MiB",
-            "mem_peak_allocated_bytes": "cuda_alloc_MiB",
-            "step_ms_median": "step_ms",
-        }
-    )
-    return shown.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="-")
-
-
-def steady_text(row: pd.Series) -> str:
-    """ "yes", or why the window may not read the steady state, from the record's reason codes
-    (results/derive.py): "short" (cut or under a GPU's settling time) and/or "drift+3.1%" (the
-    last third of the steps against the first)."""
-    if row["steady"] is None or pd.isna(row["steady"]):
-        return "-"
-    if bool(row["steady"]):
-        return "yes"
-    reasons = row.get("unsteady_reasons")
-    marks = []
-    for reason in reasons if isinstance(reasons, list) else []:
-        if reason == DRIFT and pd.notna(row["drift_pct"]):
-            marks.append(f"drift{row['drift_pct']:+.1f}%")
-        else:
-            marks.append(reason)
-    return ",".join(marks) or "no"
-
-
-def contended_text(row: pd.Series) -> str:
-    """ ",contended" when another process used the device in the measured window, else ""."""
-    flag = row.get("contended")
-    return ",contended" if flag is not None and not pd.isna(flag) and bool(flag) else ""
-
-
-def speedup_text(row: pd.Series) -> str:
-    """E.g. "1.31 [1.27-1.35]", or "~1.02 [0.97-1.07]" when the difference is not significant
-    (benchstat's "~"); "-" where there is no speedup."""
-    if pd.isna(row["speedup"]):
-        return "-"
-    if row["speedup_verdict"] == "baseline":
-        return "1 (baseline)"
-    mark = "~" if row["speedup_verdict"] == stats.NOT_SIGNIFICANT else ""
-    interval = f" [{row['speedup_ci_low']:.3g}-{row['speedup_ci_high']:.3g}]"
-    return f"{mark}{row['speedup']:.3g}{interval if pd.notna(row['speedup_ci_low']) else ''}"
 
 
 def publish(
@@ -233,7 +144,7 @@ def publish(
     sweep = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh)
     table = sweep.table
     write_summary(sweep_dir, sweep)
-    print(printable(table))
+    print(display.console(table))
     print(sweep.baseline)
     print(f"table: {sweep_dir / SUMMARY_CSV} ({len(table)} points)")
     names = [label or "defaults" for label in point_labels(table)]
