@@ -10,13 +10,15 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import psutil
 import pytest
 
+from nanogpt.configs import CONF_DIR, expose_checkout_plugins
 from nanogpt.errors import ConfigError
-from nanogpt.launch.slots import Slot, plan
-from tests.conftest import signal_state, start_in_terminal, with_micro
+from nanogpt.faults import CONFIG_EXIT
+from nanogpt.launch.slots import Slot, gpus_for, plan, visible_gpus
+from nanogpt.results.tidy import read_summary
+from tests.conftest import run_patched, signal_state, start_in_terminal, with_micro
 
 PARALLEL = "hydra/launcher=parallel"
 linux_only = pytest.mark.skipif(
@@ -31,6 +33,77 @@ def test_slots_are_one_per_gpu_else_sets_of_cores():
     assert plan(4, list(range(8)), ["0", "1"]) == [Slot((0, 1, 2, 3), "0"), Slot((4, 5, 6, 7), "1")]
     with pytest.raises(ConfigError, match="hydra.launcher.slots"):
         plan(4, [0, 1], [], slots=2, cores_per_slot=2)
+    with pytest.raises(ConfigError, match="hydra.launcher.slots: is 0"):
+        plan(4, [0, 1], [], slots=0)  # was 2 slots, as for null
+    with pytest.raises(ConfigError, match="hydra.launcher.cores_per_slot: is -1"):
+        plan(4, [0, 1], [], cores_per_slot=-1)
+
+
+def test_a_count_below_one_is_refused_in_one_line_when_hydra_builds_the_launcher(capsys):
+    # Hydra composes the launcher's config (conf/hydra/launcher/parallel.yaml and the override)
+    # and builds the class it names, as the sweeper does before the sweep writes anything: the
+    # refusal comes from there, so no point runs and no sweep dir is made. (The run's own
+    # launch-time refusals print the same way: launchers/parallel.py _refuse.)
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    expose_checkout_plugins()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for key, value in (("slots", "0"), ("cores_per_slot", "-2"), ("slots", "1.5")):
+            overrides = ["hydra/launcher=parallel", f"hydra.launcher.{key}={value}"]
+            config = compose("config", overrides=overrides, return_hydra_config=True)
+            with pytest.raises(SystemExit) as stop:
+                instantiate(config.hydra.launcher)
+            assert stop.value.code == CONFIG_EXIT
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1, lines
+            assert lines[0].startswith(f"error: hydra.launcher.{key}: is {value}, ")
+            assert "give a positive whole number, or null" in lines[0]
+
+
+# `nvidia-smi -L` on a machine with one whole card and one split by MIG into two instances.
+MIG_LISTING = """\
+GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)
+GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-0c8b1b0a-6d5c-4b4e-9b0e-0e6f3c2a1d11)
+  MIG 3g.20gb     Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)
+  MIG 3g.20gb     Device  1: (UUID: MIG-cba663e8-9bed-5b25-b243-5985ef7c9beb)
+"""
+
+
+def test_the_points_device_decides_the_slots(monkeypatch):
+    # A machine with two GPUs (as CUDA_VISIBLE_DEVICES names them): CUDA points get one each,
+    # a CPU sweep gets core sets, and `auto` gets GPUs where torch finds CUDA, as its points do
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert gpus_for(["cuda", "cuda"]) == gpus_for(["cpu", "cuda:0"]) == ["0", "1"]
+    assert gpus_for(["cpu", "cpu"]) == gpus_for(["mps"]) == []
+    import torch
+
+    assert gpus_for(["auto"]) == (["0", "1"] if torch.cuda.is_available() else [])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # none visible
+    assert gpus_for(["cuda"]) == []
+
+
+@pytest.mark.slow
+def test_a_card_split_by_mig_is_its_instances_by_uuid(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", MIG_LISTING)["PATH"])
+    mig = ["MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f", "MIG-cba663e8-9bed-5b25-b243-5985ef7c9beb"]
+    assert visible_gpus() == ["0", *mig]  # not 2 cards: the A100 runs nothing itself
+    assert plan(3, list(range(6)), gpus_for(["cuda"])) == [
+        Slot((0, 1), "0"),
+        Slot((2, 3), mig[0]),
+        Slot((4, 5), mig[1]),
+    ]
+
+
+def fake_nvidia_smi(folder, listing: str) -> dict:
+    """An `nvidia-smi` that lists GPUs this machine lacks: the environment that puts it first
+    on PATH (a test also takes CUDA_VISIBLE_DEVICES away, which would answer in its place)."""
+    folder.mkdir()
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{listing}EOF\n")
+    script.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
 
 
 def records(sweep_dir) -> dict[str, dict]:
@@ -43,13 +116,19 @@ def records(sweep_dir) -> dict[str, dict]:
 
 @pytest.mark.slow
 @linux_only
-def test_points_run_side_by_side_pinned_and_name_their_neighbours(sweep):
+def test_points_run_side_by_side_pinned_and_name_their_neighbours(sweep, tmp_path, monkeypatch):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores")
-    proc, sweep_dir = sweep(PARALLEL, "hydra.launcher.slots=2", "perf.batch_size=1,2,3,4")
+    # On a machine with GPUs (faked: nvidia-smi lists two), a CPU sweep still gets core sets
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = fake_nvidia_smi(tmp_path / "bin", MIG_LISTING)
+    args = (PARALLEL, "hydra.launcher.slots=2", "perf.batch_size=1,2,3,4")
+    proc, sweep_dir = sweep(*args, env=gpus)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "parallel: 2 slot(s): cores 0; cores 1" in proc.stdout
     found = records(sweep_dir)
     assert len(found) == 4 and {r["status"] for r in found.values()} == {"ok"}
+    assert {r["gpu_set"] for r in found.values()} == {None}  # no GPU slot for a CPU point
     assert {len(r["cpu_set"]) for r in found.values()} == {1}  # one core each ...
     assert len({tuple(r["cpu_set"]) for r in found.values()}) == 2  # ... two sets
     # Neighbours: points ran side by side, and each pair agrees on it (the last point of the
@@ -59,24 +138,59 @@ def test_points_run_side_by_side_pinned_and_name_their_neighbours(sweep):
         for other in record["co_running"]:
             assert name in found[other]["co_running"]
     assert "beside" in proc.stdout  # the printed table counts them
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert table["co_running"].notna().all()
     # The same command again: every point kept, none measured again
-    again, _ = sweep(PARALLEL, "hydra.launcher.slots=2", "perf.batch_size=1,2,3,4")
+    again, _ = sweep(*args, env=gpus)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume: skipped 4 point(s)" in again.stdout
     assert records(sweep_dir) == found
 
 
+# A sweep process that has asked CUDA, on a CPU machine. torch records a CUDA query with a fork
+# handler (pthread_atfork, registered at the first query) that marks every child forked after
+# it: torch.cuda._is_in_bad_fork() says True there, and torch.cuda._lazy_init, which every call
+# that needs the device runs first, refuses with "Cannot re-initialize CUDA in forked
+# subprocess". The same flag, set the same way; and a GPU's answers to the questions the sweep's
+# check asks (what this machine lacks), each a query that marks later forks.
+TOUCH_CUDA = """
+import os, torch
+bad_fork, asked = [], []
+torch.cuda._is_in_bad_fork = lambda: bool(bad_fork)
+def answer(value):
+    def query(*args, **kwargs):
+        if not asked:
+            asked.append(os.register_at_fork(after_in_child=lambda: bad_fork.append(True)))
+        if bad_fork:
+            torch.cuda._lazy_init()  # torch's own refusal
+        return value
+    return query
+torch.cuda.is_available = answer(True)
+torch.cuda.device_count = answer(1)
+torch.cuda.get_device_capability = answer((9, 0))
+torch.cuda.get_device_name = answer("NVIDIA H100 80GB HBM3")
+"""
+
+
 @pytest.mark.slow
 @linux_only
-def test_a_failed_point_costs_only_itself(sweep):
-    proc, sweep_dir = sweep(PARALLEL, "bench.inject_fault=null,raise@2", "perf.batch_size=1,2")
-    assert proc.returncode == 1
+def test_slots_started_after_the_sweep_asked_cuda_run_their_points_a_failed_one_only_itself(
+    tmp_path,
+):
+    # bench.device=auto: the sweep's check asks CUDA here and finds the faked GPU. Each slot is
+    # a process of its own that must not inherit that state: a fork would be in a bad fork, and
+    # its own check of the point (auto, then the GPU's capability) would fail every point. A
+    # fresh one asks this machine's torch, which finds the CPU. Of the points it runs, the two
+    # with a fault fail and cost no other.
+    sweep_dir = tmp_path / "sweep"
+    points = ["bench.device=auto", "bench.inject_fault=null,raise@2", "perf.batch_size=1,2"]
+    args = ["-m", PARALLEL, *with_micro(points), f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_patched(f"exec({TOUCH_CUDA!r})", *args, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
     statuses = sorted(r["status"] for r in records(sweep_dir).values())
-    assert statuses == ["error", "error", "ok", "ok"]
+    assert statuses == ["error", "error", "ok", "ok"], proc.stderr[-3000:]
     assert "2 point(s) failed" in proc.stderr
-    assert len(pd.read_csv(sweep_dir / "summary.csv")) == 4
+    assert len(read_summary(sweep_dir)) == 4
 
 
 @pytest.mark.slow
@@ -112,6 +226,6 @@ def test_ctrl_c_records_the_running_points_starts_no_other_and_builds_the_table(
     assert started == ["perf.batch_size=1", "perf.batch_size=2"]  # no other started
     assert {r["status"] for r in found.values()} == {"interrupted"}
     assert all(r["measured_steps"] >= 1 for r in found.values())
-    assert sorted(pd.read_csv(sweep_dir / "summary.csv")["status"]) == ["interrupted"] * 2
+    assert sorted(read_summary(sweep_dir)["status"]) == ["interrupted"] * 2
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive  # no slot, fork server or measuring process left behind

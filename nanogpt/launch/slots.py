@@ -1,19 +1,30 @@
 """Where each of a sweep's side-by-side points runs (hydra/launcher=parallel): its slot.
 
-A slot is one GPU (CUDA_VISIBLE_DEVICES names it, so the point sees one device) with a share
-of the host's cores, or on a CPU-only machine a set of cores. Every slot's process is pinned to
-its cores (sched_setaffinity, inherited by the fork server it starts and every point forked
-from it) and torch uses as many threads as the slot has cores (OMP_NUM_THREADS for the
-processes it starts, torch.set_num_threads here). Points in different slots still share memory
-bandwidth, caches, PCIe and the host: records list their neighbours (launch/placement.py).
+The points' device decides the kind of slot: points that train on CUDA get one GPU each
+(CUDA_VISIBLE_DEVICES names it, so the point sees one device: a card, or under MIG one of its
+instances) with a share of the host's cores; CPU points (and MPS ones) get a set of cores, GPUs
+or not. Every slot's process is pinned to its cores (sched_setaffinity, inherited by the fork
+server it starts and every point forked from it) and torch uses as many threads as the slot has
+cores (OMP_NUM_THREADS, read when torch is imported; torch.set_num_threads where it already
+is). Points in different slots still share memory bandwidth, caches, PCIe and the host: records
+list their neighbours (launch/placement.py).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from nanogpt.device_support import parse_device
 from nanogpt.errors import ConfigError
+
+# What null means for each count (conf/hydra/launcher/parallel.yaml), for the refusal's fix.
+COUNTS = {"slots": "one slot per GPU or core set", "cores_per_slot": "the cores split evenly"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +35,20 @@ class Slot:
     def describe(self) -> str:
         where = f"GPU {self.gpu}, " if self.gpu is not None else ""
         return f"{where}cores {','.join(map(str, self.cores))}"
+
+
+def check_counts(**counts) -> None:
+    """hydra.launcher.slots and cores_per_slot are null or a count of at least 1: 0 slots would
+    run nothing, and a slot of 0 cores could not be pinned."""
+    for key, value in counts.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"hydra.launcher.{key}",
+                f"is {value!r}, not a count of at least 1",
+                f"give a positive whole number, or null for {COUNTS[key]}",
+            )
 
 
 def host_cores() -> list[int]:
@@ -39,8 +64,10 @@ def plan(
     slots: int | None = None,
     cores_per_slot: int | None = None,
 ) -> list[Slot]:
-    """The slots for `points` points: one per GPU when there are GPUs, else `slots` sets of
-    `cores_per_slot` cores (by default one core each, at most one slot per point)."""
+    """The slots for `points` points: one per GPU when there are GPUs (gpus_for: only for CUDA
+    points), else `slots` sets of `cores_per_slot` cores (by default one core each), at most
+    one slot per point."""
+    check_counts(slots=slots, cores_per_slot=cores_per_slot)
     if gpus:
         count = min(len(gpus), slots or len(gpus), points)
         share = max(1, len(cores) // count)
@@ -70,26 +97,62 @@ def enter(slot: Slot) -> None:
     os.environ["MKL_NUM_THREADS"] = threads
     if slot.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slot.gpu
-    import torch
+    torch = sys.modules.get("torch")  # not imported yet: it reads OMP_NUM_THREADS when it is
+    if torch is not None:
+        torch.set_num_threads(len(slot.cores))
 
-    torch.set_num_threads(len(slot.cores))
+
+def gpus_for(devices: Iterable[str]) -> list[str]:
+    """The GPUs to plan slots on: those visible when a point trains on CUDA (`cuda`, `cuda:N`,
+    or `auto` where torch finds CUDA, as the point will: devices.resolve_device), none otherwise:
+    CPU points take core sets, GPUs or not. Asking torch is safe here: the launcher starts its
+    slots as fresh interpreters, which inherit no CUDA state."""
+    names = set(devices)
+    cuda = any((place := parse_device(name)) and place.type == "cuda" for name in names)
+    if not cuda and "auto" not in names:
+        return []
+    gpus = visible_gpus()
+    if gpus and not cuda:
+        import torch  # for `auto`; the sweep's check has imported it to resolve `auto` too
+
+        return gpus if torch.cuda.is_available() else []
+    return gpus
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may use, without touching CUDA (a process that initialised CUDA
-    must not fork, and the launcher forks its slots): CUDA_VISIBLE_DEVICES, else nvidia-smi's
-    list, else none."""
+    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES names them, without
+    touching CUDA: CUDA_VISIBLE_DEVICES itself, else nvidia-smi's list, else none."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [gpu.strip() for gpu in visible.split(",") if gpu.strip() and gpu.strip() != "-1"]
-    import shutil
-    import subprocess
-
     if shutil.which("nvidia-smi") is None:
         return []
     try:
         listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    count = sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
-    return [str(i) for i in range(count)]
+    return listed_gpus(listed.stdout)
+
+
+_CARD = re.compile(r"GPU (\d+):")
+_MIG = re.compile(r"\s*MIG .*\(UUID: (MIG-[^)\s]+)\)")
+
+
+def listed_gpus(listing: str) -> list[str]:
+    """The CUDA devices in `nvidia-smi -L`'s listing: a card by its index, or where MIG splits
+    a card, each of its instances by UUID (CUDA takes MIG instances by UUID only, and runs
+    nothing on the card itself then). The listing reads
+
+        GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5d5ba0d6-...)
+        GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-0c8b1b0a-...)
+          MIG 3g.20gb     Device  0: (UUID: MIG-c6d4f1ef-...)
+          MIG 3g.20gb     Device  1: (UUID: MIG-cba663e8-...)
+
+    which is three devices: 0, MIG-c6d4f1ef-..., MIG-cba663e8-...."""
+    cards: list[tuple[str, list[str]]] = []  # (index, its MIG instances)
+    for line in listing.splitlines():
+        if card := _CARD.match(line):
+            cards.append((card[1], []))
+        elif (mig := _MIG.match(line)) and cards:
+            cards[-1][1].append(mig[1])
+    return [device for index, migs in cards for device in (migs or [index])]

@@ -1,21 +1,31 @@
 """`hydra/launcher=parallel`: a sweep's points side by side on this machine, one per slot.
 
-A slot is a GPU (the point sees that one device) or, without GPUs, a set of cores (affinity and
-thread count): launch/slots.py. One process per slot is forked from this one before any point
-runs (this process has not touched CUDA: it must not, to fork) and runs Hydra's job for one
-point after another, taken from a shared queue, exactly as the basic launcher runs them here:
-the same job dirs and logs, each point measured in a child forked from the slot's own fork
-server (pinned to the slot with it), the same records. Every record lists the points that ran
-beside it (launch/placement.py) and the table counts them (`beside`).
+A slot is a GPU (the point sees that one device) when the points train on CUDA, else a set of
+cores (affinity and thread count): launch/slots.py. One process per slot runs Hydra's job for
+one point after another, taken from a shared queue, exactly as the basic launcher runs them
+here: the same job dirs and logs, each point measured in a child forked from the slot's own
+fork server (pinned to the slot with it), the same records. Every record lists the points that
+ran beside it (launch/placement.py) and the table counts them (`beside`).
+
+The slots are fresh interpreters (multiprocessing's spawn), not forks of this process: the
+sweep's check has asked CUDA here (a device's capability, is_available), and a fork of a
+process that has would fail at its first CUDA call ("Cannot re-initialize CUDA in forked
+subprocess"). What a slot needs goes to it pickled: Hydra's singletons (its config store and
+this run's config), the sweep's config and config loader, the callbacks, where the task
+function lives (by name) and, through the queue, each point's overrides.
 
 Ctrl-C reaches every process of the terminal's group: each slot records its point
 `interrupted` and stops, no further point starts, and the table of what is done is built as
 after any multirun, which then exits 130 (nanogpt/callbacks.py). SIGTERM to this process alone
-is passed on to the slots. A resumed sweep skips points with an ok record, as ever.
+is passed on to the slots. A slot holds both signals until it can handle them (a Ctrl-C while
+it starts stops it before any point). A resumed sweep skips points with an ok record, as ever.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import inspect
 import logging
 import multiprocessing
 import os
@@ -23,9 +33,11 @@ import queue
 import signal
 import sys
 from collections.abc import Sequence
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.singleton import Singleton
 from hydra.core.utils import (
     JobReturn,
@@ -36,19 +48,26 @@ from hydra.core.utils import (
     setup_globals,
 )
 from hydra.plugins.launcher import Launcher
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
+from nanogpt.configs import expose_checkout_plugins
 from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm
-from nanogpt.launch import placement, slots
+from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm, interrupted_exit
+from nanogpt.launch import placement
+from nanogpt.launch.slots import check_counts, enter, gpus_for, host_cores, plan
 
 log = logging.getLogger(__name__)
+HELD = {signal.SIGINT, signal.SIGTERM}  # blocked in a slot until it handles them
 
 
 class ParallelLauncher(Launcher):
     def __init__(
         self, slots: int | None = None, cores_per_slot: int | None = None, gpus: bool = True
     ) -> None:
+        try:  # Hydra builds the launcher before the sweep writes anything
+            check_counts(slots=slots, cores_per_slot=cores_per_slot)
+        except ConfigError as err:
+            _refuse(err)
         self.slots, self.cores_per_slot, self.use_gpus = slots, cores_per_slot, gpus
         self.config = self.hydra_context = self.task_function = None
 
@@ -58,14 +77,11 @@ class ParallelLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        gpus = slots.visible_gpus() if self.use_gpus else []
+        gpus = gpus_for(self._devices(job_overrides)) if self.use_gpus else []
         try:
-            plan = slots.plan(
-                len(job_overrides), slots.host_cores(), gpus, self.slots, self.cores_per_slot
-            )
+            slots = plan(len(job_overrides), host_cores(), gpus, self.slots, self.cores_per_slot)
         except ConfigError as err:
-            print(f"error: {err} (nothing was measured)", file=sys.stderr)
-            sys.exit(CONFIG_EXIT)
+            _refuse(err)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         notes = sweep_dir / ".parallel"  # when each point ran (placement.Beside)
@@ -73,29 +89,54 @@ class ParallelLauncher(Launcher):
         for old in notes.glob("*.json"):  # from an earlier run of this sweep dir
             old.unlink()
         numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
-        print(f"parallel: {len(plan)} slot(s): " + "; ".join(s.describe() for s in plan))
+        print(f"parallel: {len(slots)} slot(s): " + "; ".join(s.describe() for s in slots))
         for number, overrides in zip(numbers, job_overrides, strict=True):
             print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
         sys.stdout.flush()
-        return self._run(plan, list(zip(numbers, job_overrides, strict=True)), notes)
+        return self._run(slots, list(zip(numbers, job_overrides, strict=True)), notes)
 
-    def _run(self, plan, work, notes: Path) -> list[JobReturn]:
-        context = multiprocessing.get_context("fork")
-        todo, done, stop = context.Queue(), context.Queue(), context.Event()
-        for item in work:
-            todo.put(item)
-        for _ in plan:
-            todo.put(None)
-        state = Singleton.get_state()
-        workers = [
-            context.Process(target=self._slot, args=(slot, todo, done, stop, state, notes))
-            for slot in plan
-        ]
+    def _devices(self, job_overrides: Sequence[Sequence[str]]) -> list[str]:
+        """Each point's bench.device: the sweep's own (its master config), unless the point's
+        overrides set it or choose a config group (one may set it, as a case does): such a
+        point is composed here to read it. Overrides given once, not swept, are the master's."""
+        given = set(self.config.hydra.overrides.task)
+        parser = OverridesParser.create()
+        devices = []
+        for overrides in job_overrides:
+            own = parser.parse_overrides([o for o in overrides if o not in given])
+            config = self.config
+            if any(o.key_or_group == "bench.device" or "." not in o.key_or_group for o in own):
+                compose = self.hydra_context.config_loader.load_sweep_config
+                config = compose(self.config, list(overrides))
+            devices.append(str(OmegaConf.select(config, "bench.device", default="cpu")))
+        return devices
+
+    def _run(self, slots, work, notes: Path) -> list[JobReturn]:
         handle_sigterm()
-        for worker in workers:
-            worker.start()
         returns: dict[int, JobReturn] = {}
         interrupted = False
+        try:
+            with _held():  # the slots start whole; a signal meanwhile is raised after
+                context = multiprocessing.get_context("spawn")
+                todo, done, stop = context.Queue(), context.Queue(), context.Event()
+                for item in work:
+                    todo.put(item)
+                for _ in slots:
+                    todo.put(None)
+                hydra = Singleton.get_state()["instances"]  # its resolvers are the slot's own
+                sweep = (self.config, self.hydra_context, _where(self.task_function))
+                workers = [
+                    context.Process(
+                        target=_slot,
+                        args=(slot, todo, done, stop, hydra, sweep, notes),
+                        name=f"slot {number}",
+                    )
+                    for number, slot in enumerate(slots)
+                ]
+                for worker in workers:
+                    worker.start()
+        except KeyboardInterrupt as signalled:  # the slots got Ctrl-C too: they run no point
+            interrupted = self._stop(signalled, workers, stop)
         while len(returns) < len(work) and any(w.is_alive() for w in workers):
             try:
                 number, plain = done.get(timeout=0.5)
@@ -105,51 +146,112 @@ class ParallelLauncher(Launcher):
             except queue.Empty:
                 continue
             except KeyboardInterrupt as signalled:  # Ctrl-C (the slots got it too) or SIGTERM
-                stop.set()
                 if interrupted:  # a second one: the slots' points are killed
                     for worker in workers:
                         worker.kill()
                     break
-                interrupted = True
-                if isinstance(signalled, Stopped):
-                    for worker in workers:
-                        if worker.is_alive():
-                            os.kill(worker.pid, signal.SIGTERM)
+                interrupted = self._stop(signalled, workers, stop)
         for worker in workers:
             worker.join(timeout=30)
         while not done.empty():  # answers sent as the slots stopped
             number, plain = done.get()
             returns[number] = _job_return(plain)
+        if interrupted and not returns:  # stopped before any point ran: no table to build
+            print(
+                "interrupted before any point ran; rerun the same command with "
+                f"hydra.sweep.dir={notes.parent} to resume (ok points are kept)",
+                file=sys.stderr,
+            )
+            sys.exit(interrupted_exit())
         return [returns[number] for number, _ in work if number in returns]
 
-    def _slot(self, slot, todo, done, stop, state, notes: Path) -> None:
-        """One slot's process: run points until the queue is empty or the sweep stops."""
-        try:
-            handle_sigterm()
-            Singleton.set_state(state)
-            slots.enter(slot)
-            os.environ[placement.CORUN_ENV] = str(notes)
-            while not stop.is_set() and (item := todo.get()) is not None:
-                number, overrides = item
-                config = self.hydra_context.config_loader.load_sweep_config(
-                    self.config, list(overrides)
-                )
-                with open_dict(config):
-                    config.hydra.job.id = f"{os.getpid()}_{number}"
-                    config.hydra.job.num = number
-                HydraConfig.instance().set_config(config)
-                job_return = run_job(
-                    hydra_context=self.hydra_context,
-                    task_function=self.task_function,
-                    config=config,
-                    job_dir_key="hydra.sweep.dir",
-                    job_subdir_key="hydra.sweep.subdir",
-                )
-                done.put((number, _plain(job_return)))
-        except KeyboardInterrupt:  # between points: nothing to record
-            pass
-        done.close()
-        done.join_thread()
+    @staticmethod
+    def _stop(signalled: KeyboardInterrupt, workers: list, stop) -> bool:
+        """The first Ctrl-C or SIGTERM: no point starts; SIGTERM, sent to this process alone,
+        is passed on to the slots (Ctrl-C reached them with this one)."""
+        stop.set()
+        if isinstance(signalled, Stopped):
+            for worker in workers:
+                if worker.is_alive():
+                    os.kill(worker.pid, signal.SIGTERM)
+        return True
+
+
+def _refuse(err: ConfigError) -> None:
+    print(f"error: {err} (nothing was measured)", file=sys.stderr)
+    sys.exit(CONFIG_EXIT)
+
+
+@contextlib.contextmanager
+def _held():
+    """SIGINT and SIGTERM held while the slots start, then raised (to their own handlers:
+    KeyboardInterrupt, Stopped). Raised mid-start, they would leave a slot started with nothing
+    to read. A slot inherits the mask of the thread that starts it, so there they stay blocked
+    until _slot can handle them; here another thread may take them, so a handler holds them."""
+    held: list[int] = []
+    handlers = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in HELD}
+    resource_tracker.ensure_running()  # started later, it would unblock both as it returns
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if held:
+        signal.raise_signal(held[0])
+
+
+def _where(task_function) -> tuple[str, str]:
+    """The task function by name: the module it was defined in (its spec's name where it ran as
+    `python -m`, where __module__ says only __main__) and its name there."""
+    spec = task_function.__globals__.get("__spec__")
+    module = spec.name if spec is not None else task_function.__module__
+    return module, task_function.__qualname__
+
+
+def _task(where: tuple[str, str]):
+    """The task function in this interpreter: found by name, and unwrapped from @hydra.main."""
+    module, name = where
+    found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return inspect.unwrap(found)
+
+
+def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
+    """One slot's process, a fresh interpreter: compose and run points until the queue is
+    empty or the sweep stops."""
+    try:
+        handle_sigterm()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+        master, hydra_context, task = sweep
+        task_function = _task(task)  # imported first: its modules register their resolvers
+        resolvers = Singleton.get_state()["omegaconf_resolvers"]
+        expose_checkout_plugins()  # set_state lists Hydra's plugins again, as run.cli did
+        Singleton.set_state({"instances": hydra, "omegaconf_resolvers": resolvers})
+        setup_globals()
+        enter(slot)
+        os.environ[placement.CORUN_ENV] = str(notes)
+        while not stop.is_set() and (item := todo.get()) is not None:
+            number, overrides = item
+            config = hydra_context.config_loader.load_sweep_config(master, list(overrides))
+            with open_dict(config):
+                config.hydra.job.id = f"{os.getpid()}_{number}"
+                config.hydra.job.num = number
+            HydraConfig.instance().set_config(config)
+            job_return = run_job(
+                hydra_context=hydra_context,
+                task_function=task_function,
+                config=config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+            done.put((number, _plain(job_return)))
+    except KeyboardInterrupt:  # between points: nothing to record
+        pass
+    done.close()
+    done.join_thread()
 
 
 def _plain(job_return: JobReturn) -> dict:
