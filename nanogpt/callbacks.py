@@ -16,10 +16,13 @@ import time
 from pathlib import Path
 
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
 from nanogpt.app import check_points
@@ -38,53 +41,65 @@ def away_from_the_sweep() -> bool:
     return bool(os.environ.get(CORUN_ENV)) or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
 
 
-# Launchers that compose each point in this process or in a fork of it (never pickled): they
-# may take a composition remembered from the check (RememberedCompositions).
-IN_PROCESS_LAUNCHERS = ("basic", "parallel")
+def compose_point(config: DictConfig):
+    """compose(overrides): a point's config as its job's will be composed, for check_points.
 
-
-class RememberedCompositions:
-    """Hydra composes each point of a basic sweep three times: for check_points, again when the
-    sweeper checks the batch (validate_batch_is_legal) and again when the launcher runs it, each
-    0.2-0.3 s on 2 cores (more than a micro point's measurement). The same master config and
-    overrides compose to the same config, so the multirun's config loader keeps the check's
-    composition and hands out copies: a point is composed once. A copy is what Hydra would
-    have composed (its launcher sets job.id and job.num on it, as on its own), and an entry is
-    dropped after the two uses a sweep makes of it (the sweeper's check, the launch). At most
-    LIMIT are kept at once (a composed config holds about 160 KiB): the points of a larger grid
-    past them are composed each time, as Hydra does."""
-
-    USES = 2
-    LIMIT = 256
-
-    def __init__(self, loader):
-        self.compose = loader.load_sweep_config  # Hydra's own, bound to the loader
-        self.kept: dict[tuple, list] = {}  # (master id, overrides) -> [config, uses left]
-
-    def __call__(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
-        key = (id(master_config), tuple(sweep_overrides))
-        kept = self.kept.get(key)
-        if kept is None:
-            config = self.compose(master_config, list(sweep_overrides))
-            if len(self.kept) >= self.LIMIT:
-                return config
-            self.kept[key] = [config, self.USES + 1]  # + the check's own use
-            kept = self.kept[key]
-        kept[1] -= 1
-        if kept[1] <= 0:
-            del self.kept[key]
-        return copy.deepcopy(kept[0])
-
-
-def remember_compositions(config: DictConfig):
-    """Compose a point as its job will be composed, once: where the launcher composes in this
-    process (or a fork), the loader of this multirun keeps each point's composition for the
-    sweeper's check and the launch. Returns compose_point(overrides) for check_points."""
+    Hydra composes a point in two steps: the config groups it chooses (the defaults list), then
+    each `key=value` override set on the result in order (OmegaConf.update, merge=True). The
+    points of a sweep mostly differ in such values, so the first step is done once for the
+    points that choose the same groups (Hydra's config loader, the multirun's master config) and
+    the second on a copy, as Hydra does it: a 4-point sweep of values composes once here, not 4
+    times. A point with anything else (`+key`, `~key`, a dict or list value, a key that is no
+    plain value of the composition) and a value that does not fit is composed by Hydra whole,
+    with Hydra's own error."""
     loader = GlobalHydra.instance().config_loader()
-    if config.hydra.runtime.choices.get("hydra/launcher") in IN_PROCESS_LAUNCHERS:
-        if not isinstance(loader.load_sweep_config, RememberedCompositions):
-            loader.load_sweep_config = RememberedCompositions(loader)
-    return lambda overrides: loader.load_sweep_config(config, overrides)
+    groups = set(loader.list_groups(""))
+    bases: dict[tuple[str, ...], DictConfig] = {}  # the groups' overrides -> their composition
+
+    def by_hydra(overrides) -> DictConfig:
+        return loader.load_sweep_config(config, list(overrides))
+
+    def compose(overrides: list[str]) -> DictConfig:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        chosen = [o for o in parsed if o.key_or_group.split("/")[0] in groups]
+        values = [o for o in parsed if o not in chosen]
+        if not all(_a_plain_value(o) for o in values):
+            return by_hydra(overrides)
+        key = tuple(o.input_line for o in chosen)
+        if key not in bases:
+            bases[key] = by_hydra(key)
+        cfg = copy.deepcopy(bases[key])
+        try:
+            for o in values:
+                if not _a_value_in(cfg, o.key_or_group):
+                    return by_hydra(overrides)
+                OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+        except OmegaConfBaseException:
+            return by_hydra(overrides)
+        return cfg
+
+    return compose
+
+
+def _a_value_in(cfg: DictConfig, key: str) -> bool:
+    """Whether `key` (a.b.c) is a value of `cfg`, not a dict or list, read without resolving
+    anything (an interpolation's resolver may ask torch for the device: model=auto)."""
+    path, _, last = key.rpartition(".")
+    parent = OmegaConf.select(cfg, path)
+    if not OmegaConf.is_dict(parent) or last not in parent.keys():
+        return False
+    return OmegaConf.is_interpolation(parent, last) or not OmegaConf.is_config(parent[last])
+
+
+def _a_plain_value(override: Override) -> bool:
+    """`a.b=value`: a change of one key to a value that is no dict or list."""
+    return (
+        override.type == OverrideType.CHANGE
+        and override.package is None
+        and "." in override.key_or_group
+        and not override.is_sweep_override()
+        and not isinstance(override.value(), (dict, list))
+    )
 
 
 class SweepReport(Callback):
@@ -97,8 +112,8 @@ class SweepReport(Callback):
         try:
             points = sweep_points(config)
             if points:
-                compose_point = remember_compositions(config)
-                check_points(points, config.report.baseline, runs_here(config), compose_point)
+                compose = compose_point(config)
+                check_points(points, config.report.baseline, runs_here(config), compose)
         except ConfigError as err:
             print(f"error: {err} (nothing was measured)", file=sys.stderr)
             sys.exit(CONFIG_EXIT)

@@ -8,6 +8,11 @@ point (ARCHITECTURE.md follows one point through the layers).
 Data parallelism (nanogpt/distributed.py): under `torchrun --nproc_per_node=N -m nanogpt.run`,
 or as one of N submitit tasks (hydra/launcher=slurm with tasks_per_node=N), this process is a
 rank. Rank 0 runs the point and writes its record; the other ranks follow it.
+
+Light at its top: the standard library and four small modules, no Hydra, OmegaConf or launch
+code; each function imports what it uses. Every child of a sweep's fork server runs the sweep's
+main module again (multiprocessing does; launch/forkserver.py says why), and under
+`python -m nanogpt.run` that is this module: so it costs a child milliseconds.
 """
 
 from __future__ import annotations
@@ -19,29 +24,28 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from nanogpt.app import hydra_error_line, to_spec
-from nanogpt.configs import CONF_DIR, SWEEP_GROUP, expose_checkout_plugins
 from nanogpt.distributed import World, adopt_submitit_tasks
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
-from nanogpt.launch.handoff import Job
-from nanogpt.launch.job import run_point
 from nanogpt.logs import capture_warnings, say_once_per_sweep
-from nanogpt.results import store
-from nanogpt.results.store import sweep_id
-from nanogpt.spec import RunSpec
-from nanogpt.tune import objectives
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from nanogpt.launch.handoff import Job
+    from nanogpt.spec import RunSpec
 
 
 def job_from_hydra(cfg: DictConfig) -> Job:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from nanogpt.launch.handoff import Job
+    from nanogpt.results.store import sweep_id
+
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = Path(hc.sweep.dir) if multirun else None
@@ -64,6 +68,9 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
     one failed point would end them all. Under hydra/launcher=slurm, dist.nproc=N is a job of
     N tasks (nanogpt/launchers/slurm.py): its ranks are those tasks.
     """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     if spec.dist.nproc != 1 and (by_torchrun or spec.dist.nproc != world.size):
         raise ConfigError(
             "dist.nproc",
@@ -83,6 +90,11 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
 def refuse_a_preset_without_multirun() -> None:
     """A preset (+sweep=NAME) is a list of points: run once, it would measure one default point
     and say nothing of the others (Hydra sweeps only under -m)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from nanogpt.configs import SWEEP_GROUP
+
     hc = HydraConfig.get()
     preset = hc.runtime.choices.get(SWEEP_GROUP)
     if preset and hc.mode != RunMode.MULTIRUN:
@@ -98,6 +110,9 @@ def objective_of(spec: RunSpec, job_dir: Path) -> float | tuple[float, ...]:
     float, or a tuple for several; NaN where the point failed or the figure is unknown, which
     Hydra's sweepers (Optuna's, Nevergrad's) take as a failed trial. The status itself is in
     the record (callbacks.py reads it there for the exit code)."""
+    from nanogpt.results import store
+    from nanogpt.tune import objectives
+
     record = store.read_result(job_dir / store.RESULT_FILE) or {}
     prices = {"usd_per_hour": spec.cost.usd_per_hour, "usd_per_kwh": spec.cost.usd_per_kwh}
     names = [o.value for o in spec.tune.objective]
@@ -106,8 +121,11 @@ def objective_of(spec: RunSpec, job_dir: Path) -> float | tuple[float, ...]:
     return figures[0] if len(figures) == 1 else figures
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
+    """Hydra's task function (hydra_main): one point, composed."""
+    from nanogpt.app import to_spec
+    from nanogpt.launch.job import run_point
+
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
     capture_warnings()  # warnings into the job's log too (conf/hydra/job_logging), one line each
     by_submitit = adopt_submitit_tasks()
@@ -138,6 +156,18 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
     return objective_of(spec, job.job_dir)
 
 
+def hydra_main() -> None:
+    """Hydra's own main around `main`: it composes the config, then runs one point or, under
+    -m, the sweep (decorated here, when called, so that importing this module imports no
+    Hydra)."""
+    import hydra
+
+    import nanogpt.app  # noqa: F401 - the schema (base_config) and resolvers conf/ builds on
+    from nanogpt.configs import CONF_DIR
+
+    hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(main)()
+
+
 def disk_error_line(err: OSError) -> str:
     """One sentence for a file that cannot be written: the path, why, and what to do."""
     where = err.filename or "writing below the run's dir"
@@ -157,13 +187,18 @@ def main_with_one_line_errors() -> None:
     """Hydra prints its composition errors over several lines; we print one sentence, as for a
     disk that is full or not writable. HYDRA_FULL_ERROR=1 (set by the user) keeps Hydra's full
     report and traceback."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from nanogpt.app import hydra_error_line
+
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        main()
+        hydra_main()
         return
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises its config errors to us
     logging.raiseExceptions = False  # a full disk: no traceback from Hydra's job log file
     try:
-        main()
+        hydra_main()
     except (HydraException, OmegaConfBaseException) as err:
         print(f"error: {hydra_error_line(err)}", file=sys.stderr)
         sys.exit(CONFIG_EXIT)
@@ -212,6 +247,8 @@ def cli() -> None:
     world = World.from_env()
     if not world.is_main:
         sys.exit(_follow())
+    from nanogpt.configs import expose_checkout_plugins
+
     expose_checkout_plugins()  # before Hydra scans for its launchers and sweepers
     try:
         main_with_one_line_errors()

@@ -160,41 +160,45 @@ def test_a_cuda_device_is_resolved_with_its_index(name, index):
     assert torch.cuda._utils._get_device_index(device) == index
 
 
-def test_a_sweep_point_is_composed_once_for_its_check_the_sweepers_and_its_launch():
-    """callbacks.RememberedCompositions, on Hydra's own config loader: the check's composition
-    serves the sweeper's check and the launch (a copy each, equal to what Hydra composes and
-    apart from the others), then is dropped; a point asked for again is composed again."""
+def test_a_point_composed_for_the_check_is_the_one_hydra_composes(monkeypatch):
+    """callbacks.compose_point composes the config groups once for the points that choose the
+    same ones and sets each point's values on a copy: every point equals Hydra's own
+    composition of it (what its job gets), and a value that does not fit fails with Hydra's
+    own error."""
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import open_dict
 
-    from nanogpt.callbacks import RememberedCompositions
+    from nanogpt.callbacks import compose_point
 
+    points = [
+        ["perf.batch_size=3", "model.n_layer=2"],
+        ["perf.batch_size=4", "perf.dtype=bf16"],  # the same groups: no composition of its own
+        ["model=nano", "perf.batch_size=2"],  # another group
+        ["+sweep/accum_split=8x2", "optimizer.lr=0.01"],  # a group added
+        ["optimizer.betas=[0.8,0.9]"],  # a list: Hydra composes the point whole
+        ["bench.warmup_s=${bench.measure_s}"],  # an interpolation, as Hydra keeps it
+    ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         master = compose(config_name="config", overrides=with_micro([]), return_hydra_config=True)
         loader = GlobalHydra.instance().config_loader()
-        remembered = RememberedCompositions(loader)
-        composed_by_hydra = []
+        by_hydra = loader.load_sweep_config
+        composed = []
 
         def counted(master_config, overrides):
-            composed_by_hydra.append(list(overrides))
-            return loader.load_sweep_config(master_config, overrides)
+            composed.append(list(overrides))
+            return by_hydra(master_config, overrides)
 
-        remembered.compose = counted
-        point = ["perf.batch_size=3", "model.n_layer=2"]
-        check, sweepers, launch = (remembered(master, point) for _ in range(3))
-        assert composed_by_hydra == [point]  # once, for three uses
-        fresh = OmegaConf.to_container(loader.load_sweep_config(master, point))
-        for copy in (check, sweepers, launch):
-            assert OmegaConf.to_container(copy) == fresh
-        with open_dict(launch):
-            launch.hydra.job.num = 7  # as Hydra's launcher sets it on its config
-        with open_dict(check):
-            del check["hydra"]  # as check_points leaves it out of the spec
-        assert OmegaConf.is_missing(sweepers.hydra.job, "num") and "hydra" in sweepers
-        assert remembered.kept == {}  # used up: no config is kept past the launch
-        remembered(master, point)
-        assert composed_by_hydra == [point, point]
-        remembered.LIMIT = 1  # full (the point above is kept): another point is not kept
-        other = ["perf.batch_size=4"]
-        remembered(master, other), remembered(master, other)
-        assert composed_by_hydra == [point, point, other, other] and len(remembered.kept) == 1
+        monkeypatch.setattr(loader, "load_sweep_config", counted)
+        for_the_check = compose_point(master)
+        for point in points:
+            ours, hydras = for_the_check(point), by_hydra(master, point)
+            for cfg in (ours, hydras):
+                with open_dict(cfg):
+                    del cfg["hydra"]  # the job's settings: no part of the spec
+            assert OmegaConf.to_container(ours) == OmegaConf.to_container(hydras), point
+        assert composed == [[], ["model=nano"], ["+sweep/accum_split=8x2"], points[4]]
+        with pytest.raises(ConfigCompositionException) as hydras:
+            by_hydra(master, ["perf.batch_size=many"])
+        with pytest.raises(ConfigCompositionException) as ours:
+            for_the_check(["perf.batch_size=many"])
+        assert str(ours.value) == str(hydras.value)

@@ -38,7 +38,7 @@ NOT_IN_SUMMARY = {"wall_s"}  # measured around the point by the job process, aft
 # Runs the CLI with wandb made unimportable, as when it is not installed.
 WITHOUT_WANDB = (
     "import sys; sys.modules['wandb'] = None; sys.argv[0] = 'nanogpt.run'; "
-    "from nanogpt.run import main; main()"
+    "from nanogpt.run import hydra_main; hydra_main()"
 )
 
 

@@ -7,6 +7,14 @@ server only imported), so its allocator, peaks, compiled graphs and W&B state st
 crash or kill -9 costs one point. What it saves is the interpreter start and torch's imports,
 seconds a point (benchmarks/point_isolation.py).
 
+Every child first runs the sweep's main module again, as `__mp_main__`: multiprocessing does
+that for each child of a fork server (multiprocessing.spawn.prepare), so that what the parent
+sent can name the main module's objects. Ours names none, and the main module is light:
+`nanogpt.run` imports Hydra, OmegaConf and the launch code inside its functions, never at its
+top, so running it again costs a child milliseconds, not the entry point's imports (1-2 s a
+point on 2 cores). tests/test_forkserver.py checks that it stays light. A script of one's own
+that starts points so needs multiprocessing's usual `if __name__ == "__main__":` guard.
+
 A process that has initialised CUDA must not fork. The server never touches CUDA, and the child
 checks it first thing: if CUDA was touched before the fork, the child exits with FORK_UNSAFE
 and this and every later point of the process run in a fresh interpreter instead
@@ -17,14 +25,12 @@ benchmark's comparison).
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-from multiprocessing import spawn
 from pathlib import Path
 
 from nanogpt.launch.handoff import Handoff, take_answer
@@ -32,8 +38,6 @@ from nanogpt.launch.process import FORK_UNSAFE, Outcome, run_child, wait_for
 
 log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.launch.forkserver_preload"]
-# How the server names the sweep's main module, so that no child runs it (the preload says why).
-MAIN_ENV = "NANOGPT_FORKSERVER_MAIN"
 # Whether the server imports wandb too (a second of a sweep's start): set from the first point
 # that starts it; a later point that logs to W&B where the first did not imports it itself.
 WANDB_ENV = "NANOGPT_FORKSERVER_WANDB"
@@ -80,16 +84,8 @@ def _server(logs_to_wandb: bool = False) -> multiprocessing.context.BaseContext:
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
-        os.environ[MAIN_ENV] = json.dumps(_main_module())  # the server inherits it at its start
         os.environ[WANDB_ENV] = "1" if logs_to_wandb else "0"
     return _context
-
-
-def _main_module() -> dict[str, str]:
-    """How a child of the server would find this process's main module: by name (`python -m`)
-    or by path (a script)."""
-    data = spawn.get_preparation_data("fork server")
-    return {key: value for key, value in data.items() if key.startswith("init_main_from")}
 
 
 class _Forked:
