@@ -26,6 +26,7 @@ from nanogpt.measure import maxbatch
 from nanogpt.reporters import plots
 from nanogpt.results import display
 from nanogpt.results import table as report
+from nanogpt.results.tidy import read_summary
 
 from .conftest import REPO, run_cli, with_micro
 
@@ -182,7 +183,7 @@ def oom_sweep(tmp_path_factory):
 
 def test_preset_runs_end_to_end_and_writes_valid_pngs(preset_sweep):
     proc, sweep_dir = preset_sweep
-    table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    table = read_summary(sweep_dir)
     assert len(table) == 8 and set(table["status"]) == {"ok"}
     assert set(table["activation_checkpointing"]) == {True, False}
     assert table["overrides"].str.contains("+sweep=activation_checkpointing", regex=False).all()
@@ -344,7 +345,7 @@ def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_swe
         text = run_papermill(tmp_path, SUMMARIES=str(sweep_dir), BASELINE=baseline)
         expected = report.build_table(sweep_dir, baseline).table
         if baseline is None:  # the sweep's own settings: what it wrote
-            summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+            summary = read_summary(sweep_dir)
             assert expected["speedup"].tolist() == pytest.approx(summary["speedup"].tolist())
         texts = [display.speedup_text(row) for _, row in expected.iterrows()]
         assert all(t in text for t in texts), (texts, text)
@@ -365,14 +366,14 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     monkeypatch.setenv("PWD", str(sweep_dir.parent))
     monkeypatch.setenv("NANOGPT_SUMMARY", f"{sweep_dir.name}:{oom_dir / report.SUMMARY_CSV}")
     notebook, text = run_notebook()
-    table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    table = read_summary(sweep_dir)
     fastest_label = plots.point_labels(table)[table["tokens_per_s"].idxmax()]
     assert "9 points from 2 sweep(s)" in text
     sweep_id = f"{sweep_dir.parent.name}/sweep"
     assert f"fastest: {sweep_id}: {fastest_label}" in text
     assert "1 point(s) did not finish ok" in text
     # A one-point sweep's swept keys are every key it sets (results/swept.py): its label too.
-    oom_label = plots.point_labels(pd.read_csv(oom_dir / report.SUMMARY_CSV))[0]
+    oom_label = plots.point_labels(read_summary(oom_dir))[0]
     assert "bench.inject_fault=oom@2" in oom_label
     assert f"{oom_dir.parent.name}/sweep: {oom_label} [oom]: RuntimeError: " in text
     assert f"{sweep_dir}: baseline: " in text and f"{oom_dir}: baseline: none" in text
@@ -470,5 +471,5 @@ def test_max_batch_search_finds_a_bigger_batch_in_a_bigger_budget(tmp_path):
     small, large = sorted(found)
     assert (small, large) == (int(0.15 * 2**30), int(0.2 * 2**30))
     assert 4 < found[small] < found[large]
-    table = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    table = read_summary(sweep_dir)
     assert sorted(table["max_batch_size"]) == sorted(found.values())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import warnings
 
-import pandas as pd
 import pytest
 import torch
 
@@ -24,6 +23,7 @@ from nanogpt.results import derive
 from nanogpt.results.asked import Asked
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import Rates, Record, Setup, Timing
+from nanogpt.results.tidy import read_summary
 from nanogpt.spec import Dtype
 from tests.conftest import run_cli
 
@@ -187,7 +187,7 @@ def test_run_with_calibration_carries_consistent_columns(cache, sweep):
     assert record["peak_source"] in ("cpu-estimate", "calibrated")
     if record["peak_source"] == "calibrated":
         assert record["mfu"] == pytest.approx(record["mfu_achievable"])
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert table["mfu_achievable"].iloc[0] == pytest.approx(record["mfu_achievable"])
 
 
@@ -203,7 +203,7 @@ def test_a_run_faster_than_the_achievable_peak_is_flagged(cache, sweep):
     (record,) = [json.loads(p.read_text()) for p in sweep_dir.rglob("result.json")]
     assert record["mfu_achievable"] > 1 and record["mfu_flag"] is True
     assert "mfu_achievable" in proc.stderr
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert bool(table["mfu_flag"].iloc[0]) is True
 
 

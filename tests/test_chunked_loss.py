@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,6 +20,7 @@ from nanogpt.chunked_loss import ChunkedLinearCrossEntropy, chunked_cross_entrop
 from nanogpt.measure.flops import counted_flops_per_token
 from nanogpt.measure.memory import LOGITS_EXTRA_BYTES, estimate_memory
 from nanogpt.model import GPT, GPTConfig
+from nanogpt.results.tidy import read_summary
 
 from .conftest import sweep_refusal
 
@@ -216,7 +216,7 @@ def test_a_sweep_over_the_loss_records_it_and_its_estimate(sweep):
     assert full["loss_chunk"] is None and chunked["loss_chunk"] == 8
     assert chunked["mem_estimate"]["logits"] < full["mem_estimate"]["logits"]
     assert chunked["flops_per_token_counted"] == full["flops_per_token_counted"]
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert list(table["loss_kind"]) == ["full", "chunked"] and set(table["status"]) == {"ok"}
 
 

@@ -12,6 +12,7 @@ import pytest
 from nanogpt.results import compare, derive, stats, table
 from nanogpt.results.record import Record
 from nanogpt.results.store import write_record
+from nanogpt.results.tidy import read_summary
 from nanogpt.tune import fit, objectives
 
 from .conftest import fail_if_slower
@@ -138,7 +139,7 @@ def test_the_recommendation_names_the_best_points_and_their_leads(micro_sweep):
     # cost.usd_per_hour=3.6 (tests/conftest.py MICRO_SWEEP)
     proc, sweep_dir = micro_sweep
     assert proc.returncode == 0, proc.stderr[-2000:]
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     fastest = table.loc[table["tokens_per_s"].idxmax()]
     # $3.6 an hour is $0.001 a second: a million tokens cost 1000 / (tokens/s) dollars
     assert table["usd_per_1m_tokens"].tolist() == pytest.approx(

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the reference, tests only
@@ -25,6 +24,7 @@ from omegaconf import OmegaConf
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR, expand, runs_here
 from nanogpt.results.identity import measured_config, point_id_of
+from nanogpt.results.tidy import read_summary
 
 from .conftest import REPO, run_cli, with_micro
 
@@ -149,7 +149,7 @@ def test_resume_skips_what_was_measured_whatever_else_changed(tmp_path):
     for size in (1, 2):
         assert second[size]["finished_at"] == first[size]["finished_at"]  # kept, not remeasured
         assert second[size]["point_id"] == first[size]["point_id"]
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert len(table) == 3 and set(table["status"]) == {"ok"}
 
     # A key the loop measures with makes new points.

@@ -29,6 +29,7 @@ from nanogpt.reporters.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
 from nanogpt.results import bottleneck as rules
 from nanogpt.results import table as report
 from nanogpt.results.bottleneck import Diagnosis, Setting, judge
+from nanogpt.results.tidy import read_summary
 from nanogpt.spec import Dtype, RunSpec
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
@@ -519,7 +520,7 @@ def test_diagnosis_off_is_null_with_the_reason(diagnosed_sweep):
 
 def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
     proc, sweep_dir = diagnosed_sweep
-    summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    summary = read_summary(sweep_dir)
     job_dir, record = job_of(sweep_dir, True)
     row = summary[summary["job_dir"] == str(job_dir.resolve())].iloc[0]
     assert row["bottleneck"] == record["bottleneck"]

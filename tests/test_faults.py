@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pandas as pd
 import psutil
 import pytest
 import torch
@@ -28,6 +27,7 @@ from nanogpt.app import hydra_error_line, to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Fault, classify, describe, exit_code
+from nanogpt.results.tidy import read_summary
 
 from .conftest import run_cli, run_patched, signal_state, start_in_terminal, with_micro
 
@@ -107,7 +107,7 @@ def test_injected_faults_each_get_a_record_and_only_errors_fail_the_sweep(sweep)
     assert records["oom@2"]["mem_peak_rss_bytes"] > 0
     assert not list(sweep_dir.rglob("*.pickle"))
     # Every point is in the table; the two error rows make the sweep fail, by name.
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert len(table) == len(FAULTS) and sorted(table["status"]) == sorted(FAULTS.values())
     assert proc.returncode == 1
     failed_line = next(line for line in proc.stderr.splitlines() if "point(s) failed:" in line)
@@ -128,7 +128,7 @@ def test_oom_and_nan_are_results_and_one_process_releases_memory_between_points(
         "bench.inject_fault=null,oom@2,nan@2",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert sorted(table["status"]) == sorted(["ok", "oom", "diverged"] * 2)
     healthy = records_by(sweep_dir, "model.n_embd", where={"bench.inject_fault": "null"})
     big, small = healthy["384"], healthy["32"]
@@ -189,7 +189,7 @@ def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
     assert record["status"] == "interrupted" and record["error"] == error
     assert record["measured_steps"] >= 10 and record["step_ms_median"] > 0
     assert not (sweep_dir / "1").exists()  # the sweep stopped
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert table["status"].tolist() == ["interrupted"]
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive  # no measuring process left behind
@@ -268,7 +268,7 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume: skipped 1 point(s)" in again.stdout
     assert f"skipped unreadable record: {sweep_dir / '9' / 'result.json'}" in again.stderr
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     batch_sizes = sorted(
         dict(o.split("=") for o in row.split())["perf.batch_size"] for row in table["overrides"]
     )
@@ -498,4 +498,4 @@ def test_a_full_disk_is_one_line_keeps_the_records_and_the_rerun_resumes(tmp_pat
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resume: skipped {len(kept)} point(s)" in again.stdout
-    assert len(pd.read_csv(out / "sweep" / "summary.csv")) == 6
+    assert len(read_summary(out / "sweep")) == 6

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import psutil
 import pytest
 import torch
@@ -24,8 +23,8 @@ from nanogpt.measure import memory
 from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import derive
-from nanogpt.results import table as report
 from nanogpt.results.summary_keys import summary_key
+from nanogpt.results.tidy import read_summary
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
 from .conftest import run_cli, with_micro
@@ -217,7 +216,7 @@ def test_a_point_measured_beside_a_busy_process_is_flagged(crowded_sweep):
     job_dir, warn = records["warn"]
     assert warn["status"] == "ok" and warn["contended"] is True, warn["contention"]
     assert warn["others_cpu_s"] > OTHERS_SHARE * warn["own_cpu_s"]
-    summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    summary = read_summary(sweep_dir)
     row = summary[summary["job_dir"] == str(job_dir.resolve())].iloc[0]
     assert bool(row["contended"]) and row["contention"] == warn["contention"]
     assert ",contended" in proc.stdout  # the printed table's steady column

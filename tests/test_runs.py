@@ -6,8 +6,9 @@ import csv
 import json
 import shutil
 
-import pandas as pd
 import pytest
+
+from nanogpt.results.tidy import read_summary
 
 from .conftest import SHAKESPEARE, case_sweep, needs_shared, report_cli
 
@@ -48,7 +49,7 @@ def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(micro_sweep):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = sorted(sweep_dir.glob("*/result.json"))
     assert len(results) == 4
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert len(table) == 4 and set(table["status"]) == {"ok"}
     # The baseline line, a blank line, then header, rule and 4 rows: the console's table, each
     # point named by what varies.
@@ -116,7 +117,7 @@ def test_report_cli_rebuilds_table(micro_sweep, tmp_path):
     baseline = "perf.batch_size=2 optimizer.impl=foreach"
     again = report_cli(sweep_dir, "--baseline", baseline)
     assert again.returncode == 0, again.stderr
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert table.loc[table["overrides"].str.contains(baseline), "speedup"].item() == 1.0
 
 

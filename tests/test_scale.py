@@ -18,6 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from nanogpt.distributed import World
 from nanogpt.measure.trainer import Trainer
+from nanogpt.results.tidy import read_summary
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
 from .conftest import case_sweep, run_cli, run_patched, with_micro
@@ -173,7 +174,7 @@ def torchrun_points(tmp_path_factory) -> dict[str, dict]:
     )
     assert not list(root.rglob("measurement.json"))  # every child's answer was taken
     points = {name: json.loads((job / "result.json").read_text()) for name, job in jobs.items()}
-    table = pd.read_csv(root / "sweep" / "summary.csv")
+    table = read_summary(root / "sweep")
     markdown = (root / "sweep" / "summary.md").read_text()
     for name, job in jobs.items():
         assert f"+case={name}" in markdown
@@ -216,7 +217,7 @@ def test_submitit_local_launcher_runs_each_point_as_a_job_then_builds_the_table(
     assert len(list((sweep_dir / ".submitit").glob("*/*_submitted.pkl"))) == 2  # real submitit
     records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
     assert [r["batch_size"] for r in records] == [1, 2]
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert len(table) == 2 and set(table["status"]) == {"ok"}
 
 
@@ -237,7 +238,7 @@ def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
     logs = {p.name.split("_")[1]: p.read_text() for p in sweep_dir.glob(".submitit/*/*_log.out")}
     assert set(logs) == {"0", "1"}
     assert "[ok]" in logs["0"] and "[ok]" not in logs["1"]  # task 1 followed rank 0
-    assert len(pd.read_csv(sweep_dir / "summary.csv")) == 1
+    assert len(read_summary(sweep_dir)) == 1
 
 
 @pytest.mark.slow

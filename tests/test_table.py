@@ -15,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanogpt.results import baseline, compare, display, swept
+from nanogpt.results import baseline, compare, display, swept, tidy
 from nanogpt.results import table as report
 from nanogpt.results.labels import point_labels
+from nanogpt.results.record import columns as columns_of_record
 from nanogpt.results.tidy import STEPS_PARQUET, SUMMARY_PARQUET, read_summary
 
 from .conftest import report_cli, run_cli, with_micro
@@ -214,15 +215,19 @@ def test_summary_has_a_typed_column_per_swept_key(tidy_sweep):
     _, sweep_dir = tidy_sweep
     table = read_summary(sweep_dir / report.SUMMARY_CSV)
     columns = list(table.columns)
-    at = columns.index("overrides")
-    assert columns[at + 1 : at + 3] == ["sweep/accum_split", "optimizer.betas"]
+    # The swept keys by config path, then the headline; no record copy of a swept key (the
+    # record's grad_accum beside perf.grad_accum) and no column empty in every row.
+    assert columns[:2] == ["sweep/accum_split", "optimizer.betas"] and len(columns) <= 30
+    assert columns[2:] == [c for c in tidy.HEADLINE if c in columns]
+    assert "grad_accum" not in columns and table.notna().any().all()
     assert sorted(set(table["sweep/accum_split"])) == ["4x4", "8x2"]
     assert sorted(map(tuple, table["optimizer.betas"])) == [(0.8, 0.9)] * 2 + [(0.9, 0.95)] * 2
-    assert all(isinstance(v, list) for v in table["step_ms_median_per_repeat"])
-    assert table["grad_accum"].dtype.kind == "i" and table["compile"].dtype == bool
-    # The Parquet copy keeps the same values with their types.
-    parquet = read_summary(sweep_dir / SUMMARY_PARQUET)
-    assert list(parquet.columns) == columns
+    assert table["tokens_per_step"].dtype.kind == "i" and table["steady"].dtype == bool
+    # The Parquet copy keeps every field of every record, with its types.
+    parquet = read_summary(sweep_dir)
+    assert set(columns) < set(parquet.columns) and set(columns_of_record()) <= set(parquet)
+    assert all(isinstance(v, list) for v in parquet["step_ms_median_per_repeat"])
+    assert parquet["grad_accum"].dtype.kind == "i" and parquet["compile"].dtype == bool
     assert parquet["optimizer.betas"].tolist() == table["optimizer.betas"].tolist()
     assert parquet["tokens_per_s"].tolist() == pytest.approx(table["tokens_per_s"].tolist())
 
@@ -259,7 +264,7 @@ def test_the_steps_table_is_long_and_keyed_by_point(tidy_sweep):
 
 def test_the_baseline_rule_is_stated_in_the_table(tidy_sweep):
     proc, sweep_dir = tidy_sweep
-    table = read_summary(sweep_dir / report.SUMMARY_CSV)
+    table = read_summary(sweep_dir)
     base = table[table["speedup_verdict"] == "baseline"]
     assert len(base) == 1 and base["grad_accum"].item() == 2  # the fewest accumulation steps
     first_line = (sweep_dir / report.SUMMARY_MD).read_text().splitlines()[0]
@@ -301,14 +306,14 @@ def test_report_rebuilds_with_the_sweeps_settings_and_a_new_baseline_changes_the
 
 def test_a_presets_baseline_and_plots_are_kept_by_the_report(attention_sweep):
     proc, sweep_dir = attention_sweep
-    built = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    built = read_summary(sweep_dir)
     base = built.loc[built["speedup_verdict"] == "baseline", "overrides"].item()
     assert "perf.attention=manual" in base
     for png in sweep_dir.glob("*.png"):
         png.unlink()
     again = report_cli(sweep_dir)
     assert again.returncode == 0, again.stderr
-    rebuilt = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    rebuilt = read_summary(sweep_dir)
     assert rebuilt["speedup"].tolist() == pytest.approx(built["speedup"].tolist())
     assert (sweep_dir / "speedup.png").is_file()  # report.plots=true, from the preset
     # `--baseline ''` asks for the rule, which also picks manual; `--no-plots` draws none.

@@ -9,9 +9,9 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import pytest
 
+from nanogpt.results.tidy import read_summary
 from tests.conftest import run_cli, start_in_terminal, with_micro
 
 # The table's writer made slow (the records are all written by then), so that the signal
@@ -53,4 +53,4 @@ def test_ctrl_c_while_the_table_is_written_is_one_line_and_the_report_rebuilds_i
     assert not (sweep_dir / "summary.csv").exists()
     report = run_cli(str(sweep_dir), module="nanogpt.report", cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-2000:]
-    assert sorted(pd.read_csv(sweep_dir / "summary.csv")["status"]) == ["ok", "ok"]
+    assert sorted(read_summary(sweep_dir)["status"]) == ["ok", "ok"]

@@ -22,8 +22,8 @@ import pytest
 from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import store as records
-from nanogpt.results import table as report
 from nanogpt.results.summary_keys import summary_key
+from nanogpt.results.tidy import read_summary
 from nanogpt.spec import LoggerConfig, LoggerMode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
@@ -138,7 +138,7 @@ def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):
     assert logged["sweep_table.nrows"] == 2
     table = json.loads((run_dir / "files" / logged["sweep_table.path"]).read_text())
     logged_table = pd.DataFrame(table["data"], columns=table["columns"])
-    summary = pd.read_csv(sweep_dir / report.SUMMARY_CSV)
+    summary = read_summary(sweep_dir)
     assert list(logged_table["overrides"]) == list(summary["overrides"])
     assert list(logged_table["mfu"]) == pytest.approx(list(summary["mfu"]))
 

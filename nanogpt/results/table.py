@@ -124,7 +124,7 @@ def build_table(
 def write_summary(sweep_dir: Path, sweep: Sweep) -> None:
     """summary.csv, summary.parquet, steps.parquet and summary.md (which names the baseline)."""
     markdown = f"{sweep.baseline}\n\n{display.markdown(sweep.table)}"
-    tidy.write(sweep_dir, sweep.table, sweep.steps, markdown)
+    tidy.write(sweep_dir, sweep.table, sweep.swept, sweep.steps, markdown)
 
 
 def failed_points(table: pd.DataFrame) -> list[str]:

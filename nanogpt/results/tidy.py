@@ -1,10 +1,13 @@
 """The sweep table's files: summary.csv, summary.parquet and steps.parquet, typed.
 
-- summary.csv: one row per point; list and dict cells (step_ms_median_per_repeat, a swept
-  `[1,2]`) are JSON, so `read_summary` gives them back as lists; booleans are True/False.
-- summary.parquet: the same table with its types (lists stay lists, integers stay integers).
+- summary.csv: what a person opens first. One row per point: the swept keys, by config path
+  (`perf.dtype`), then the `HEADLINE` columns below, in that order; a column empty in every
+  row is left out. List and dict cells (a swept `[1,2]`) are JSON, so `read_summary` gives them
+  back as lists; booleans are True/False.
+- summary.parquet: the whole table with its types (every record field, the swept keys and
+  every figure that compares points; lists stay lists, integers stay integers).
 - steps.parquet: the long steps table (results/sweep_steps.py), keyed by job_dir, repeat, step.
-Each is written atomically (temp file + rename).
+Each is written atomically (temp file + rename). docs/record.md lists the headline columns.
 """
 
 from __future__ import annotations
@@ -23,6 +26,48 @@ STEPS_PARQUET = "steps.parquet"
 SUMMARY_MD = "summary.md"
 
 
+# summary.csv's columns after the swept keys: the figures that answer "which point, how fast,
+# how sure, does it fit, why", then what identifies the point. Every other field is in
+# summary.parquet and result.json.
+HEADLINE = (
+    "status",
+    "tokens_per_s",
+    "tokens_per_s_ci_low",
+    "tokens_per_s_ci_high",
+    "step_ms_median",
+    "step_ms_cv",
+    "steady",
+    "contended",
+    "mfu",
+    "peak_memory_bytes",
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "speedup_verdict",
+    "compile_breakeven_steps",
+    "bottleneck",
+    "tokens_per_kwh",
+    "usd_per_1m_tokens",
+    "repeats",
+    "model",
+    "n_params",
+    "tokens_per_step",
+    "device_name",
+    "error",
+    "overrides",
+    "point_id",
+    "job_dir",
+)
+
+
+def headline(table: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
+    """summary.csv's table: the swept keys' columns, then HEADLINE's; none empty in every row
+    (a swept key's column always stays)."""
+    names = [*swept, *(c for c in HEADLINE if c in table and c not in swept)]
+    kept = [c for c in names if c in swept or table[c].notna().any()]
+    return table[kept]
+
+
 def _is_container(value) -> bool:
     return isinstance(value, list | tuple | dict)
 
@@ -39,11 +84,12 @@ def to_csv(table: pd.DataFrame) -> str:
 
 
 def read_summary(path: str | Path) -> pd.DataFrame:
-    """A summary.csv (or summary.parquet) read back with its types: a column whose every cell
-    is JSON list or dict text comes back as lists or dicts."""
+    """A sweep's table read back with its types: a sweep dir gives summary.parquet (every
+    field); a file is read as it is (summary.csv: a column whose every cell is JSON list or
+    dict text comes back as lists or dicts)."""
     path = Path(path)
     if path.is_dir():
-        path = path / SUMMARY_CSV
+        path = path / SUMMARY_PARQUET
     if path.suffix == ".parquet":
         return _from_arrow(pd.read_parquet(path))
     table = pd.read_csv(path)
@@ -94,9 +140,12 @@ def to_parquet(table: pd.DataFrame) -> bytes:
     return buffer.getvalue()
 
 
-def write(sweep_dir: Path, table: pd.DataFrame, steps: pd.DataFrame, markdown: str) -> None:
-    """summary.csv, summary.parquet, steps.parquet and summary.md, each atomically."""
-    write_atomic(sweep_dir / SUMMARY_CSV, to_csv(table))
+def write(
+    sweep_dir: Path, table: pd.DataFrame, swept: list[str], steps: pd.DataFrame, markdown: str
+) -> None:
+    """summary.csv (the headline), summary.parquet (everything), steps.parquet and summary.md,
+    each atomically."""
+    write_atomic(sweep_dir / SUMMARY_CSV, to_csv(headline(table, swept)))
     write_atomic(sweep_dir / SUMMARY_PARQUET, to_parquet(table))
     write_atomic(sweep_dir / STEPS_PARQUET, to_parquet(steps))
     write_atomic(sweep_dir / SUMMARY_MD, markdown)

@@ -11,8 +11,7 @@ import signal
 import socket
 import subprocess
 
-import pandas as pd
-
+from nanogpt.results.tidy import read_summary
 from tests.conftest import run_cli, with_micro
 from tests.slurm.conftest import squeue, wait_for
 
@@ -52,14 +51,14 @@ def test_the_readme_sweep_runs_every_point_as_a_slurm_job(slurm_sweep, tmp_path)
     assert {r["slurm_restarts"] for r in found.values()} == {0}
     assert len(list(sweep_dir.glob(".submitit/*/*_submitted.pkl"))) == 4  # real submitit jobs
     # The table a local sweep writes, with the same points: same columns, same rows
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert sorted(table["status"]) == ["ok"] * 4 and table["slurm_job_id"].notna().all()
     local = run_cli(
         "-m", *with_micro(["perf.compile=false", "perf.dtype=bf16,fp16"]),
         f"hydra.sweep.dir={tmp_path / 'local'}", cwd=tmp_path,
     )  # fmt: skip
     assert local.returncode == 0, local.stderr[-2000:]
-    local_table = pd.read_csv(tmp_path / "local" / "summary.csv")
+    local_table = read_summary(tmp_path / "local")
     # the same columns, and one more per swept key: the local sweep does not sweep compile
     assert set(local_table.columns) <= set(table.columns) and "perf.compile" in table
 
@@ -96,7 +95,7 @@ def test_a_requeue_mid_measurement_ends_with_one_ok_record(slurm_start, slurm_en
     assert record["status"] == "ok" and record["error"] is None
     assert record["slurm_job_id"] == job and record["slurm_restarts"] == 1
     assert record["measured_s"] >= 14  # the whole window again, not the cut one
-    assert len(pd.read_csv(sweep_dir / "summary.csv")) == 1
+    assert len(read_summary(sweep_dir)) == 1
 
 
 def test_scancel_of_one_point_records_it_cancelled_and_the_sweep_fails_with_its_table(
@@ -111,7 +110,7 @@ def test_scancel_of_one_point_records_it_cancelled_and_the_sweep_fails_with_its_
     assert found["0"]["status"] == "cancelled" and found["1"]["status"] == "ok"
     assert found["0"]["error"].startswith(f"SlurmJob: job {job} ended CANCELLED")
     assert found["0"]["slurm_job_id"] == job
-    table = pd.read_csv(sweep_dir / "summary.csv")
+    table = read_summary(sweep_dir)
     assert sorted(table["status"]) == ["cancelled", "ok"]
     out = (tmp_path / "sweep.out").read_text()
     assert "1 point(s) failed" in out
@@ -147,7 +146,7 @@ def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_
     rerun = datetime.datetime.fromisoformat(line).timestamp()
     written = (sweep_dir / "0" / "result.json").stat().st_mtime
     assert written >= rerun
-    assert len(pd.read_csv(sweep_dir / "summary.csv")) == 1
+    assert len(read_summary(sweep_dir)) == 1
 
 
 def test_dist_nproc_2_is_two_slurm_tasks_of_one_job(slurm_sweep):
