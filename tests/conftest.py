@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -132,10 +134,25 @@ def signal_state(pids) -> str:
     return "; ".join(parts)
 
 
-def fail_if_slower(new: Path, old: Path, *extra: str, cwd: Path) -> subprocess.CompletedProcess:
+def report_cli(*args) -> subprocess.CompletedProcess:
+    """`python -m nanogpt.report ARGS`, run in this process (nanogpt.report.main(argv), which
+    the command's `sys.exit` only wraps): its exit code and what it printed, without an
+    interpreter's start. Where the command's process is what is tested (its imports), the test
+    starts one (tests/test_forkserver.py)."""
+    from nanogpt import report
+
+    argv = [str(arg) for arg in args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = report.main(argv)
+    return subprocess.CompletedProcess(
+        ["nanogpt.report", *argv], code, out.getvalue(), err.getvalue()
+    )
+
+
+def fail_if_slower(new: Path, old: Path, *extra: str) -> subprocess.CompletedProcess:
     """`python -m nanogpt.report NEW --compare OLD --fail-if-slower 10 EXTRA...`"""
-    args = [str(new), "--compare", str(old), "--fail-if-slower", "10", *extra]
-    return run_cli(*args, cwd=cwd, module="nanogpt.report")
+    return report_cli(new, "--compare", old, "--fail-if-slower", "10", *extra)
 
 
 def run_patched(setup: str, *args: str, cwd: Path, env: dict | None = None):
@@ -243,6 +260,32 @@ def micro_sweep(tmp_path_factory):
     return proc, sweep_dir
 
 
+# W&B's window settings: 3 warmup steps (step 1 alone, then a warmup window of steps 2-3) and
+# 4 measured steps in windows of 2: a point's run has W&B steps 3 (warmup/*), 5 and 7 (train/*).
+WANDB = ["logger=wandb", "bench.warmup_steps=3", "logger.log_interval=2"]
+# One real sweep, in the sweep's own process (bench.isolate=false) with W&B offline and no key,
+# for the tests of the points' W&B runs (test_wandb.py) and of the diagnosis (test_diagnose.py):
+# job 0 diagnosed (2 profiled steps), job 1 not.
+WANDB_SWEEP = [
+    *WANDB,
+    "logger.mode=offline",
+    "bench.isolate=false",
+    "bench.diagnose=true,false",
+    "bench.diagnose_steps=2",
+]
+
+
+@pytest.fixture(scope="session")
+def wandb_sweep(tmp_path_factory):
+    """WANDB_SWEEP, run once for the session: (process, sweep_dir). Tests only read it."""
+    root = tmp_path_factory.mktemp("wandb_sweep")
+    sweep_dir = root / "sweep"
+    args = ["-m", *with_micro(WANDB_SWEEP), f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_without_a_key("nanogpt.run", args, root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, sweep_dir
+
+
 # A case sweep measures its points in the sweep's own process (one torch import, no fork
 # server): what its tests check is a point's figures, not its process.
 CASE_DEFAULTS = ["bench.isolate=false"]
@@ -310,6 +353,7 @@ SLOW_FIXTURES = {
     "result_keys",
     "bad_input_runs",
     "diagnosed_sweep",
+    "wandb_sweep",
     "tidy_sweep",
     "attention_sweep",
 }

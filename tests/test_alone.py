@@ -37,9 +37,9 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
         return tmp_path / name
 
     two, one = sweep("two_threads", "2"), sweep("one_thread", "1")
-    slowdown = fail_if_slower(one, two, cwd=tmp_path)
+    slowdown = fail_if_slower(one, two)
     assert slowdown.returncode == 1, slowdown.stdout + slowdown.stderr
     assert "slower" in slowdown.stdout and "slower: " in slowdown.stderr
-    speedup = fail_if_slower(two, one, "--markdown", cwd=tmp_path)
+    speedup = fail_if_slower(two, one, "--markdown")
     assert speedup.returncode == 0, speedup.stdout + speedup.stderr
     assert speedup.stdout.startswith("| point |") and "| faster |" in speedup.stdout

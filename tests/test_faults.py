@@ -29,7 +29,14 @@ from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Fault, classify, describe, exit_code
 from nanogpt.results.tidy import read_summary
 
-from .conftest import run_cli, run_patched, signal_state, start_in_terminal, with_micro
+from .conftest import (
+    report_cli,
+    run_cli,
+    run_patched,
+    signal_state,
+    start_in_terminal,
+    with_micro,
+)
 
 FAULTS = {"null": "ok", "oom@2": "oom", "nan@2": "diverged", "raise@2": "error", "kill@2": "error"}
 
@@ -335,8 +342,9 @@ def bad_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bad_input_runs(tmp_path_factory, bad_data):
-    """The CLI_CASES and the report on an empty dir, each a real process, two at a time (each
-    is ~3 s of imports): case id -> (process, the dir where no record may appear)."""
+    """The CLI_CASES, each a real process, two at a time (each is ~3 s of imports), and the
+    report on an empty dir (in this process: its exit code is what main returns): case id ->
+    (process, the dir where no record may appear)."""
     root = tmp_path_factory.mktemp("bad_input")
     (root / "empty_sweep").mkdir()
     cases = dict((case[0], case[1]) for case in CONFIG_ERRORS + HYDRA_ERRORS)
@@ -350,12 +358,13 @@ def bad_input_runs(tmp_path_factory, bad_data):
 
     def report_empty():
         empty = root / "empty_sweep"
-        proc = run_cli(str(empty), cwd=root, module="nanogpt.report")
+        proc = report_cli(empty)
         return "report-on-empty-dir", (proc, empty)
 
-    jobs = [lambda c=c: run(c, cases[c]) for c in CLI_CASES] + [report_empty]
+    jobs = [lambda c=c: run(c, cases[c]) for c in CLI_CASES]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(lambda job: job(), jobs))
+        runs = dict(pool.map(lambda job: job(), jobs))
+    return dict([*runs.items(), report_empty()])  # the report in this process, after them
 
 
 def _assert_refused(proc, out, named: str) -> list[str]:

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from nanogpt.distributed import World
-from nanogpt.measure import memory
-from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu
+from nanogpt.measure import contention, memory
+from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu, tree_cpu_s
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import derive
 from nanogpt.results.summary_keys import summary_key
@@ -135,15 +135,45 @@ def stop(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def probed_steps(scope: psutil.Process, seconds: float = 1.5) -> dict:
-    """A real trainer's steps for `seconds`, probed with the neighbour as the only 'others'."""
+def neighbour_apart(code: str) -> psutil.Process:
+    """A neighbour that is no descendant of this process (a shell starts it and exits), as
+    another user's process is: the probe counts this process's descendants as the point's."""
+    shell = subprocess.run(
+        ["sh", "-c", '"$0" -c "$1" >/dev/null 2>&1 & echo $!', sys.executable, code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return psutil.Process(int(shell.stdout))
+
+
+def stop_apart(proc: psutil.Process) -> None:
+    """Kill a neighbour_apart; its new parent reaps it (or it stays a zombie, using no CPU)."""
+    proc.kill()
+    for _ in range(300):
+        if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+            return
+        time.sleep(0.01)
+
+
+def probed_steps(monkeypatch, neighbour: psutil.Process, seconds: float = 1.5) -> dict:
+    """A real trainer's steps for `seconds`, probed on a machine of two processes: this one
+    (the point) and the neighbour. The real machine is shared with processes the test does not
+    control, so its busy CPU time (contention.busy_cpu_s) is made the CPU time of these two
+    trees alone; the point's own is counted as in any run."""
+    point = psutil.Process()
+
+    def busy_cpu_s() -> float:
+        return sum(tree_cpu_s(point).values()) + sum(tree_cpu_s(neighbour).values())
+
+    monkeypatch.setattr(contention, "busy_cpu_s", busy_cpu_s)
     spec = RunSpec(
         model=ModelConfig(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=256),
         perf=PerfConfig(batch_size=4),
     )
     trainer = Trainer(spec, torch.device("cpu"), World.from_env())
     trainer.step()
-    probe = ContentionProbe(torch.device("cpu"), "warn", scope=scope)
+    probe = ContentionProbe(torch.device("cpu"), "warn")
     probe.start()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -152,22 +182,22 @@ def probed_steps(scope: psutil.Process, seconds: float = 1.5) -> dict:
 
 
 @pytest.mark.slow  # it starts its neighbours
-def test_a_quiet_neighbour_is_not_contention_and_a_busy_one_is():
-    quiet = neighbour(IDLE)
+def test_a_quiet_neighbour_is_not_contention_and_a_busy_one_is(monkeypatch):
+    quiet = neighbour_apart(IDLE)
     try:
-        fields = probed_steps(psutil.Process(quiet.pid))
+        fields = probed_steps(monkeypatch, quiet)
     finally:
-        stop(quiet)
+        stop_apart(quiet)
     # not flagged: false, or null ("too short to judge") where a loaded machine left the point
     # too little CPU time of its own for the counters' ticks to tell
     assert fields["contended"] is not True, fields["contention"]
     assert fields["own_cpu_s"] > 0.5  # the point's steps, on its clock
-    busy = neighbour(SPIN)
+    busy = neighbour_apart(SPIN)
     try:
         time.sleep(0.2)  # the interpreter is up and spinning
-        fields = probed_steps(psutil.Process(busy.pid))
+        fields = probed_steps(monkeypatch, busy)
     finally:
-        stop(busy)
+        stop_apart(busy)
     assert fields["contended"] is True, fields["contention"]
     assert fields["others_cpu_s"] > OTHERS_SHARE * fields["own_cpu_s"]
     assert "x the point's own" in fields["contention"]

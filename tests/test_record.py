@@ -4,6 +4,7 @@ torch and pandas (no processes: these are unit-level)."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pandas as pd
 import pytest
@@ -279,8 +280,22 @@ def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
     ]
     assert all(run.status == "ok" for run in runs)
     pooled = repeats.pool(runs)
-    assert pooled.rates == derive.rates(pooled, ceilings)
-    assert pooled.rates.tokens_per_s_wall is not None and pooled.rates.mfu_flag is False
+    # The pooled step is the median of the repeats' medians, and each figure follows from it
+    # by its formula (worked out here, not by derive.rates), against the ceilings of the runs.
+    step_s = statistics.median(run.timing.step_ms_median for run in runs) / 1e3
+    assert pooled.timing.step_ms_median == pytest.approx(step_s * 1e3)
+    tokens = pooled.setup.tokens_per_step
+    assert pooled.rates.tokens_per_s == pytest.approx(tokens / step_s)
+    flops = pooled.setup.flops_per_token * tokens / step_s  # one rank: world_size 1
+    assert pooled.rates.achieved_tflops == pytest.approx(flops / 1e12)
+    assert pooled.rates.mfu == pytest.approx(flops / 1e12)  # peak 1e12 FLOP/s
+    assert pooled.rates.mfu_achievable == pytest.approx(flops / 1e12)  # achievable 1e12 too
+    assert pooled.rates.mfu_flag is False and pooled.rates.peak_source == "override"
+    # the wall-clock step: both windows' wall time over both windows' steps
+    walls = [(run.timing.step_ms_wall, run.timing.measured_steps) for run in runs]
+    wall_s = sum(ms * n for ms, n in walls) / sum(n for _, n in walls) / 1e3
+    assert pooled.rates.tokens_per_s_wall == pytest.approx(tokens / wall_s)
+    assert pooled.timing.measured_steps == sum(n for _, n in walls)
     for part in ("setup", "timing", "memory", "energy", "rates"):
         for f in dataclasses.fields(getattr(pooled, part)):
             filled = [getattr(getattr(run, part), f.name) is not None for run in runs]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from nanogpt.results.tidy import read_summary
-from tests.conftest import run_cli, start_in_terminal, with_micro
+from tests.conftest import report_cli, start_in_terminal, with_micro
 
 # The table's writer made slow (the records are all written by then), so that the signal
 # lands while it runs; it notes when it starts.
@@ -51,6 +51,6 @@ def test_ctrl_c_while_the_table_is_written_is_one_line_and_the_report_rebuilds_i
     assert line.startswith("interrupted while writing the table")
     assert f"python -m nanogpt.report {sweep_dir}" in line
     assert not (sweep_dir / "summary.csv").exists()
-    report = run_cli(str(sweep_dir), module="nanogpt.report", cwd=tmp_path)
+    report = report_cli(sweep_dir)
     assert report.returncode == 0, report.stderr[-2000:]
     assert sorted(read_summary(sweep_dir)["status"]) == ["ok", "ok"]

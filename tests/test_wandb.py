@@ -27,11 +27,8 @@ from nanogpt.results.tidy import read_summary
 from nanogpt.spec import LoggerConfig, LoggerMode
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
-from .conftest import run_without_a_key, with_micro
+from .conftest import WANDB, run_without_a_key, with_micro
 
-# 3 warmup steps: step 1 alone, then a warmup window of steps 2-3; 4 measured steps in windows
-# of 2: the run's history has W&B steps 3 (warmup/*), 5 and 7 (train/*).
-WANDB = ["logger=wandb", "bench.warmup_steps=3", "logger.log_interval=2"]
 HISTORY_STEPS = [3, 5, 7]
 WINDOW_KEYS = {"step_ms", "tokens_per_s", "mfu", "loss", "lr", "mem_rss_bytes"}
 NOT_IN_SUMMARY = {"wall_s"}  # measured around the point by the job process, after the run
@@ -102,14 +99,10 @@ def assert_run_holds_its_job(run: OfflineRun, job_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def in_process_sweep(tmp_path_factory):
-    """2 jobs in the one Hydra process (bench.isolate=false), W&B offline."""
-    cwd = tmp_path_factory.mktemp("wandb_sweep")
-    sweep_dir = cwd / "sweep"
-    overrides = [*WANDB, "logger.mode=offline", "bench.isolate=false", "perf.batch_size=2,3"]
-    proc = run_nanogpt(["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"], cwd)
-    assert proc.returncode == 0, proc.stderr
-    return proc, sweep_dir
+def in_process_sweep(wandb_sweep):
+    """2 jobs in the one Hydra process (bench.isolate=false), W&B offline: the session's
+    (conftest.WANDB_SWEEP), the first diagnosed, the second not."""
+    return wandb_sweep
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +118,7 @@ def test_each_job_of_an_in_process_multirun_is_its_own_run(in_process_sweep):
     for job, run in runs.items():
         assert run.group == f"{sweep_dir.parent.name}/{sweep_dir.name}"  # date/time, not time
         assert_run_holds_its_job(run, sweep_dir / job)
-    assert [r.summary["asked/batch_size"] for r in runs.values()] == [2, 3]
+    assert [r.config["bench"]["diagnose"] for r in runs.values()] == [True, False]
 
 
 def test_sweep_table_goes_to_a_summary_run_of_the_same_group(in_process_sweep):

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import time
 
 import torch
 import torch.nn.functional as F
 
 from nanogpt.devices import AUTOCAST_DTYPES, matmul_precision, synchronize
-from nanogpt.errors import ConfigError
 from nanogpt.spec import Dtype
 
-SHAPES_ENV = "NANOGPT_CALIBRATION_SHAPES"  # e.g. "256x256x256,512x512x512": a smaller search
 OP = "F.linear(x[M,K], W[N,K]) in the compute dtype, as nn.Linear under autocast; 2*M*N*K FLOPs"
 CLOCK = "perf_counter+synchronize, fastest trial"
 
@@ -153,18 +150,5 @@ def shape_name(shape: Shape) -> str:
 
 
 def default_shapes(device: torch.device) -> tuple[Shape, ...]:
-    """$NANOGPT_CALIBRATION_SHAPES if set, else the search for the device type."""
-    text = os.environ.get(SHAPES_ENV)
-    if not text:
-        return CUDA_SHAPES if device.type == "cuda" else CPU_SHAPES
-    try:
-        shapes = tuple(tuple(int(v) for v in item.split("x")) for item in text.split(","))
-    except ValueError:
-        shapes = ()
-    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
-        raise ConfigError(
-            SHAPES_ENV,
-            f"'{text}' is not a list of shapes",
-            "give MxNxK[,MxNxK...], e.g. 256x256x256",
-        )
-    return shapes
+    """The search for the device type."""
+    return CUDA_SHAPES if device.type == "cuda" else CPU_SHAPES

@@ -118,12 +118,10 @@ def judge_cpu(others_s: float, own_s: float, resolution: float = 0.0) -> bool | 
 
 class ContentionProbe:
     """Start at the measured window's start, stop at its end (after the last sync): the record's
-    fields; then `enforce()`. `world` gathers the ranks' own CPU time and pids. `scope`, for
-    CPU: None counts every other process of the machine; a psutil.Process counts only its
-    descendants (the processes a caller controls, e.g. a test's), the point's own left out."""
+    fields; then `enforce()`. `world` gathers the ranks' own CPU time and pids."""
 
-    def __init__(self, device: torch.device, mode: str, world=None, scope=None):
-        self.device, self.mode, self.world, self.scope = device, mode, world, scope
+    def __init__(self, device: torch.device, mode: str, world=None):
+        self.device, self.mode, self.world = device, mode, world
         self.fields: dict = {"contended": None, "contention": f"off (bench.exclusive={mode})"}
         self._handle, self._no_handle, self._nvml_error = None, None, None
         if mode != "off" and device.type == "cuda":
@@ -136,10 +134,9 @@ class ContentionProbe:
         if self.mode == "off":
             return
         self._t0 = time.perf_counter()
-        self._scope0 = tree_cpu_s(self.scope) if self.scope is not None else {}
         self._own0 = self._own()
         self._tool0 = tool_cpu_s()
-        self._busy0 = busy_cpu_s() if self.scope is None else None
+        self._busy0 = busy_cpu_s()
         self._gpu_pids = self._gpu_processes()
 
     def stop(self) -> dict:
@@ -147,10 +144,9 @@ class ContentionProbe:
         if self.mode == "off":
             return self.fields
         window_s = time.perf_counter() - self._t0
-        scope_now = tree_cpu_s(self.scope) if self.scope is not None else {}
-        own_now = self._own(scope_now)
+        own_now = self._own()
         tool_now = tool_cpu_s()
-        busy = busy_cpu_s() - self._busy0 if self.scope is None else None
+        busy = busy_cpu_s() - self._busy0
         own_s = cpu_delta(self._own0, own_now)
         tool = {p: s - self._tool0[p] for p, s in tool_now.items() if p in self._tool0}
         mine = [own_s, os.getpid(), len(own_now), tool]
@@ -158,14 +154,7 @@ class ContentionProbe:
         own_total = sum(r[0] for r in ranks)
         own_pids = {int(r[1]) for r in ranks}
         tools = {int(p): s for r in ranks for p, s in r[3].items()}  # ranks share their parents
-        if self.scope is None:
-            others_s = max(0.0, busy - own_total - sum(tools.values()))
-        else:
-            ours = set(own_now) | own_pids
-            others_s = cpu_delta(
-                {p: s for p, s in self._scope0.items() if p not in ours},
-                {p: s for p, s in scope_now.items() if p not in ours},
-            )
+        others_s = max(0.0, busy - own_total - sum(tools.values()))
         resolution = resolution_s(sum(int(r[2]) for r in ranks) + len(tools))
         fields = {
             "contention_window_s": window_s,
@@ -199,11 +188,9 @@ class ContentionProbe:
         if self.mode == "fail" and self.fields.get("contended"):
             raise Contended(f"bench.exclusive=fail: {self.fields['contention']}")
 
-    def _own(self, scope: dict[int, float] | None = None) -> dict[int, float]:
-        """CPU seconds of this process and its descendants, by pid, those in scope left out
-        (a neighbour a test started is its child, but not the point's)."""
-        outside = set(scope if scope is not None else self._scope0)
-        return {p: s for p, s in tree_cpu_s(psutil.Process()).items() if p not in outside}
+    def _own(self) -> dict[int, float]:
+        """CPU seconds of this process and its descendants, by pid."""
+        return tree_cpu_s(psutil.Process())
 
     def _gpu_processes(self) -> set[int] | None:
         """The pids NVML lists on the GPU; None when the query failed (its error kept)."""
