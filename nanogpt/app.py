@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,7 @@ OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 # them against the class). Everywhere else a key the schema lacks is refused.
 BASE_CONFIG = OmegaConf.structured(RunSpec)
 OmegaConf.set_struct(BASE_CONFIG.optimizer.build, False)
+OmegaConf.set_struct(BASE_CONFIG.model.build, False)  # model.build._target_=mymod.GPT, no +
 ConfigStore.instance().store(name="base_config", node=BASE_CONFIG)
 register_presets()  # sweeps/ as the `sweep` group: +sweep=NAME
 PRINT_CONFIG = "`python -m nanogpt.run --cfg job --resolve ...` prints every key and its value"
@@ -94,9 +96,24 @@ OmegaConf.register_new_resolver(
 def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
     """The plain, validated spec of a composed config (raises ConfigError). here=False: it runs
     on another machine, so this one's devices are not asked (validate.check)."""
-    spec = fixed_global_batch(OmegaConf.to_object(cfg))
+    spec = with_code_dir(fixed_global_batch(OmegaConf.to_object(cfg)))
     check(spec, here)
     return spec
+
+
+def with_code_dir(spec: RunSpec) -> RunSpec:
+    """model.build's module is found where the command runs (`python -m` puts that directory
+    first on sys.path): the directory travels in the spec to every process that builds the
+    model (a forked child, a fresh interpreter, a parallel slot, a cluster node)."""
+    model = spec.model
+    if not model.build:
+        return spec
+    if not model.code_dir:
+        model = dataclasses.replace(model, code_dir=os.getcwd())
+    if model.chosen_by:  # model=auto chose a built-in GPT's shape, which model.build replaces
+        target = str(model.build.get("_target_"))
+        model = dataclasses.replace(model, name=target, chosen_by=None)
+    return dataclasses.replace(spec, model=model)
 
 
 def fixed_global_batch(spec: RunSpec) -> RunSpec:

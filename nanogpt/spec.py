@@ -91,6 +91,11 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = False
     chosen_by: str | None = None  # model=auto: which model the device got, and why
+    # The user's own model, built Hydra's way in the measuring child (nanogpt/targets.py,
+    # docs/models.md): {_target_: mymod.GPT, its arguments, nested _target_ allowed}. Empty:
+    # the built-in GPT of the keys above. block_size and vocab_size still shape the batches.
+    build: dict[str, Any] = field(default_factory=dict)
+    code_dir: str | None = None  # where build's module is found (default: where the command ran)
 
 
 @dataclass

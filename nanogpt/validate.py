@@ -20,6 +20,7 @@ from nanogpt.faults import Fault
 from nanogpt.optim_rules import check_optimizer
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 from nanogpt.spec import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
+from nanogpt.targets import source_file
 
 
 def check(spec: RunSpec, here: bool = True) -> None:
@@ -116,6 +117,27 @@ def check_model(spec: RunSpec) -> None:
         )
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError("model.dropout", f"{m.dropout} is outside [0, 1)", "use e.g. 0.0")
+    check_model_build(spec)
+
+
+def check_model_build(spec: RunSpec) -> None:
+    """model.build: a target whose module is there, found without importing it (the user's
+    code runs only where points are measured: nanogpt/targets.py)."""
+    build, code_dir = spec.model.build, spec.model.code_dir
+    if not build:
+        return
+    target = build.get("_target_")
+    if not target or not isinstance(target, str):
+        raise ConfigError(
+            "model.build._target_", "is not set", "name a class or factory, e.g. mymod.GPT"
+        )
+    if "." not in target or source_file(target, code_dir) is None:
+        module = target.rpartition(".")[0] or target
+        raise ConfigError(
+            "model.build._target_",
+            f"'{target}': no module {module} in {code_dir} or on sys.path",
+            "run from the directory that holds it, or set model.code_dir",
+        )
 
 
 def check_choices(spec: RunSpec) -> None:

@@ -83,6 +83,29 @@ def test_the_points_device_decides_the_slots(monkeypatch):
     assert gpus_for(["cuda"]) == []
 
 
+def test_each_points_device_is_read_where_the_point_sets_it():
+    # The sweep's own device, unless a point's overrides set it or choose a config group that
+    # may (a preset's bench.device: cpu): Hydra's loader composes such a point to read it.
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import HydraContext
+
+    from nanogpt.launchers.parallel import ParallelLauncher
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        master = compose("config", overrides=["perf.batch_size=2"], return_hydra_config=True)
+        launcher = ParallelLauncher()
+        loader = GlobalHydra.instance().config_loader()
+        context = HydraContext(config_loader=loader, callbacks=None)
+        launcher.setup(hydra_context=context, task_function=None, config=master)
+        points = [
+            ["perf.batch_size=2", "optimizer.lr=0.1"],  # given once, and a key of no device
+            ["perf.batch_size=2", "bench.device=cuda:1"],
+            ["perf.batch_size=2", "+sweep=chunked_loss_cpu"],
+        ]
+        assert launcher._devices(points) == ["auto", "cuda:1", "cpu"]
+
+
 @pytest.mark.slow
 def test_a_card_split_by_mig_is_its_instances_by_uuid(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

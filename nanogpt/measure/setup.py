@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nanogpt.measure import flops, memory
+from nanogpt.measure import byo, flops, memory
 from nanogpt.measure.trainer import Trainer
 from nanogpt.optim import role_groups, state_bytes
 from nanogpt.optim_rules import estimated_state
@@ -19,19 +19,21 @@ from nanogpt.spec import RunSpec
 
 def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
     model, perf = trainer.raw_model, spec.perf
-    formula = flops.model_flops(model)
     strategy = "fsdp2" if trainer.fsdp else "ddp"
-    estimate = memory.estimate_of(spec, model, trainer.world.size, strategy)
+    if spec.model.build:  # the user's model: its own figures, or none (measure/byo.py)
+        counts = {**byo.flops_of(spec, model), "flops_per_token_hw": None, "flops_formula": None}
+        estimate = byo.memory_of(spec, model, trainer.world.size, strategy)
+    else:
+        counts = flops.model_flops(model)
+        counts["flops_per_token_counted"] = flops.counted_flops_per_token(model.config)
+        counts["flops_formula"], counts["flops_source"] = flops.FORMULA, "formula"
+        estimate = memory.estimate_of(spec, model, trainer.world.size, strategy)
     fp8 = trainer.fp8_layers
     return Setup(
         device=str(trainer.device),
         world_size=trainer.world.size,
         n_params=model.get_num_params(non_embedding=False),
-        n_params_flops=formula["n_params_flops"],
-        flops_per_token=formula["flops_per_token"],
-        flops_per_token_counted=flops.counted_flops_per_token(model.config),
-        flops_per_token_hw=formula["flops_per_token_hw"],
-        flops_formula=flops.FORMULA,
+        **counts,
         tokens_per_step=trainer.tokens_per_step,
         model_wrapping=trainer.model_wrapping,
         fp8_converted=len(fp8["converted"]) if fp8 is not None else None,

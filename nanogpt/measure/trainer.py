@@ -20,6 +20,7 @@ from nanogpt.data import open_source
 from nanogpt.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.distributed import World
 from nanogpt.faults import Fault
+from nanogpt.measure.byo import build_user_model
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer, implementation
 from nanogpt.sharding import apply_fsdp2, set_gradient_sync
@@ -48,6 +49,13 @@ def gpt_config(spec: RunSpec) -> GPTConfig:
         loss=spec.perf.loss.value,
         loss_chunk=spec.perf.loss_chunk,
     )
+
+
+def build_model(spec: RunSpec) -> torch.nn.Module:
+    """The built-in GPT, or the user's own model (model.build: measure/byo.py), on the CPU."""
+    if spec.model.build:
+        return build_user_model(spec)
+    return GPT(gpt_config(spec))
 
 
 def data_source(spec: RunSpec, device: torch.device, world: World, batch_size: int):
@@ -79,7 +87,7 @@ class Trainer:
         # One initialisation on every rank: DDP would broadcast rank 0's weights anyway, but
         # fully_shard shards whatever each rank holds. Then a seed per rank (dropout).
         torch.manual_seed(spec.bench.seed)
-        self.raw_model = GPT(gpt_config(spec)).to(device)
+        self.raw_model = build_model(spec).to(device)
         torch.manual_seed(spec.bench.seed + world.rank)
         # float8 first, on the whole unsharded model (nanogpt/sharding.py gives the order).
         self.fp8_layers = None

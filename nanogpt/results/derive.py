@@ -103,7 +103,8 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
         peak_dtype=asked.dtype,
         mfu=achieved / peak.flops if peak.flops else None,
     )
-    if peak.flops and asked.activation_checkpointing:
+    # (a user's model has no recompute count: its hfu stays null, measure/byo.py)
+    if peak.flops and asked.activation_checkpointing and setup.flops_per_token_hw is not None:
         out.hfu = achieved_flops(setup, step_ms, setup.flops_per_token_hw) / peak.flops
     if asked.compile and timing.first_step_ms is not None:
         # What the first step cost beyond a steady one: compilation, autotuning, lazy init.

@@ -13,6 +13,8 @@ another one, so a resume with one more of them skips the points already recorded
   bench.exclusive               what to do when another process shared the device, not what
   data.cache_dir                where the tokenized text is cached
   model.chosen_by               model=auto's explanation, not a setting
+  model.code_dir                where model.build's module was found (its source is in:
+                                model.build_source, the sha256 of the target's file)
 
 `hardware` stays in: a record's mfu and mfu_achievable are divided by the peak and the
 calibration resolved when it was measured, and resolving them again for a kept record would
@@ -29,10 +31,11 @@ import hashlib
 import json
 
 from nanogpt.spec import RunSpec, spec_to_dict
+from nanogpt.targets import source_digest
 
 MEASURED_GROUPS = ("model", "optimizer", "perf", "data", "bench", "dist", "hardware")
 NOT_MEASURED = {
-    "model": ("chosen_by",),
+    "model": ("chosen_by", "code_dir"),
     "data": ("cache_dir",),
     "bench": ("rerun", "exclusive"),
     "hardware": ("recalibrate",),
@@ -40,7 +43,7 @@ NOT_MEASURED = {
 ALSO_MEASURED = {"logger": ("log_interval",)}
 # Keys added after sweeps were recorded: left out while at their defaults, so that a point
 # measured before them keeps its point_id (and a resume finds it).
-LATER_KEYS = {"optimizer": ("adjust_lr_fn", "roles", "build")}
+LATER_KEYS = {"optimizer": ("adjust_lr_fn", "roles", "build"), "model": ("build",)}
 
 
 def measured_config(spec: RunSpec) -> dict:
@@ -58,6 +61,11 @@ def measured_config(spec: RunSpec) -> dict:
         for key in keys:
             if measured[group].get(key) == defaults[group][key]:
                 del measured[group][key]
+    build = spec.model.build
+    if build.get("_target_"):
+        # The user's model is its code too: a changed source file is another point.
+        target = str(build["_target_"])
+        measured["model"]["build_source"] = source_digest(target, spec.model.code_dir)
     return measured
 
 

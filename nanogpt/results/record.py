@@ -55,6 +55,8 @@ class Setup:
     flops_per_token_counted: float | None = None  # FlopCounterMode on the meta device
     flops_per_token_hw: int | None = None  # the formula plus activation-checkpointing recompute
     flops_formula: str | None = json_only()
+    flops_source: str | None = None  # where flops_per_token came from (a user model: its hook,
+    #                                  counted on meta, or 6N; docs/models.md)
     tokens_per_step: int | None = None  # all ranks
     model_wrapping: str | None = json_only()  # e.g. compile(ddp(model)): what wraps what
     fp8_converted: int | None = None  # Linears swapped for torchao's Float8Linear

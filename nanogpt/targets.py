@@ -1,0 +1,124 @@
+"""Hydra-style target nodes as plain data: `{_target_: "mymod.GPT", config: {_target_: ...}}`.
+
+`model.build` crosses from the entry point to the measuring child as the plain dict
+`OmegaConf.to_object` makes of it (library code imports no Hydra, ARCHITECTURE.md). This module
+does what `hydra.utils.instantiate` would do with it, with importlib, and no more: the longest
+importable module of `_target_`, then attributes; nested `_target_` dicts built first, depth
+first; lists walked; every other key passed as a keyword argument. `_partial_` and `_args_`
+are Hydra's too: `_args_` positional arguments, `_partial_: true` a functools.partial.
+
+Without importing anything, `source_file` finds the file a target's module lives in (importlib's
+PathFinder walks sys.path as `import` would, but executes nothing): the sweep's process checks
+that a model's module is there and hashes its source for the point's identity
+(results/identity.py), while only the measuring child imports it (a user's module may touch
+CUDA at import, and a process that did must not fork).
+
+`code_dir` is the directory the command ran in: put first on sys.path, as `python -m` puts it,
+in whichever process builds the node (a forked child, a fresh interpreter, a SLURM node).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+
+HYDRA_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
+
+
+class TargetError(Exception):
+    """A node that cannot be built: `key` is the dotted config key, the message says why."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key, self.problem = key, problem
+
+
+def _search_path(code_dir: str | None) -> list[str]:
+    return ([code_dir] if code_dir else []) + [p or "." for p in sys.path]
+
+
+def source_file(target: str, code_dir: str | None) -> Path | None:
+    """The source file of the longest module prefix of `target` that exists on the search path
+    (code_dir first), found without executing any module; None when no prefix is found."""
+    parts = target.split(".")
+    found, locations = None, _search_path(code_dir)
+    for cut in range(1, len(parts)):
+        name = ".".join(parts[:cut])
+        spec = importlib.machinery.PathFinder.find_spec(name, locations)
+        if spec is None:
+            # a module the running interpreter already has (a builtin, a frozen one)
+            spec = importlib.util.find_spec(name) if cut == 1 and name in sys.modules else None
+        if spec is None:
+            break
+        if spec.origin and spec.origin not in ("built-in", "frozen"):
+            found = Path(spec.origin)
+        if not spec.submodule_search_locations:
+            break
+        locations = list(spec.submodule_search_locations)
+    return found
+
+
+def source_digest(target: str, code_dir: str | None) -> str | None:
+    """sha256 (16 hex digits) of the target's source file; None when it has none."""
+    path = source_file(target, code_dir)
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def import_target(target: str, key: str, code_dir: str | None = None):
+    """The callable `target` names, imported with code_dir first on sys.path. A module that
+    exists but fails to import is reported with its own error, not passed over."""
+    if code_dir and code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            found = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name and module_name.startswith(err.name):  # this prefix is not a module
+                continue
+            raise TargetError(key, f"'{target}': {type(err).__name__}: {err}") from None
+        except Exception as err:  # noqa: BLE001 - the user's module failed at import: say how
+            raise TargetError(key, f"'{target}': {type(err).__name__}: {err}") from None
+        try:
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except AttributeError:
+            rest = ".".join(parts[cut:])
+            raise TargetError(key, f"'{target}': module {module_name} has no {rest}") from None
+        if not callable(found):
+            raise TargetError(key, f"'{target}' is not callable")
+        return found
+    raise TargetError(key, f"'{target}': no module of it can be imported (searched {code_dir})")
+
+
+def instantiate(node, key: str, code_dir: str | None = None):
+    """Build `node` as hydra.utils.instantiate would: nested targets first. A constructor that
+    refuses its arguments is one TargetError naming the node's key and the error."""
+    if isinstance(node, list):
+        return [instantiate(v, f"{key}[{i}]", code_dir) for i, v in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    kwargs = {
+        k: instantiate(v, f"{key}.{k}", code_dir) for k, v in node.items() if k not in HYDRA_KEYS
+    }
+    if "_target_" not in node:
+        return kwargs
+    target = node["_target_"]
+    if not isinstance(target, str) or not target:
+        raise TargetError(f"{key}._target_", "is not set: name a class or factory, e.g. mymod.GPT")
+    made = import_target(target, f"{key}._target_", code_dir)
+    args = [instantiate(v, f"{key}._args_", code_dir) for v in node.get("_args_", [])]
+    if node.get("_partial_"):
+        return functools.partial(made, *args, **kwargs)
+    try:
+        return made(*args, **kwargs)
+    except TypeError as err:
+        raise TargetError(key, f"{target}(...) refused its arguments: {err}") from None
