@@ -7,21 +7,32 @@ point) and as a search (`hydra/sweeper=tune`, the same protocol for its leaders)
 search's chosen configuration and the grid's fastest are measured again side by side, in fresh
 processes, alternating which goes first, `--rounds` times: neither figure is one process's luck.
 
-Prints the load average (the machine is shared: both wall times and figures suffer from it),
-each phase's wall time, the re-measured tokens/s of both, and last:
+Points are sized by time, not by a fixed step count, so that the ratios mean the same on a fast
+CPU and a slow one: a short calibration sweep (4 points of the space, CALIBRATION_STEPS steps
+each) measures a step's time and a point's fixed cost in a sweep (its composition, launch, fork,
+set-up and warmup: the time between two points finishing, less the later one's measured
+window), and the measured window is then made long enough that its steps are COMPUTE_SHARE of
+a point's wall time. With a fixed 30 steps a 3x faster CPU spent most of each point starting
+it, so a probe saved nothing (time 0.32 against 0.21 on the CPU the steps were tuned on).
 
-    tune/grid: best B, time T
+Prints the load average (the machine is shared: both wall times and figures suffer from it),
+the point size chosen and why, each phase's wall time and its wall time per point, the
+re-measured tokens/s of both, and last:
+
+    tune/grid: best B, time T; a grid point W s (N steps, compute C %)
 
 B = the chosen configuration's tokens/s / the grid best's (medians over the rounds), T = the
-search's wall time / the grid's.
+search's wall time / the grid's, W = the grid's wall time / its points.
 
-Usage: python benchmarks/tune_vs_grid.py [--rounds 3] [--out DIR]
+Usage: python benchmarks/tune_vs_grid.py [--rounds 3] [--out DIR] [--steps N]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -34,7 +45,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_BEST, GOAL_TIME = 0.95, 0.25
-MODEL = [  # a point takes a second or two on 2 cores; batching still pays
+MODEL = [  # a step takes milliseconds on one core; batching still pays
     "model.n_layer=2",
     "model.n_head=2",
     "model.n_embd=64",
@@ -43,27 +54,45 @@ MODEL = [  # a point takes a second or two on 2 cores; batching still pays
     "bench.device=cpu",
     "logger=none",
     "tune.tokens_per_step=512",  # 8 sequences of 64 a step: micro-batch x grad_accum
-    # the protocol of every grid point and of the search's finalists (the probe is shorter):
-    # a window long enough to be worth a probe's shortcut, as a real protocol is
     "bench.warmup_steps=2",
-    "bench.measure_steps=30",
-    "bench.min_measure_steps=15",
-    "bench.time_budget_s=5",
     "bench.diagnose=false",
 ]
+COMPUTE_SHARE = 0.8  # a point's measured steps: this share of its wall time in a sweep
+MIN_STEPS = 30  # never a shorter window than the one the search's probe must be worth cutting
+CALIBRATION_STEPS = 10
+CALIBRATION = ["perf.batch_size=1,2,4,8"]  # the axis that moves a step's time most
+
+
+def protocol(steps: int, step_s: float) -> list[str]:
+    """The measured window of every grid point and of the search's finalists: `steps` steps,
+    at least half of them, within a budget of 4x their expected time (a slow point is cut)."""
+    budget = max(5.0, 4 * steps * step_s)
+    return [
+        f"bench.measure_steps={steps}",
+        f"bench.min_measure_steps={max(2, steps // 2)}",
+        f"bench.time_budget_s={budget:.0f}",
+    ]
+
+
 SPACE = {  # 4 x 3 x 2 x 2 = 48 points
     "perf.batch_size": ["1", "2", "4", "8"],
     "perf.attention": ["auto", "math", "manual"],
     "perf.loss": ["full", "chunked"],
     "optimizer.impl": ["for_loop", "foreach"],
 }
-SEARCH = [  # 6 probes, then the 2 best measured again in 2 fresh processes each
-    "hydra.sweeper.n_trials=6",
-    "hydra.sweeper.leaders=2",
-    "hydra.sweeper.finalists=2",
-    "hydra.sweeper.repeats=2",
-    "hydra.sweeper.probe=['bench.measure_steps=4','bench.min_measure_steps=2']",
-]
+
+
+def search(steps: int) -> list[str]:
+    """6 probes of an eighth of the window, then the 2 best measured again in 2 fresh
+    processes each."""
+    probe = max(4, steps // 8)
+    return [
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.leaders=2",
+        "hydra.sweeper.finalists=2",
+        "hydra.sweeper.repeats=2",
+        f"hydra.sweeper.probe=['bench.measure_steps={probe}','bench.min_measure_steps=2']",
+    ]
 
 
 def run(args: list[str], cwd: Path) -> float:
@@ -78,6 +107,46 @@ def run(args: list[str], cwd: Path) -> float:
     return wall
 
 
+def records(sweep_dir: Path) -> list[dict]:
+    """Every point's result.json below a sweep dir."""
+    return [json.loads(path.read_text()) for path in sweep_dir.rglob("result.json")]
+
+
+def size_points(work: Path) -> tuple[int, float, str]:
+    """The measured window's steps that make a point's steps COMPUTE_SHARE of its wall time in
+    a sweep, from a calibration sweep; the step's time (s); a line that says how."""
+    sweep_dir = work / "calibration"
+    wall = run(
+        [
+            "-m",
+            *MODEL,
+            *protocol(CALIBRATION_STEPS, 1.0),
+            *CALIBRATION,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        work,
+    )
+    points = sorted(records(sweep_dir), key=lambda r: r["finished_at"])
+    if len(points) < 3 or any(p["status"] != "ok" for p in points):
+        sys.exit(f"the calibration sweep did not measure its points: {sweep_dir}")
+    step_s = statistics.median(p["step_ms_median"] for p in points) / 1e3
+    done = [datetime.datetime.fromisoformat(p["finished_at"]).timestamp() for p in points]
+    # between two points finishing: the later one's whole cost in the sweep; less its steps
+    fixed_s = statistics.median(
+        later - earlier - p["measured_s"]
+        for earlier, later, p in zip(done, done[1:], points[1:], strict=False)
+    )
+    steps = math.ceil(COMPUTE_SHARE / (1 - COMPUTE_SHARE) * fixed_s / step_s)
+    steps = max(MIN_STEPS, steps)
+    share = steps * step_s / (steps * step_s + fixed_s)
+    why = (
+        f"calibration ({len(points)} points, {wall:.0f} s): a step {step_s * 1e3:.1f} ms "
+        f"(median), a point's fixed cost in a sweep {fixed_s:.2f} s; point size {steps} "
+        f"measured steps, {steps * step_s:.2f} s of steps, {share:.0%} of a point's wall"
+    )
+    return steps, step_s, why
+
+
 def grid_best(sweep_dir: Path) -> tuple[list[str], float]:
     """The grid's fastest point: its swept overrides and tokens/s."""
     best, figure = None, -1.0
@@ -89,14 +158,16 @@ def grid_best(sweep_dir: Path) -> tuple[list[str], float]:
     return best, figure
 
 
-def remeasure(a: list[str], b: list[str], rounds: int, work: Path) -> tuple[list, list]:
+def remeasure(
+    a: list[str], b: list[str], rounds: int, work: Path, window: list[str]
+) -> tuple[list, list]:
     """tokens/s of a and b, each measured once per round in a fresh process, alternating."""
     figures: dict[int, list[float]] = {0: [], 1: []}
     for number in range(rounds):
         order = [(0, a), (1, b)] if number % 2 == 0 else [(1, b), (0, a)]
         for which, overrides in order:
             run_dir = work / f"rematch{number}_{which}"
-            run([*MODEL, *overrides, f"hydra.run.dir={run_dir}"], work)
+            run([*MODEL, *window, *overrides, f"hydra.run.dir={run_dir}"], work)
             figures[which].append(json.loads((run_dir / "result.json").read_text())["tokens_per_s"])
     return figures[0], figures[1]
 
@@ -105,6 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here")
+    parser.add_argument("--steps", type=int, default=None, help="skip the sizing: N steps")
     opts = parser.parse_args()
     work = opts.out or Path(tempfile.mkdtemp(prefix="tune_vs_grid_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -115,33 +187,65 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start; {work}")
 
+    if opts.steps:
+        steps, step_s = opts.steps, 0.05
+        print(f"point size {steps} measured steps (given)")
+    else:
+        steps, step_s, why = size_points(work)
+        print(why)
+    window = protocol(steps, step_s)
+
     space = [f"{k}=choice({','.join(v)})" for k, v in SPACE.items()]
     tune_dir = work / "tune"
     tune_s = run(
-        ["-m", "hydra/sweeper=tune", *MODEL, *space, *SEARCH, f"hydra.sweep.dir={tune_dir}"], work
+        [
+            "-m",
+            "hydra/sweeper=tune",
+            *MODEL,
+            *window,
+            *space,
+            *search(steps),
+            f"hydra.sweep.dir={tune_dir}",
+        ],
+        work,
     )
+    tune_points = len(records(tune_dir))
     chosen = yaml.safe_load((tune_dir / "best.yaml").read_text())["overrides"]
     chosen = [o for o in chosen if o.split("=")[0] in SPACE]
-    print(f"search: {tune_s:.0f} s, chose {' '.join(chosen)}")
+    print(
+        f"search: {tune_s:.0f} s, {tune_points} points ({tune_s / tune_points:.1f} s a point), "
+        f"chose {' '.join(chosen)}"
+    )
 
     grid = [f"{k}={','.join(v)}" for k, v in SPACE.items()]
     grid_dir = work / "grid"
-    grid_s = run(["-m", *MODEL, *grid, f"hydra.sweep.dir={grid_dir}"], work)
+    grid_s = run(["-m", *MODEL, *window, *grid, f"hydra.sweep.dir={grid_dir}"], work)
+    grid_points = len(records(grid_dir))
+    point_s = grid_s / grid_points
     best, figure = grid_best(grid_dir)
-    print(f"grid: {grid_s:.0f} s, 48 points, fastest {' '.join(best)} ({figure:,.0f} tokens/s)")
+    measured = statistics.median(r["measured_s"] for r in records(grid_dir))
+    print(
+        f"grid: {grid_s:.0f} s, {grid_points} points ({point_s:.1f} s a point, of which "
+        f"{measured:.1f} s measured: {measured / point_s:.0%}), fastest {' '.join(best)} "
+        f"({figure:,.0f} tokens/s)"
+    )
 
     print(f"load average {os.getloadavg()[0]:.2f}; re-measuring both, {opts.rounds} rounds")
-    ours, theirs = remeasure(chosen, best, opts.rounds, work)
+    ours, theirs = remeasure(chosen, best, opts.rounds, work, window)
     print(f"chosen: {', '.join(f'{x:,.0f}' for x in ours)} tokens/s")
     print(f"grid best: {', '.join(f'{x:,.0f}' for x in theirs)} tokens/s")
     ratio = statistics.median(ours) / statistics.median(theirs)
     spread = max(ours + theirs) / min(ours + theirs)
     print(
         f"best ratio {ratio:.2f} (goal >= {GOAL_BEST}); time ratio {tune_s / grid_s:.2f} "
-        f"(goal <= {GOAL_TIME}); the {2 * opts.rounds} re-measurements spread {spread:.2f}x; "
-        f"load average {os.getloadavg()[0]:.2f} at the end"
+        f"(goal <= {GOAL_TIME}), a grid point {point_s:.1f} s and a search point "
+        f"{tune_s / tune_points:.1f} s of wall; the {2 * opts.rounds} re-measurements spread "
+        f"{spread:.2f}x; load average {os.getloadavg()[0]:.2f} at the end"
     )
-    print(f"tune/grid: best {ratio:.2f}, time {tune_s / grid_s:.2f}")
+    print(
+        f"tune/grid: best {ratio:.2f}, time {tune_s / grid_s:.2f}; a grid point {point_s:.1f} s "
+        f"({steps} steps, compute {measured / point_s:.0%})"
+    )
 
 
 if __name__ == "__main__":
