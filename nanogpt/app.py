@@ -93,6 +93,13 @@ OmegaConf.register_new_resolver(
 )
 
 
+# bench.repeats: one run a point, or five with a target loss (a time to loss is a distribution
+# over seeds: docs/time_to_loss.md).
+OmegaConf.register_new_resolver(
+    "target_repeats", lambda target: 1 if target is None else 5, replace=True
+)
+
+
 def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
     """The plain, validated spec of a composed config (raises ConfigError). here=False: it runs
     on another machine, so this one's devices are not asked (validate.check)."""

@@ -180,6 +180,7 @@ class SweepReport(Callback):
             memory_budget_gib=report.memory_budget_gib,
             usd_per_hour=cost.usd_per_hour,
             usd_per_kwh=cost.usd_per_kwh,
+            ttl_alpha=report.ttl_alpha,
         )
         if report.plots:
             from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for

@@ -6,8 +6,14 @@ Three kinds, chosen by `data.kind`:
   alone. A small pool is generated once and cycled, so a batch costs nothing in the timed loop.
 - `tokens`: a nanoGPT-format `.bin` file, i.e. a flat array of little-endian uint16 token ids.
   It is memory-mapped, and every batch reads `batch_size` windows at random offsets.
-- `text`: any UTF-8 text file. It is tokenized once with tiktoken's GPT-2 encoding, the ids are
-  cached as a `.bin` keyed by the sha256 of the file's bytes, and from then on it is `tokens`.
+- `text`: any UTF-8 text file. It is tokenized once (GPT-2's BPE, or one id per character with
+  data.tokenizer=char: nanogpt/tokenize.py), the ids are cached as a `.bin` keyed by the sha256
+  of the file's bytes, and from then on it is `tokens`.
+
+Held out for the validation loss (bench.target_loss, measure/to_target.py): `text` keeps the
+last data.val_fraction of its tokens apart (nanoGPT's shakespeare_char split: the first 90 %
+train, the last 10 % validate); `tokens` reads nanoGPT's pair, train.bin at data.path and
+val.bin beside it. A source opened with split="val" reads only those tokens; "train" never does.
 
 A batch is `(x, y)`: two int64 tensors of shape (batch_size, block_size) on the target device,
 where `y` is `x` shifted left by one token: the model at position t predicts token t + 1.
@@ -19,30 +25,19 @@ a source is built); `open_source` runs it too, then builds the source.
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
-import tiktoken
 
 from nanogpt.errors import ConfigError
-from nanogpt.files import user_cache_dir, write_atomic
-from nanogpt.spec import DataConfig, DataKind
+from nanogpt.spec import DataConfig, DataKind, Tokenizer
+from nanogpt.tokenize import GPT2_VOCAB, TOKEN_DTYPE, tokenize_text
 
 if TYPE_CHECKING:
     import torch
 
-# nanoGPT's on-disk format: token ids as uint16, little-endian ("<"), no header.
-# uint16 holds ids up to 65535, enough for GPT-2's 50257-token vocabulary.
-TOKEN_DTYPE = np.dtype("<u2")
-
-# The tokenizer of the `text` kind. We call `encode_ordinary`, which treats special-token text
-# such as "<|endoftext|>" as plain text, and we append no end-of-text token: the file is one
-# document, and EOT only matters as a separator between documents.
-ENCODING = "gpt2"
-GPT2_VOCAB = 50257  # ids 0..50256, 50256 being <|endoftext|>
+VAL_FILE = "val.bin"  # data=tokens: the validation tokens, beside data.path (nanoGPT's pair)
 
 # How many synthetic batches to pre-generate. Cycling a few distinct batches (rather than one)
 # keeps the inputs changing from step to step, at a memory cost of a few batches of int64.
@@ -69,9 +64,12 @@ def open_source(
     batch_size: int,
     device: torch.device,
     seed: int,
+    split: str = "train",
 ) -> BatchSource:
-    """Validate `data` (see check_data) and open the batch source it describes."""
-    token_file = _checked_token_file(data, vocab_size=vocab_size, block_size=block_size)
+    """Validate `data` (see check_data) and open the batch source it describes: its training
+    tokens, or with split="val" its held-out ones."""
+    val = split == "val"
+    token_file = _checked_token_file(data, vocab_size=vocab_size, block_size=block_size, val=val)
     if token_file is None:  # synthetic
         return SyntheticSource(
             vocab_size=vocab_size,
@@ -80,8 +78,15 @@ def open_source(
             device=device,
             seed=seed,
         )
+    path, start, end = _split(data, token_file, split)
     return TokenFileSource(
-        token_file, block_size=block_size, batch_size=batch_size, device=device, seed=seed
+        path,
+        block_size=block_size,
+        batch_size=batch_size,
+        device=device,
+        seed=seed,
+        start=start,
+        end=end,
     )
 
 
@@ -121,14 +126,23 @@ class TokenFileSource:
     """Random windows of a memory-mapped uint16 token file."""
 
     def __init__(
-        self, path: Path, *, block_size: int, batch_size: int, device: torch.device, seed: int
+        self,
+        path: Path,
+        *,
+        block_size: int,
+        batch_size: int,
+        device: torch.device,
+        seed: int,
+        start: int = 0,
+        end: int | None = None,
     ):
         import torch
 
         self._from_numpy = torch.from_numpy
         # mode "r": read-only. Only the pages a batch touches are read from disk, and they
-        # stay in the OS page cache, so a file far larger than RAM is fine.
-        self._tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
+        # stay in the OS page cache, so a file far larger than RAM is fine. [start:end] is the
+        # split's share (a view: nothing is read).
+        self._tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")[start:end]
         self._block_size = block_size
         self._batch_size = batch_size
         self._device = device
@@ -163,31 +177,87 @@ class TokenFileSource:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_data(data: DataConfig, *, vocab_size: int, block_size: int) -> None:
-    """Raise ConfigError if `data` cannot feed a model of this vocab_size and block_size.
+def check_data(data: DataConfig, *, vocab_size: int, block_size: int, val: bool = False) -> None:
+    """Raise ConfigError if `data` cannot feed a model of this vocab_size and block_size (and
+    with val=True, a validation loss too).
 
     For `text`, this tokenizes the file if it is not cached yet (a second or so per MB).
     """
-    _checked_token_file(data, vocab_size=vocab_size, block_size=block_size)
+    _checked_token_file(data, vocab_size=vocab_size, block_size=block_size, val=val)
 
 
-def _checked_token_file(data: DataConfig, *, vocab_size: int, block_size: int) -> Path | None:
+def _checked_token_file(
+    data: DataConfig, *, vocab_size: int, block_size: int, val: bool = False
+) -> Path | None:
     """The checks of check_data; returns the token file to read, or None for synthetic."""
     kind = _kind(data)
     if kind is DataKind.synthetic:
         return None  # synthetic ignores data.path, so a sweep may vary data.kind alone
+    if not 0 <= data.val_fraction < 1:
+        raise ConfigError(
+            "data.val_fraction", f"is {data.val_fraction}, outside [0, 1)", "use e.g. 0.1"
+        )
     path = _existing_file(data.path, kind)
-    token_file = tokenize_text(path, data.cache_dir) if kind is DataKind.text else path
+    tokenizer = Tokenizer(data.tokenizer).value
+    token_file = tokenize_text(path, data.cache_dir, tokenizer) if kind is DataKind.text else path
     tokens = _open_tokens(token_file)
     # How the error messages below describe the data, in the user's terms (their file).
     if kind is DataKind.text:
-        what = f"{path} encodes to {len(tokens)} GPT-2 tokens"
+        named = "GPT-2" if tokenizer == "gpt2" else "character"
+        what = f"{path} encodes to {len(tokens)} {named} tokens"
+        # GPT-2 text can encode to any GPT-2 id, so ask for the whole vocabulary, not just the
+        # max seen; a character vocabulary is what the text holds.
+        _check_vocab(tokens, vocab_size, what, at_least=GPT2_VOCAB if named == "GPT-2" else 0)
+        cut = _text_cut(len(tokens), data.val_fraction)
+        _check_length(cut, block_size, f"{what}, {cut} of them for training")
+        if val:
+            _check_val_length(len(tokens) - cut, block_size, what)
     else:
         what = f"{path} holds {len(tokens)} tokens"
-    _check_length(len(tokens), block_size, what)
-    # Text can encode to any GPT-2 id, so ask for the whole vocabulary, not just the max seen.
-    _check_vocab(tokens, vocab_size, what, at_least=GPT2_VOCAB if kind is DataKind.text else 0)
+        _check_vocab(tokens, vocab_size, what, at_least=0)
+        _check_length(len(tokens), block_size, what)
+        if val:
+            val_file = _existing_val_file(path)
+            val_tokens = _open_tokens(val_file)
+            _check_length(len(val_tokens), block_size, f"{val_file} holds {len(val_tokens)} tokens")
+            _check_vocab(val_tokens, vocab_size, f"{val_file} holds {len(val_tokens)} tokens", 0)
     return token_file
+
+
+def _text_cut(n_tokens: int, val_fraction: float) -> int:
+    """Where text's training tokens end and its validation tokens begin (nanoGPT: n * 0.9)."""
+    return int(n_tokens * (1 - val_fraction))
+
+
+def _split(data: DataConfig, token_file: Path, split: str) -> tuple[Path, int, int | None]:
+    """The file and [start, end) of a split's tokens."""
+    if _kind(data) is DataKind.tokens:
+        return (
+            (_existing_val_file(token_file), 0, None) if split == "val" else (token_file, 0, None)
+        )
+    cut = _text_cut(token_file.stat().st_size // TOKEN_DTYPE.itemsize, data.val_fraction)
+    return (token_file, cut, None) if split == "val" else (token_file, 0, cut)
+
+
+def _existing_val_file(train: Path) -> Path:
+    val = train.parent / VAL_FILE
+    if not val.is_file():
+        raise ConfigError(
+            "data.path",
+            f"a validation loss reads {VAL_FILE} beside {train.name}, and {val} does not exist",
+            f"put nanoGPT's {VAL_FILE} in {train.parent}, or unset bench.target_loss",
+        )
+    return val
+
+
+def _check_val_length(n_val: int, block_size: int, what: str) -> None:
+    if n_val >= block_size + 1:
+        return
+    raise ConfigError(
+        "data.val_fraction",
+        f"holds out {n_val} tokens but a validation window needs {block_size + 1} ({what})",
+        "raise data.val_fraction (e.g. 0.1) or use a longer file",
+    )
 
 
 def _kind(data: DataConfig) -> DataKind:
@@ -255,61 +325,3 @@ def _check_vocab(tokens: np.ndarray, vocab_size: int, what: str, at_least: int) 
         f"is {vocab_size}, but {what} and the largest id is {max_id}",
         f"set model.vocab_size={max(max_id + 1, at_least)} or more (GPT-2's padded size is 50304)",
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Text -> cached tokens
-# ---------------------------------------------------------------------------------------------
-
-
-def tokenize_text(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Tokenize a UTF-8 text file with GPT-2's BPE once; return the cached uint16 .bin.
-
-    The cache file is named by the sha256 of the text file's bytes, so editing the file (not
-    touching it) re-tokenizes it, and a second call with the same bytes is a cache hit that only
-    hashes the file. `cache_dir` defaults to $XDG_CACHE_HOME/nanogpt-sweep/tokens, falling back
-    to ~/.cache/nanogpt-sweep/tokens. Raises ConfigError (data.path) for empty or non-UTF-8
-    files. Reads the whole file into memory: meant for corpora of up to a few hundred MB;
-    tokenize bigger ones ahead of time and use data.kind=tokens.
-    """
-    path = Path(path).expanduser()
-    raw = path.read_bytes()
-    if not raw:
-        raise ConfigError("data.path", f"{path} is empty", "point it at a non-empty text file")
-    folder = Path(cache_dir).expanduser() if cache_dir else _default_cache_dir()
-    cached = folder / f"{ENCODING}-{hashlib.sha256(raw).hexdigest()}.bin"
-    if cached.is_file():
-        return cached  # written atomically, so if it exists it is complete
-    text = _decode_utf8(raw, path)  # before loading the encoding, which may need the network
-    ids = _gpt2_encoding().encode_ordinary(text)
-    # Atomic (temp file + rename): a parallel reader sees no file or the whole file.
-    write_atomic(cached, np.asarray(ids, dtype=TOKEN_DTYPE).tobytes())
-    return cached
-
-
-def _gpt2_encoding():
-    """tiktoken's GPT-2 encoding. tiktoken downloads its BPE files once into its cache
-    (TIKTOKEN_CACHE_DIR); with no network and no cache that fails, which we say in one line."""
-    try:
-        return tiktoken.get_encoding(ENCODING)
-    except Exception as err:
-        raise ConfigError(
-            "TIKTOKEN_CACHE_DIR",
-            f"tiktoken could not load the {ENCODING} encoding ({type(err).__name__})",
-            "set it to a directory holding tiktoken's cached BPE files, or allow network access",
-        ) from None
-
-
-def _default_cache_dir() -> Path:
-    return user_cache_dir() / "tokens"
-
-
-def _decode_utf8(raw: bytes, path: Path) -> str:
-    try:
-        return raw.decode("utf-8")  # strict: a bad byte raises instead of becoming U+FFFD
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            "data.path",
-            f"{path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})",
-            "convert it to UTF-8, or set data.kind=tokens if it is a token .bin",
-        ) from None

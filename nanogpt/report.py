@@ -38,6 +38,7 @@ SETTINGS = {
     ("report", "baseline"): "baseline",
     ("report", "plots"): "plots",
     ("report", "memory_budget_gib"): "memory_budget_gib",
+    ("report", "ttl_alpha"): "ttl_alpha",
     ("cost", "usd_per_hour"): "usd_per_hour",
     ("cost", "usd_per_kwh"): "usd_per_kwh",
 }
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also write PNG plots (default: the sweep's report.plots)",
     )
     parser.add_argument("--memory-budget-gib", type=float, help="recommend the fastest that fits")
+    parser.add_argument(
+        "--ttl-alpha", type=float, help="time to loss: 'faster to target' below this p-value"
+    )
     parser.add_argument("--usd-per-hour", type=float, help="the machine's price: $ per 1M tokens")
     parser.add_argument("--usd-per-kwh", type=float, help="energy's price, where energy is known")
     parser.add_argument("--compare", type=Path, metavar="OLD", help="an earlier sweep dir")

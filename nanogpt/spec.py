@@ -42,6 +42,14 @@ class DataKind(enum.Enum):
     text = "text"
 
 
+class Tokenizer(enum.Enum):
+    """data.tokenizer: how data=text turns characters into ids (nanogpt/tokenize.py)."""
+
+    gpt2 = "gpt2"  # tiktoken's GPT-2 BPE (50257 ids)
+    char = "char"  # one id per character: the sorted set of the text's characters (nanoGPT's
+    # shakespeare_char), so a small model reaches a meaningful loss in seconds on a CPU
+
+
 class Exclusive(enum.Enum):
     """bench.exclusive: what becomes of a point measured beside other processes
     (measure/contention.py)."""
@@ -152,6 +160,8 @@ class DataConfig:
     kind: DataKind = DataKind.synthetic
     path: str | None = None
     cache_dir: str | None = None  # where `text` keeps its tokenized .bin (default: user cache)
+    tokenizer: Tokenizer = Tokenizer.gpt2  # text: gpt2 | char
+    val_fraction: float = 0.1  # text: the last share of tokens held out for validation
 
 
 @dataclass
@@ -181,6 +191,13 @@ class BenchConfig:
     rerun: bool = False  # rerun points that already have an ok record
     inject_fault: str | None = None  # TESTING ONLY: oom@N | nan@N | raise@N | kill@N
     exclusive: Exclusive = Exclusive.warn  # other processes on the device while measuring
+    # Time to a target validation loss (measure/to_target.py, docs/time_to_loss.md): set, a run
+    # trains from its first step until an evaluation reads loss <= target_loss, or its budget ends
+    target_loss: float | None = None
+    eval_every: int = 50  # steps between evaluations of the validation loss
+    eval_batches: int = 8  # held-out batches each evaluation reads (the same ones every time)
+    max_steps: int = 5000  # a target run's step budget ...
+    max_s: float = 600.0  # ... and its wall-time budget (training and evaluation)
 
 
 @dataclass
@@ -214,6 +231,7 @@ class ReportConfig:
     baseline: str | None = None  # text of the baseline point's overrides (default: eager fp32)
     plots: bool = False
     memory_budget_gib: float | None = None  # the recommendation's "fastest that fits" line
+    ttl_alpha: float = 0.01  # time to loss: "faster to target" below this one-sided p-value
 
 
 @dataclass

@@ -20,6 +20,7 @@ from nanogpt.faults import Fault
 from nanogpt.optim_rules import check_optimizer
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 from nanogpt.spec import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
+from nanogpt.target_rules import check_target
 from nanogpt.targets import source_file
 
 
@@ -39,7 +40,9 @@ def check(spec: RunSpec, here: bool = True) -> None:
         check_cuda_graph_warmup(spec, device)
         check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
-    check_data(spec.data, vocab_size=spec.model.vocab_size, block_size=spec.model.block_size)
+    check_target(spec)
+    m, val = spec.model, spec.bench.target_loss is not None  # a target reads held-out tokens
+    check_data(spec.data, vocab_size=m.vocab_size, block_size=m.block_size, val=val)
 
 
 def _at_least(key: str, value: float, low: float) -> None:

@@ -55,7 +55,9 @@ def run_point(spec: RunSpec, job: Job) -> str:
     count = spec.bench.repeats
     for number in range(1, count + 1):  # each in a fresh process, unless bench.isolate=false
         repeat = dataclasses.replace(job, repeat=f"{number}/{count}") if count > 1 else job
-        measured.append(_measure_once(dataclasses.replace(handoff, job=repeat)))
+        measured.append(
+            _measure_once(dataclasses.replace(handoff, spec=_seeded(spec, number), job=repeat))
+        )
         if measured[-1].status != "ok":
             break  # a failed repeat is the point's record
     record = measured[-1]
@@ -66,6 +68,15 @@ def run_point(spec: RunSpec, job: Job) -> str:
     store.write_record(job.job_dir, record)
     log.info(summary_line(record))
     return record.status
+
+
+def _seeded(spec: RunSpec, number: int) -> RunSpec:
+    """A time-to-loss run's spec: its own seed (bench.seed + number - 1: the model's init and
+    the batches' draw), as a run of a distribution over seeds. A throughput repeat keeps it."""
+    if spec.bench.target_loss is None or number == 1:
+        return spec
+    bench = dataclasses.replace(spec.bench, seed=spec.bench.seed + number - 1)
+    return dataclasses.replace(spec, bench=bench)
 
 
 def _measure_once(handoff: Handoff) -> Record:

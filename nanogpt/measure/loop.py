@@ -40,6 +40,7 @@ from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.progress import Progress
 from nanogpt.measure.setup import count_optimizer_state, describe_optimizer, describe_setup
 from nanogpt.measure.timing import StepTimer
+from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.measure.window import StepLog, Window
 from nanogpt.protocol import CUDA_GRAPH_MODES, SCALE_SETTLE_STEPS, warmup_steps
@@ -74,7 +75,11 @@ def measure(
             # before the measured steps (_run_phases): it slows every allocation.
             torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
         trainer = build_trainer(spec, device, world)
-        _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
+        if spec.bench.target_loss is None:
+            _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
+        else:  # time to a target loss instead of the throughput window (docs/time_to_loss.md)
+            record.setup = describe_setup(spec, trainer)
+            train_to_target(spec, trainer, record)
         record.status = "ok"
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
         record.status, record.error = classify(exc), describe(exc)

@@ -174,6 +174,13 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    @contextlib.contextmanager
+    def forward_context(self):
+        """The forward's precision (autocast) and attention kernel, for a forward outside
+        step() (measure/to_target.py's evaluation)."""
+        with self._autocast(), self._kernel():
+            yield
+
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self._autocast():  # the forward only: backward runs in the forward's dtypes
             _, loss = self.model(x, y)

@@ -51,6 +51,11 @@ SHOWN = (
     ("mem_peak_rss_bytes", "rss_MiB", mebibytes),
     ("mem_peak_allocated_bytes", "cuda_MiB", mebibytes),
     ("bottleneck", "bottleneck", str),
+    # time to a target loss (results/time_to_loss.py), shown when a point has one
+    ("time_to_loss_s", "to_target_s", number),
+    ("ttl_note", "runs", str),
+    ("ttl_p_value", "p", number),
+    ("ttl_verdict", "to_target", str),
 )
 
 

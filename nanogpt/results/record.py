@@ -16,6 +16,7 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
   OptimizerPart  the parameters by role, what stepped each, the state it keeps, its share of a
             step (results/optimizer_part.py)
   MaxBatch  the largest batch that fits, when asked for
+  TimeToLoss  time to a target validation loss, when one is set (results/time_to_loss_part.py)
 
 Every field name is unique across the parts, so result.json, summary.csv and the notebook all read
 one flat namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a flat dict back.
@@ -38,6 +39,7 @@ from nanogpt.results.asked import Asked
 from nanogpt.results.bottleneck import Diagnosis
 from nanogpt.results.fields import JSON_ONLY, STEPS, json_only
 from nanogpt.results.optimizer_part import OptimizerPart
+from nanogpt.results.time_to_loss_part import TimeToLoss
 
 STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, measure/timing.py
 
@@ -225,6 +227,7 @@ PARTS = {
     "diagnosis": Diagnosis,
     "optimizer": OptimizerPart,
     "max_batch": MaxBatch,
+    "time_to_loss": TimeToLoss,
 }
 
 
@@ -243,6 +246,7 @@ class Record:
     diagnosis: Diagnosis = field(default_factory=Diagnosis)  # measure/diagnose.py, judged there
     optimizer: OptimizerPart = field(default_factory=OptimizerPart)  # measure/setup.py
     max_batch: MaxBatch = field(default_factory=MaxBatch)  # measure/maxbatch.py, in a child
+    time_to_loss: TimeToLoss = field(default_factory=TimeToLoss)  # measure/to_target.py
     env: dict | None = json_only()  # versions, devices, host, git commit (hardware/env.py)
     wall_s: float | None = None  # the job process's clock around the whole point
     finished_at: str | None = None

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from nanogpt.results import derive, stats
+from nanogpt.results import derive, stats, time_to_loss
 from nanogpt.results.record import Record
 
 
 def pool(records: list[Record]) -> Record:
     first = records[0]
+    if first.time_to_loss.ttl_target_loss is not None:  # runs to a target: no step series
+        return time_to_loss.pool(records)
     pooled = dataclasses.replace(first, steps=[])
     for number, record in enumerate(records, 1):
         pooled.steps += [{**row, "repeat": number} for row in record.steps]

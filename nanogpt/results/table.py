@@ -25,6 +25,7 @@ import pandas as pd
 from nanogpt.faults import FAILED_STATUSES
 from nanogpt.results import baseline as baseline_rule
 from nanogpt.results import compare, display, store, sweep_steps, swept, tidy
+from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import columns
 from nanogpt.results.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
@@ -85,9 +86,11 @@ def build_table(
     baseline: str | None = None,
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
+    ttl_alpha: float = ttl.ALPHA,
 ) -> Sweep:
     """The table of a sweep dir; `baseline` is text of the baseline point's overrides (None:
-    the rule of results/baseline.py). Raises ReportError when nothing is readable or the
+    the rule of results/baseline.py); `ttl_alpha` the time-to-loss verdict's threshold
+    (report.ttl_alpha, results/time_to_loss.py). Raises ReportError when nothing is readable or the
     baseline names no ok point."""
     rows, unreadable = load_records(sweep_dir)
     if not rows:
@@ -111,6 +114,7 @@ def build_table(
         raise ReportError(str(err)) from None
     sweep = Sweep(table, steps, keys, "", unreadable)
     compare.add_speedups(table, sweep.series(), choice.position)
+    ttl.add_comparison(table, choice.position, ttl_alpha)  # points with a target loss
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)
     compare.add_costs(table, usd_per_hour, usd_per_kwh)
     if choice.position is None:
@@ -138,10 +142,11 @@ def publish(
     memory_budget_gib: float | None = None,
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
+    ttl_alpha: float = ttl.ALPHA,
 ) -> Sweep:
     """Build, write and print the table of a sweep dir, and the recommendation under it (the
     plots are the entry points' to draw: nanogpt/reporters/plots.py)."""
-    sweep = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh)
+    sweep = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh, ttl_alpha)
     table = sweep.table
     write_summary(sweep_dir, sweep)
     print(display.console(table))

@@ -44,6 +44,13 @@ HEADLINE = (
     "speedup_ci_low",
     "speedup_ci_high",
     "speedup_verdict",
+    "time_to_loss_s",  # a target loss's points (results/time_to_loss.py)
+    "ttl_ci_low",
+    "ttl_ci_high",
+    "ttl_note",
+    "ttl_ratio",
+    "ttl_p_value",
+    "ttl_verdict",
     "compile_breakeven_steps",
     "bottleneck",
     "tokens_per_kwh",

@@ -1,0 +1,165 @@
+"""Time to loss across runs: a point's figure from its runs, and a point against the baseline.
+
+A run's time to a target loss varies with its seed (the initialisation, the batches drawn), so
+a point is several runs (bench.repeats, 5 by default with a target), each a fresh process with
+its own seed, and its figures are statistics over them (docs/time_to_loss.md):
+
+- `time_to_loss_s`: the olympic mean of the runs' times (from 5 runs on, the fastest and the
+  slowest dropped, as MLPerf Training scores its runs), when every run reached the target; null
+  otherwise, with "k of N reached" in ttl_note: a mean over the runs that happened to reach it
+  would flatter the point;
+- its interval (`ttl_ci_low`, `ttl_ci_high`): the 95 % t-interval of the mean of all the runs'
+  times (scipy.stats.t, N - 1 degrees of freedom; METHOD);
+- against the baseline, at table level only (`add_comparison`): `ttl_p_value`, a one-sided
+  Welch t-test that this point's runs reach the target sooner than the baseline's
+  (scipy.stats.ttest_ind, equal_var=False, alternative="less"), as modded-nanogpt's records
+  ask for p < 0.01; "faster to target" below report.ttl_alpha, "~" otherwise, and no verdict
+  unless both points have at least MIN_RUNS runs that reached; `ttl_ratio`, this point's mean
+  time over the baseline's, with a seeded bootstrap interval over the runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from nanogpt.results.record import Record
+from nanogpt.results.time_to_loss_part import TimeToLoss
+
+ALPHA = 0.01  # report.ttl_alpha's default: modded-nanogpt's records ask for p < 0.01
+CONFIDENCE = 0.95
+METHOD = "t-interval of the mean of all runs' times (scipy.stats.t, N - 1 df), 95 %"
+OLYMPIC_FROM = 5  # runs from which the fastest and the slowest are dropped
+MIN_RUNS = 3  # runs that reached, on each side, before a verdict
+FASTER = "faster to target"
+NOT_SIGNIFICANT = "~"
+RESAMPLES, SEED = 2000, 20260101
+
+
+def olympic_mean(times: list[float]) -> float:
+    """The mean, without the fastest and the slowest from OLYMPIC_FROM runs on."""
+    ordered = sorted(times)
+    kept = ordered[1:-1] if len(ordered) >= OLYMPIC_FROM else ordered
+    return statistics.fmean(kept)
+
+
+def t_interval(times: list[float]) -> tuple[float | None, float | None]:
+    """The CONFIDENCE t-interval of the mean of `times`; nulls below two runs."""
+    if len(times) < 2:
+        return None, None
+    mean, sem = statistics.fmean(times), sps.sem(times)
+    if sem == 0:
+        return mean, mean
+    low, high = sps.t.interval(CONFIDENCE, len(times) - 1, loc=mean, scale=sem)
+    return float(low), float(high)
+
+
+def p_value(base: list[float], other: list[float]) -> float | None:
+    """One-sided Welch t-test: the p-value of "other's times are shorter than base's"; null
+    with fewer than two runs on a side (no variance to test against)."""
+    if len(base) < 2 or len(other) < 2:
+        return None
+    if np.var(base) == 0 and np.var(other) == 0:  # the t statistic is undefined
+        return 0.0 if statistics.fmean(other) < statistics.fmean(base) else 1.0
+    result = sps.ttest_ind(other, base, equal_var=False, alternative="less")
+    return float(result.pvalue)
+
+
+def verdict(base: list[float], other: list[float], alpha: float) -> str | None:
+    """FASTER when the p-value is below alpha, NOT_SIGNIFICANT otherwise; None (no verdict)
+    unless both sides have MIN_RUNS runs that reached."""
+    if min(len(base), len(other)) < MIN_RUNS:
+        return None
+    p = p_value(base, other)
+    return FASTER if p is not None and p < alpha else NOT_SIGNIFICANT
+
+
+def ratio(base: list[float], other: list[float]) -> tuple[float, float, float]:
+    """other's mean time over base's, with a seeded 95 % bootstrap interval over the runs."""
+    rng = np.random.default_rng(SEED)
+    b, o = np.asarray(base, float), np.asarray(other, float)
+    draws_b = b[rng.integers(0, len(b), (RESAMPLES, len(b)))].mean(axis=1)
+    draws_o = o[rng.integers(0, len(o), (RESAMPLES, len(o)))].mean(axis=1)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(draws_o / draws_b, [tail, 100 - tail])
+    return float(o.mean() / b.mean()), float(low), float(high)
+
+
+def pool(records: list[Record]) -> Record:
+    """A point's record from its runs: the first run's record, its time_to_loss part pooled."""
+    parts = [r.time_to_loss for r in records]
+    per_run = [p.ttl_s_per_run[0] if p.ttl_s_per_run else None for p in parts]
+    reached = [t for t in per_run if t is not None]
+    n = len(parts)
+    steps = [p.ttl_steps for p in parts if p.ttl_steps is not None]
+    pooled = TimeToLoss(
+        ttl_target_loss=parts[0].ttl_target_loss,
+        ttl_eval_every=parts[0].ttl_eval_every,
+        ttl_runs=n,
+        ttl_reached_runs=len(reached),
+        ttl_reached=len(reached) == n,
+        ttl_ci_method=METHOD,
+        ttl_steps=int(statistics.median(steps)) if steps else None,
+        ttl_best_loss=min(p.ttl_best_loss for p in parts),
+        ttl_compile_s=statistics.fmean(p.ttl_compile_s for p in parts),
+        ttl_eval_s=statistics.fmean(p.ttl_eval_s for p in parts),
+        ttl_s_per_run=per_run,
+        ttl_steps_per_run=[p.ttl_steps for p in parts],
+        ttl_best_loss_per_run=[p.ttl_best_loss for p in parts],
+        ttl_evals=[p.ttl_evals for p in parts],
+    )
+    if pooled.ttl_steps is not None and records[0].setup.tokens_per_step:
+        pooled.ttl_tokens = pooled.ttl_steps * records[0].setup.tokens_per_step
+    if pooled.ttl_reached:
+        pooled.time_to_loss_s = olympic_mean(reached)
+        pooled.ttl_ci_low, pooled.ttl_ci_high = t_interval(reached)
+        pooled.ttl_note = f"{n} of {n} reached"
+    else:
+        pooled.ttl_note = f"{len(reached)} of {n} reached; best loss {pooled.ttl_best_loss:.4f}"
+    out = dataclasses.replace(records[0], time_to_loss=pooled)
+    out.timing = dataclasses.replace(records[0].timing, repeats=n)
+    out.timing.loss_last = records[-1].timing.loss_last
+    return out
+
+
+def _reached(value) -> list[float]:
+    return [t for t in (value if isinstance(value, list) else []) if t is not None]
+
+
+def same_target(table: pd.DataFrame, base: int, i: int) -> bool:
+    """Times to two different losses are no comparison."""
+    return table["ttl_target_loss"].iloc[base] == table["ttl_target_loss"].iloc[i]
+
+
+def add_comparison(table: pd.DataFrame, base: int | None, alpha: float) -> None:
+    """ttl_ratio (with its interval), ttl_p_value and ttl_verdict of each row against the
+    baseline row's runs (to the same target), in place; nothing when no row has a target."""
+    if "ttl_s_per_run" not in table or table["ttl_target_loss"].isna().all():
+        return
+    alpha = ALPHA if alpha is None else alpha  # a sweep saved before report.ttl_alpha
+    n = len(table)
+    ratios, lows, highs = [None] * n, [None] * n, [None] * n
+    pvalues, verdicts = [None] * n, [None] * n
+    ok = table["status"] == "ok"
+    if base is not None and ok.iloc[base]:
+        runs_base = _reached(table["ttl_s_per_run"].iloc[base])
+        for i in range(n):
+            runs = _reached(table["ttl_s_per_run"].iloc[i])
+            if i == base:
+                verdicts[i] = "baseline"
+            elif ok.iloc[i] and runs and runs_base and same_target(table, base, i):
+                ratios[i], lows[i], highs[i] = ratio(runs_base, runs)
+                pvalues[i] = p_value(runs_base, runs)
+                verdicts[i] = verdict(runs_base, runs, alpha)
+    for name, values in (
+        ("ttl_ratio", ratios),
+        ("ttl_ratio_ci_low", lows),
+        ("ttl_ratio_ci_high", highs),
+        ("ttl_p_value", pvalues),
+    ):
+        table[name] = pd.Series(values, index=table.index, dtype="float64")
+    table["ttl_verdict"] = verdicts
