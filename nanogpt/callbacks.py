@@ -33,6 +33,7 @@ from nanogpt.launch.job import point_status, skipped_since
 from nanogpt.launch.placement import CORUN_ENV
 from nanogpt.reporters import wandb_sink, wandb_view
 from nanogpt.results import table as sweep_table
+from nanogpt.tune import answer
 
 
 def away_from_the_sweep() -> bool:
@@ -174,6 +175,7 @@ class SweepReport(Callback):
         """Build, write and print the sweep's table; say how many points a resume kept."""
         sweep_dir = Path(config.hydra.sweep.dir)
         report, cost = config.report, config.cost
+        search = answer.read(sweep_dir)  # hydra/sweeper=tune: its finalists, then its answer
         sweep = sweep_table.publish(
             sweep_dir,
             baseline=report.baseline,
@@ -181,6 +183,7 @@ class SweepReport(Callback):
             usd_per_hour=cost.usd_per_hour,
             usd_per_kwh=cost.usd_per_kwh,
             ttl_alpha=report.ttl_alpha,
+            only=answer.finalists(search) if search else None,
         )
         if report.plots:
             from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for
@@ -193,4 +196,6 @@ class SweepReport(Callback):
                 f"resume: skipped {skipped} point(s) with an ok record from an earlier run "
                 "(bench.rerun=true measures them again)"
             )
+        for line in answer.closing_lines(search) if search else []:
+            print(line)  # a search closes with its answer
         return sweep_dir, sweep.table

@@ -32,6 +32,7 @@ from nanogpt.results import compare
 from nanogpt.results.display import to_markdown
 from nanogpt.results.labels import point_labels
 from nanogpt.results.table import ReportError, build_table, publish
+from nanogpt.tune import answer
 
 # The saved config's keys this entry point takes its defaults from: (section, key) -> its flag.
 SETTINGS = {
@@ -98,14 +99,19 @@ def main(argv: list[str] | None = None) -> int:
             given = {flag: getattr(args, flag) for flag in SETTINGS.values()}
             settings.update({k: v for k, v in given.items() if v is not None})
             plots = settings.pop("plots")
+            search = answer.read(args.sweep_dir)  # a search's: its finalists, then its answer
             sweep = publish(
-                args.sweep_dir, **{**settings, "baseline": settings["baseline"] or None}
+                args.sweep_dir,
+                **{**settings, "baseline": settings["baseline"] or None},
+                only=answer.finalists(search) if search else None,
             )
             if plots:
                 from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for
 
                 for path in write_plots(args.sweep_dir, sweep.table):
                     print(f"plot: {path}")
+            for line in answer.closing_lines(search) if search else []:
+                print(line)
             return 0
         return _compare(args.compare, args.sweep_dir, args.fail_if_slower, args.markdown)
     except ReportError as err:

@@ -128,6 +128,7 @@ class Search:
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         fixed, dims, distributions = tune_space.parse(parser, self.params, arguments)
         self.fixed, self.dims = fixed, dims
+        self._refuse_what_every_candidate_shares()
         names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
         self.names = names
         self.directions = [objectives.DIRECTIONS[n] for n in names]
@@ -171,6 +172,17 @@ class Search:
         guard = self._quality(repeated)
         answer.write(self.sweep_dir, self._summary(probes, full, repeated, guard, dims))
         return self.returns
+
+    def _refuse_what_every_candidate_shares(self) -> None:
+        """A setting outside the space that no candidate can run with (a vocabulary below the
+        tokenizer's, a device this machine lacks) is said now, with its fix, not after every
+        trial has found it."""
+        try:
+            self._spec(merged(self.fixed, self.probe))
+        except ConfigError as err:
+            if err.key.lstrip("+") not in {key.lstrip("+") for key in self.dims}:
+                said = str(err)[len(err.key) + 2 :]  # "problem; fix." after "key: "
+                raise ConfigError(err.key, f"every candidate has it: {said}") from None
 
     # ----------------------------------------------------------------------------------------
     def _study(self) -> optuna.Study:

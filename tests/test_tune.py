@@ -280,6 +280,16 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
     best = (sweep_dir / "best.yaml").read_text()
     assert "perf.batch_size=2" in best and "bench.inject_fault=oom@1000" in best
     assert "oom" in (sweep_dir / "tune.md").read_text()
+    # The console shows the finalists (the one here) compared within their rung, and closes with
+    # the answer best.yaml holds, its interval and processes, then what the search cost.
+    out = proc.stdout.strip().splitlines()
+    (answer_line,) = [line for line in out if line.startswith("best (best.yaml): ")]
+    assert "perf.batch_size=2 bench.inject_fault=oom@1000" in answer_line
+    assert answer_line.endswith("over 2 processes") and out[-1].startswith("search: ")
+    assert out.index(answer_line) > out.index(next(x for x in out if x.startswith("table: ")))
+    table = out[out.index(next(line for line in out if line.lstrip().startswith("point"))) + 1]
+    assert "1 (baseline)" in table and "bench.measure_steps" not in "".join(out[-6:])
+    assert not any(line.startswith("fastest") for line in out)
 
 
 # The search made to wait as it composes its second candidate (the first is measured by then),
@@ -404,3 +414,9 @@ def test_bad_input_is_one_line_before_anything_runs(sweep, tmp_path):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()
     assert len(last) == 1 and "tune.objective" in last[0], proc.stderr
+    # A setting outside the space that makes every candidate invalid: said before any trial.
+    proc, _ = sweep(TUNE, "perf.batch_size=choice(1,2)", "bench.device=cuda")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1, last
+    assert last[0].startswith("error: bench.device: every candidate has it: "), last

@@ -12,6 +12,7 @@ import pandas as pd
 
 from nanogpt.results import derive, stats
 from nanogpt.results.bottleneck import fastest_line
+from nanogpt.results.display import number
 
 COMPILE = "perf.compile="
 
@@ -204,7 +205,7 @@ def _best(
     if not ranked:
         return f"{title}: no ok point" if title.startswith("fastest within") else None
     best = ranked[0]
-    line = f"{title}: {names[best]} ({column} {table[column].iloc[best]:.4g})"
+    line = f"{title}: {names[best]} ({column} {number(table[column].iloc[best], 4)})"
     line += _contended_note(table, best)
     if len(ranked) == 1:
         return line + "; no runner-up"

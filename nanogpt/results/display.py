@@ -59,11 +59,12 @@ SHOWN = (
 )
 
 
-def shown(table: pd.DataFrame) -> pd.DataFrame:
-    """The table as text cells: the point, the SHOWN columns that any row fills, steadiness,
-    how many points ran beside it (parallel launcher) and the speedup."""
+def shown(table: pd.DataFrame, names: list[str] | None = None) -> pd.DataFrame:
+    """The table as text cells: the point (`names`, else what the sweep varies), the SHOWN
+    columns that any row fills, steadiness, how many points ran beside it (parallel
+    launcher) and the speedup."""
     out = pd.DataFrame(index=table.index)
-    out["point"] = [label or "defaults" for label in point_labels(table)]
+    out["point"] = [label or "defaults" for label in names or point_labels(table)]
     for column, label, fmt in SHOWN:
         if column in table and table[column].notna().any():
             out[label] = [fmt(v) if pd.notna(v) else "-" for v in table[column]]
@@ -75,9 +76,9 @@ def shown(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def console(table: pd.DataFrame) -> str:
+def console(table: pd.DataFrame, names: list[str] | None = None) -> str:
     """The table the console prints, with a note under it when a verdict rests on one process."""
-    text = shown(table).to_string(index=False)
+    text = shown(table, names).to_string(index=False)
     return text + "".join(f"\n{line}" for line in notes(table))
 
 

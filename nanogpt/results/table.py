@@ -143,12 +143,22 @@ def publish(
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
     ttl_alpha: float = ttl.ALPHA,
+    only: dict[str, str] | None = None,
 ) -> Sweep:
     """Build, write and print the table of a sweep dir, and the recommendation under it (the
-    plots are the entry points' to draw: nanogpt/reporters/plots.py)."""
+    plots are the entry points' to draw: nanogpt/reporters/plots.py). `only`: the job dirs to
+    print (-> the name each is shown by), compared with each other alone (a search prints its
+    finalists, `within`; the files keep every point), with no recommendation (the search's
+    answer is its own)."""
     sweep = build_table(sweep_dir, baseline, usd_per_hour, usd_per_kwh, ttl_alpha)
     table = sweep.table
     write_summary(sweep_dir, sweep)
+    if only is not None:
+        rows = within(sweep, list(only))
+        names = {str(Path(d).resolve()): name for d, name in only.items()}
+        print(display.console(rows, [names[str(d)] for d in rows["job_dir"]]))
+        print(f"table: {sweep_dir / SUMMARY_CSV} ({len(table)} points, every rung's)")
+        return sweep
     print(display.console(table))
     print(sweep.baseline)
     print(f"table: {sweep_dir / SUMMARY_CSV} ({len(table)} points)")
@@ -158,3 +168,15 @@ def publish(
     for path in sweep.unreadable:
         print(f"skipped unreadable record: {path}", file=sys.stderr)
     return sweep
+
+
+def within(sweep: Sweep, job_dirs: list[str]) -> pd.DataFrame:
+    """The rows measured at `job_dirs`, their speedups against their own baseline (the rule's):
+    points one rung of a search measured, compared with each other only."""
+    wanted = {str(Path(d).resolve()) for d in job_dirs}
+    keep = [i for i, d in enumerate(sweep.table["job_dir"]) if str(d) in wanted]
+    rows = sweep.table.iloc[keep].reset_index(drop=True).copy()
+    series = sweep.series()
+    choice = baseline_rule.choose(rows) if len(rows) else None
+    compare.add_speedups(rows, [series[i] for i in keep], choice and choice.position)
+    return rows

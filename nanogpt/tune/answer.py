@@ -230,3 +230,34 @@ def cost_lines(s: dict) -> list[str]:
             "(benchmarks/tune_vs_grid.py measures both)"
         )
     return lines
+
+
+def finalists(s: dict) -> dict[str, str]:
+    """The finalists (the repeats rung), what the console's table shows: job dir -> the
+    candidate, named by the values the search chose (never the fixed overrides)."""
+    return {e["record"]["job_dir"]: e["key"] for e in s["repeats"] if e["record"].get("job_dir")}
+
+
+def closing_lines(s: dict) -> list[str]:
+    """What the console says last: the answer (best.yaml's overrides, its figures and their
+    interval over its processes) or why there is none, then what the search cost."""
+    best = s.get("best")
+    if best:
+        rec = best["record"]
+        figures = ", ".join(
+            f"{name} {_fmt(value, ',.4g')}"
+            for name, value in zip(s["objectives"], best["values"], strict=True)
+        )
+        lines = [
+            f"best ({BEST_YAML}): {' '.join(best_overrides(best))}: {figures}; tokens/s "
+            f"{_interval(rec)} over {rec.get('repeats') or 1} processes"
+        ]
+    else:
+        lines = [f"best: none recommended; {TUNE_MD} says why for each finalist"]
+    return lines + [f"search: {line[2:]}" for line in cost_lines(s)]
+
+
+def read(sweep_dir: Path) -> dict | None:
+    """A search's answer as data (tune.json), or None in a sweep that is no search."""
+    path = sweep_dir / TUNE_JSON
+    return json.loads(path.read_text()) if path.exists() else None
