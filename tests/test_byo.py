@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
 from nanogpt.measure import byo
@@ -196,7 +197,7 @@ class Model(nn.Module):
     def __init__(self, vocab=64, width=8):
         super().__init__()
         self.wte = nn.Embedding(vocab, width)
-        self.layers = nn.ModuleList([nn.Linear(width, width)])
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(width, width), nn.Tanh())])
         self.head = nn.Linear(width, vocab)
 
     def forward(self, idx, targets):
@@ -318,3 +319,25 @@ def test_a_target_that_is_not_there_stops_the_sweep_before_anything(tmp_path):
         len(lines) == 1 and "model.build._target_: 'nosuch.GPT': no module nosuch in " in (lines[0])
     ), lines
     assert not sweep_dir.exists()
+
+
+def test_activation_checkpointing_wraps_the_blocks_found_or_is_refused(tmp_path):
+    idx = torch.randint(0, 64, (2, 16))
+    counted = {}
+    for checkpointed in (False, True):
+        spec = _spec(tmp_path, "ckpt", TINY.replace("{RETURN}", "loss"))
+        spec.perf = PerfConfig(activation_checkpointing=checkpointed)
+        model = byo.build_user_model(spec)
+        with FlopCounterMode(display=False) as counter:
+            _, loss = model(idx, idx)
+            loss.backward()
+        counted[checkpointed] = counter.get_total_flops()
+    # The block (an 8x8 Linear, tanh) runs its forward again in backward: 2 x B*T x 8 x 8.
+    assert counted[True] - counted[False] == 2 * (2 * 16) * 8 * 8
+    flat = TINY.replace("{RETURN}", "loss").replace("nn.ModuleList([", "(").replace("])", ")")
+    spec = _spec(tmp_path, "noblocks", flat)
+    spec.perf = PerfConfig(activation_checkpointing=True)
+    with pytest.raises(
+        ConfigError, match="^perf.activation_checkpointing: needs the model's blocks"
+    ):
+        byo.build_user_model(spec)

@@ -1,0 +1,128 @@
+"""The runner on a user's model against a bare training loop of the same model, in one run.
+
+The model is benchmarks/modern_gpt.py (RoPE, RMSNorm, GQA), swept as a user sweeps it:
+`python -m nanogpt.run model.build._target_=modern_gpt.GPT ...` with model.code_dir pointing
+at it. The bare loop is the one a user writes by hand: the same model and shapes, AdamW at the
+runner's settings (weight decay on the 2-D parameters only, torch's default implementation),
+gradient clipping at 1.0, fp32, no probes. Both run in fresh processes, interleaved round by
+round so that the machine's drift touches both alike. The ratio is runner tokens/s / bare
+tokens/s at the median step, and at the 10th-percentile step (a shared machine's other
+processes slow the median more than the fastest steps) (goal >= 0.97).
+
+Usage: python benchmarks/byo_overhead.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHAPE = dict(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=128)
+BATCH, WARMUP, STEPS = 8, 3, 30
+RUN_ARGS = [
+    "model.build._target_=modern_gpt.GPT",
+    "model.build.config._target_=modern_gpt.Config",
+    *(f"model.build.config.{k}={v}" for k, v in SHAPE.items()),
+    f"model.code_dir={HERE}",
+    f"model.vocab_size={SHAPE['vocab_size']}",
+    f"model.block_size={SHAPE['block_size']}",
+    f"perf.batch_size={BATCH}",
+    f"bench.warmup_steps={WARMUP}",
+    f"bench.measure_steps={STEPS}",
+    "bench.device=cpu",
+    "bench.time_budget_s=600",
+    "logger=none",
+]
+
+
+def bare_loop_tokens_per_s() -> float:
+    """The loop a user would write by hand (run in a fresh process: --bare-once)."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from modern_gpt import GPT, Config
+
+    torch.manual_seed(0)
+    model = GPT(Config(**SHAPE))
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95))
+    tokens = torch.randint(0, SHAPE["vocab_size"], (BATCH, SHAPE["block_size"] + 1))
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    ms = []
+    for step in range(WARMUP + STEPS):
+        t0 = time.perf_counter()
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= WARMUP:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return tokens_per_s(statistics.median(ms)), tokens_per_s(_p10(ms))
+
+
+def tokens_per_s(step_ms: float) -> float:
+    return BATCH * SHAPE["block_size"] / (step_ms / 1e3)
+
+
+def _p10(ms: list[float]) -> float:
+    """As the runner computes step_ms_p10: the fastest steps, least touched by other processes
+    on a shared machine."""
+    from nanogpt.results.stats import summarize
+
+    return summarize(ms)["p10"]
+
+
+def bare_in_fresh_process(tmp: Path) -> tuple[float, float]:
+    cmd = [sys.executable, __file__, "--bare-once"]
+    out = subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True).stdout
+    median, p10 = out.split()
+    return float(median), float(p10)
+
+
+def runner_tokens_per_s(tmp: Path, i: int) -> dict:
+    out = tmp / f"single{i}"
+    cmd = [sys.executable, "-m", "nanogpt.run", *RUN_ARGS, f"hydra.run.dir={out}"]
+    subprocess.run(cmd, cwd=tmp, check=True, capture_output=True)
+    return json.loads((out / "result.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bare-once", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare_once:
+        print(*bare_loop_tokens_per_s())
+        return
+    ratios, ratios_p10 = [], []
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        for i in range(args.rounds):
+            bare, bare_p10 = bare_in_fresh_process(tmp)
+            record = runner_tokens_per_s(tmp, i)
+            ratios.append(record["tokens_per_s"] / bare)
+            ratios_p10.append(tokens_per_s(record["step_ms_p10"]) / bare_p10)
+            print(
+                f"round {i}: runner {record['tokens_per_s']:,.0f} tok/s "
+                f"(flops_source: {record['flops_source']}), bare {bare:,.0f} tok/s, "
+                f"ratio {ratios[-1]:.3f} (at p10 step time: {ratios_p10[-1]:.3f})"
+            )
+    print(
+        f"runner / bare tokens/s on a user's model, median of {args.rounds}: "
+        f"{statistics.median(ratios):.3f}; at p10 step time {statistics.median(ratios_p10):.3f}"
+        "  (goal >= 0.97)"
+    )
+
+
+if __name__ == "__main__":
+    main()
