@@ -5,7 +5,10 @@ The model is benchmarks/modern_gpt.py (RoPE, RMSNorm, GQA), swept as a user swee
 at it. The bare loop is the one a user writes by hand: the same model and shapes, AdamW at the
 runner's settings (weight decay on the 2-D parameters only, torch's default implementation),
 gradient clipping at 1.0, fp32, no probes. Both run in fresh processes, interleaved round by
-round so that the machine's drift touches both alike. The ratio is runner tokens/s / bare
+round so that the machine's drift touches both alike (a). The same ratio for the step alone
+(b): the runner's trainer for the point, built as the measuring child builds it, and the bare
+step, stepped in turns in one process (what the contract wrapper, the role groups and the
+runner's step cost, without the process around them). The ratio is runner tokens/s / bare
 tokens/s at the median step, and at the 10th-percentile step (a shared machine's other
 processes slow the median more than the fastest steps) (goal >= 0.97).
 
@@ -42,8 +45,8 @@ RUN_ARGS = [
 ]
 
 
-def bare_loop_tokens_per_s() -> float:
-    """The loop a user would write by hand (run in a fresh process: --bare-once)."""
+def bare_step():
+    """One step of the loop a user would write by hand, as a function of no arguments."""
     import torch
 
     sys.path.insert(0, str(HERE))
@@ -57,17 +60,53 @@ def bare_loop_tokens_per_s() -> float:
     opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95))
     tokens = torch.randint(0, SHAPE["vocab_size"], (BATCH, SHAPE["block_size"] + 1))
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    ms = []
-    for step in range(WARMUP + STEPS):
-        t0 = time.perf_counter()
+
+    def step():
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step >= WARMUP:
+
+    return step
+
+
+def bare_loop_tokens_per_s() -> tuple[float, float]:
+    """The bare loop alone (run in a fresh process: --bare-once)."""
+    step, ms = bare_step(), []
+    for i in range(WARMUP + STEPS):
+        t0 = time.perf_counter()
+        step()
+        if i >= WARMUP:
             ms.append((time.perf_counter() - t0) * 1e3)
     return tokens_per_s(statistics.median(ms)), tokens_per_s(_p10(ms))
+
+
+def interleaved(rounds: int, per_round: int = 5) -> tuple[float, float]:
+    """The runner's own trainer for the point (composed, validated and built as the measuring
+    child builds it: the user's model in its contract wrapper, the role groups, clipping)
+    against the bare step, stepped in turns in one process, so that another process on the
+    machine touches both alike. (median step ms of the runner's, of the bare loop's)"""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.app import to_spec
+    from nanogpt.configs import CONF_DIR
+    from nanogpt.distributed import World
+    from nanogpt.measure.trainer import build_trainer
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        spec = to_spec(compose("config", RUN_ARGS))
+    trainer, bare = build_trainer(spec, torch.device("cpu"), World()), bare_step()
+    times: dict[str, list[float]] = {"runner": [], "bare": []}
+    for r in range(rounds + 1):  # the first round warms both up
+        for name, step in (("runner", trainer.step), ("bare", bare)):
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                step()
+                if r:
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times["runner"]), statistics.median(times["bare"])
 
 
 def tokens_per_s(step_ms: float) -> float:
@@ -117,8 +156,13 @@ def main() -> None:
                 f"(flops_source: {record['flops_source']}), bare {bare:,.0f} tok/s, "
                 f"ratio {ratios[-1]:.3f} (at p10 step time: {ratios_p10[-1]:.3f})"
             )
+    runner_ms, bare_ms = interleaved(rounds=20)
     print(
-        f"runner / bare tokens/s on a user's model, median of {args.rounds}: "
+        f"(b) the runner's step / the bare step, interleaved in one process, 100 steps each: "
+        f"{runner_ms:.2f} ms / {bare_ms:.2f} ms, tokens/s ratio {bare_ms / runner_ms:.3f}"
+    )
+    print(
+        f"(a) runner / bare tokens/s on a user's model, median of {args.rounds}: "
         f"{statistics.median(ratios):.3f}; at p10 step time {statistics.median(ratios_p10):.3f}"
         "  (goal >= 0.97)"
     )

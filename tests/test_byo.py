@@ -341,3 +341,22 @@ def test_activation_checkpointing_wraps_the_blocks_found_or_is_refused(tmp_path)
         ConfigError, match="^perf.activation_checkpointing: needs the model's blocks"
     ):
         byo.build_user_model(spec)
+
+
+def test_a_point_whose_model_breaks_the_contract_fails_in_one_line(tmp_path):
+    """Measured for real (in this process): the check runs where the model is, at the first
+    step, and the point's record says what came back."""
+    from nanogpt.distributed import World
+    from nanogpt.measure.loop import measure
+    from nanogpt.results.derive import Ceilings, Peak
+
+    spec = _spec(tmp_path, "breaks", TINY.replace("{RETURN}", "{'loss': loss}"))
+    spec.bench.device, spec.bench.diagnose, spec.perf.batch_size = "cpu", False, 2
+    record = measure(
+        spec, torch.device("cpu"), World(), Ceilings(Peak(None, "unknown")), tmp_path, []
+    )
+    assert record.status == "error"
+    assert record.error == (
+        "ConfigError: model.build: breaks.Model(idx, targets) returned a dict, not a loss; "
+        "return a scalar loss, (logits, loss) or an object with .loss (docs/models.md)."
+    )
