@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-import math
 import os
 import sys
 from pathlib import Path
@@ -105,22 +104,6 @@ def refuse_a_preset_without_multirun() -> None:
         )
 
 
-def objective_of(spec: RunSpec, job_dir: Path) -> float | tuple[float, ...]:
-    """The point's tune.objective from its record (a resumed point: its recorded figures): a
-    float, or a tuple for several; NaN where the point failed or the figure is unknown, which
-    Hydra's sweepers (Optuna's, Nevergrad's) take as a failed trial. The status itself is in
-    the record (callbacks.py reads it there for the exit code)."""
-    from nanogpt.results import store
-    from nanogpt.tune import objectives
-
-    record = store.read_result(job_dir / store.RESULT_FILE) or {}
-    prices = {"usd_per_hour": spec.cost.usd_per_hour, "usd_per_kwh": spec.cost.usd_per_kwh}
-    names = [o.value for o in spec.tune.objective]
-    found = [objectives.value(record, name, **prices) for name in names]
-    figures = tuple(math.nan if v is None else v for v in found)
-    return figures[0] if len(figures) == 1 else figures
-
-
 def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
     """Hydra's task function (hydra_main): one point, composed."""
     from nanogpt.app import to_spec
@@ -153,6 +136,8 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
             sys.exit(1)
     elif by_submitit:
         _release_followers(world)  # this task's one job is done
+    from nanogpt.tune.objectives import objective_of
+
     return objective_of(spec, job.job_dir)
 
 

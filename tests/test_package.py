@@ -81,7 +81,7 @@ def test_the_wheel_carries_every_module_config_and_preset(installed):
     assert "nanogpt/sweeps/README.md" in names
     # hydra/sweeper=tune: Hydra finds its plugin in the hydra_plugins namespace package, which
     # must stay a namespace (no __init__.py) so that other plugins' modules join it
-    assert "hydra_plugins/nanogpt_tune/tune_sweeper.py" in names
+    assert "hydra_plugins/nanogpt_tune/plugin.py" in names
     assert "hydra_plugins/__init__.py" not in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -18,19 +18,18 @@ import types
 import pytest
 
 # The search's engine: where it is not installed (the GPU machines) the module is skipped, not
-# an error that stops pytest from running any test (the imports below need it: tune_space).
+# an error that stops pytest from running any test (the imports below need it: tune/space.py).
 optuna = pytest.importorskip("optuna")
 
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from nanogpt import tune_space
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
-from nanogpt.run import objective_of
-from nanogpt.tune import fit, ladder, objectives, quality
+from nanogpt.tune import fit, ladder, objectives, quality, space
+from nanogpt.tune.objectives import objective_of
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
 
@@ -57,7 +56,7 @@ def _study(sweep_dir) -> optuna.Study:
 
 def _value(trial: optuna.trial.FrozenTrial, key: str) -> str:
     """The value a trial gave KEY, from the overrides it ran (an ordered choice's param is its
-    position: tune_space.values_of)."""
+    position: space.values_of)."""
     overrides = dict(o.split("=", 1) for o in trial.user_attrs["entry"]["overrides"])
     return overrides[key]
 
@@ -82,14 +81,14 @@ def test_tokens_per_step_sets_grad_accum_and_refuses_a_micro_batch_that_does_not
 def test_numeric_choices_are_ordered_for_the_sampler_and_read_back_as_values():
     parser = OverridesParser.create()
     params = {"perf.batch_size": "choice(8,1,4,2)", "perf.compile": "choice(true,false)"}
-    fixed, dims, distributions = tune_space.parse(parser, params, ["model.n_layer=2"])
+    fixed, dims, distributions = space.parse(parser, params, ["model.n_layer=2"])
     assert fixed == ["model.n_layer=2"] and dims["perf.batch_size"] == ["1", "2", "4", "8"]
     assert distributions["perf.batch_size"] == optuna.distributions.IntDistribution(0, 3)
     assert isinstance(distributions["perf.compile"], optuna.distributions.CategoricalDistribution)
-    values = tune_space.values_of({"perf.batch_size": 3, "perf.compile": "true"}, dims)
+    values = space.values_of({"perf.batch_size": 3, "perf.compile": "true"}, dims)
     assert values == {"perf.batch_size": "8", "perf.compile": "true"}
     # two numbers are no order worth learning: categorical, as Hydra spells them
-    _, dims, distributions = tune_space.parse(parser, {"perf.batch_size": "choice(4,2)"}, [])
+    _, dims, distributions = space.parse(parser, {"perf.batch_size": "choice(4,2)"}, [])
     categorical = optuna.distributions.CategoricalDistribution
     assert isinstance(distributions["perf.batch_size"], categorical)
 
@@ -192,7 +191,7 @@ def test_a_search_on_a_cluster_checks_its_candidates_for_there_not_on_this_machi
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext
 
-    from nanogpt.tune_sweeper import Search
+    from nanogpt.tune.sweeper import Search
 
     search, reasons = Search(), {}
     search.fixed = with_micro(["bench.device=cuda"])  # the task's overrides, as the sweep's
@@ -292,13 +291,14 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
     assert not any(line.startswith("fastest") for line in out)
 
 
-# The search made to wait as it composes its second candidate (the first is measured by then),
-# noting when it does: Ctrl-C then lands in the search's own work, where Hydra's config loader
-# runs, not in a measuring process (which records its own interruption). The 60 s are a ceiling:
-# the test signals as soon as the note is there.
+# The search made to wait as it composes its second candidate (the first is measured by then;
+# the first composition of all checks what every candidate shares), noting when it does: Ctrl-C
+# then lands in the search's own work, where Hydra's config loader runs, not in a measuring
+# process (which records its own interruption). The 60 s are a ceiling: the test signals as
+# soon as the note is there.
 SLOW_SECOND_CANDIDATE = (
-    "import pathlib, time; from nanogpt import tune_sweeper as t; real = t.Search._spec; "
-    "seen = []; t.Search._spec = lambda self, o: (seen.append(o), len(seen) == 2 and "
+    "import pathlib, time; from nanogpt.tune import sweeper as t; real = t.Search._spec; "
+    "seen = []; t.Search._spec = lambda self, o: (seen.append(o), len(seen) == 3 and "
     "(pathlib.Path('composing').touch(), time.sleep(60)), real(self, o))[-1]"
 )
 

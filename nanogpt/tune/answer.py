@@ -96,7 +96,7 @@ def write(sweep_dir: Path, summary: dict) -> None:
         write_atomic(sweep_dir / BEST_YAML, text)
     write_atomic(sweep_dir / TUNE_MD, markdown(summary))
     try:
-        from nanogpt.reporters.tune_plot import write_plot
+        from nanogpt.tune.plot import write_plot
 
         write_plot(sweep_dir, summary)
     except Exception as err:  # a plot never costs the answer

@@ -8,8 +8,13 @@ value: infeasible for the search, with the reason).
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nanogpt.results import derive
+from nanogpt.results import derive, store
+
+if TYPE_CHECKING:
+    from nanogpt.spec import RunSpec
 
 GIB = 2**30
 
@@ -102,3 +107,16 @@ def needs(name: str, usd_per_hour: float | None, usd_per_kwh: float | None) -> s
     if name == "usd_per_1m_tokens" and usd_per_hour is None and usd_per_kwh is None:
         return "cost.usd_per_hour: usd_per_1m_tokens needs the machine's price; set it"
     return None
+
+
+def objective_of(spec: RunSpec, job_dir: Path) -> float | tuple[float, ...]:
+    """The point's tune.objective from its record (a resumed point: its recorded figures): a
+    float, or a tuple for several; NaN where the point failed or the figure is unknown, which
+    Hydra's sweepers (Optuna's, Nevergrad's) take as a failed trial. The status itself is in
+    the record (callbacks.py reads it there for the exit code)."""
+    record = store.read_result(job_dir / store.RESULT_FILE) or {}
+    prices = {"usd_per_hour": spec.cost.usd_per_hour, "usd_per_kwh": spec.cost.usd_per_kwh}
+    names = [o.value for o in spec.tune.objective]
+    found = [value(record, name, **prices) for name in names]
+    figures = tuple(math.nan if v is None else v for v in found)
+    return figures[0] if len(figures) == 1 else figures

@@ -1,5 +1,5 @@
-"""The search's space, from Hydra's override grammar to Optuna's distributions (the tune
-sweeper's plugin layer: it knows Hydra and Optuna; nanogpt/tune_sweeper.py drives the search).
+"""The search's space, from Hydra's override grammar to Optuna's distributions (with the
+sweeper, the part of the search that knows Hydra and Optuna; tune/sweeper.py drives it).
 
 hydra.sweeper.params, then the command line (a later key wins), parsed by Hydra's public
 override parser: a key with one value is fixed; `choice(...)`, a comma list or `range(...)` is

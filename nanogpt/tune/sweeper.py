@@ -39,15 +39,14 @@ from hydra.core.utils import JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nanogpt import tune_space
 from nanogpt.app import to_spec
 from nanogpt.configs import runs_here
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.results import store
 from nanogpt.results import table as sweep_table
-from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality
-from nanogpt.tune_space import as_overrides, key_of, merged, values_of
+from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality, space
+from nanogpt.tune.space import as_overrides, key_of, merged, values_of
 
 log = logging.getLogger(__name__)
 STUDY_FILE = "study.journal"
@@ -126,7 +125,7 @@ class Search:
         self.started = time.time()
         self.sweep_dir = Path(cfg.hydra.sweep.dir)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        fixed, dims, distributions = tune_space.parse(parser, self.params, arguments)
+        fixed, dims, distributions = space.parse(parser, self.params, arguments)
         self.fixed, self.dims = fixed, dims
         self._refuse_what_every_candidate_shares()
         names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
