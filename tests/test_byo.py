@@ -221,7 +221,8 @@ def test_a_first_step_that_breaks_the_contract_is_one_line(tmp_path, returns, sa
     model = byo.build_user_model(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)))
     idx = torch.randint(0, 64, (2, 16))
     with pytest.raises(ConfigError) as err:
-        model(idx, idx)
+        _, loss = model(idx, idx)
+        model.check_loss(loss)  # as the trainer does, on the first step
     assert str(err.value).startswith(f"model.build: {name}.Model(idx, targets) {says}")
     assert "\n" not in str(err.value)
 
@@ -343,20 +344,37 @@ def test_activation_checkpointing_wraps_the_blocks_found_or_is_refused(tmp_path)
         byo.build_user_model(spec)
 
 
-def test_a_point_whose_model_breaks_the_contract_fails_in_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "returns, says",
+    [
+        ("{'loss': loss}", "returned a dict, not a loss; return a scalar loss, (logits, loss)"),
+        ("loss * float('inf')", "returned a non-finite loss (inf); see docs/models.md."),
+    ],
+)
+def test_a_point_whose_model_breaks_the_contract_fails_in_one_line(tmp_path, returns, says):
     """Measured for real (in this process): the check runs where the model is, at the first
     step, and the point's record says what came back."""
     from nanogpt.distributed import World
     from nanogpt.measure.loop import measure
     from nanogpt.results.derive import Ceilings, Peak
 
-    spec = _spec(tmp_path, "breaks", TINY.replace("{RETURN}", "{'loss': loss}"))
+    name = f"breaks_{abs(hash(returns))}"
+    spec = _spec(tmp_path, name, TINY.replace("{RETURN}", returns))
     spec.bench.device, spec.bench.diagnose, spec.perf.batch_size = "cpu", False, 2
-    record = measure(
-        spec, torch.device("cpu"), World(), Ceilings(Peak(None, "unknown")), tmp_path, []
-    )
+    ceilings = Ceilings(Peak(None, "unknown"))
+    record = measure(spec, torch.device("cpu"), World(), ceilings, tmp_path, [])
     assert record.status == "error"
-    assert record.error == (
-        "ConfigError: model.build: breaks.Model(idx, targets) returned a dict, not a loss; "
-        "return a scalar loss, (logits, loss) or an object with .loss (docs/models.md)."
+    assert record.error.startswith(f"ConfigError: model.build: {name}.Model(idx, targets) {says}")
+    assert "\n" not in record.error
+
+
+def test_a_model_that_cannot_run_on_meta_is_6n_with_attention_not_counted(tmp_path):
+    source = TINY.replace("{RETURN}", "loss if loss.item() < 1e9 else loss")
+    spec = _spec(tmp_path, "no_meta", source)
+    model = byo.build_user_model(spec)
+    figures = byo.flops_of(spec, model)
+    assert figures["flops_per_token"] == 6 * model.get_num_params()
+    assert figures["flops_per_token_counted"] is None
+    assert figures["flops_source"].startswith(
+        "6N, N = every parameter; attention not counted; not counted on meta ("
     )

@@ -88,6 +88,8 @@ class Trainer:
         # fully_shard shards whatever each rank holds. Then a seed per rank (dropout).
         torch.manual_seed(spec.bench.seed)
         self.raw_model = build_model(spec).to(device)
+        # A user's model's first loss is checked against the contract once (measure/byo.py).
+        self.check_loss = getattr(self.raw_model, "check_loss", None)
         torch.manual_seed(spec.bench.seed + world.rank)
         # float8 first, on the whole unsharded model (nanogpt/sharding.py gives the order).
         self.fp8_layers = None
@@ -184,6 +186,9 @@ class Trainer:
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self._autocast():  # the forward only: backward runs in the forward's dtypes
             _, loss = self.model(x, y)
+        if self.check_loss is not None:  # a user's model: its first loss, outside compile
+            self.check_loss(loss)
+            self.check_loss = None
         return loss / self.grad_accum
 
     def step(self) -> torch.Tensor:
