@@ -19,6 +19,7 @@ in whichever process builds the node (a forked child, a fresh interpreter, a SLU
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib
@@ -26,6 +27,8 @@ import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
+
+from nanogpt.errors import ConfigError
 
 HYDRA_KEYS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_")
 
@@ -122,3 +125,65 @@ def instantiate(node, key: str, code_dir: str | None = None):
         return made(*args, **kwargs)
     except TypeError as err:
         raise TargetError(key, f"{target}(...) refused its arguments: {err}") from None
+
+
+def static_arguments(target: str, code_dir: str | None) -> set[str] | None:
+    """The keyword arguments `target` takes, read from its source with `ast` (nothing runs):
+    a function's parameters, a class's `__init__`'s, a dataclass's fields. None when they
+    cannot be read so (a target defined elsewhere, **kwargs, an inherited `__init__`)."""
+    path = source_file(target, code_dir)
+    name = target.rpartition(".")[2]
+    if path is None or path.suffix != ".py" or path.stem == name:
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = next((n for n in tree.body if getattr(n, "name", None) == name), None)
+    if isinstance(found, ast.FunctionDef):
+        return _parameters(found)
+    if not isinstance(found, ast.ClassDef):
+        return None
+    init = next((n for n in found.body if getattr(n, "name", None) == "__init__"), None)
+    if isinstance(init, ast.FunctionDef):
+        return _parameters(init)
+    decorators = {ast.unparse(d).split("(")[0] for d in found.decorator_list}
+    if init is None and not found.bases and decorators & {"dataclass", "dataclasses.dataclass"}:
+        return {n.target.id for n in found.body if isinstance(n, ast.AnnAssign)}
+    return None
+
+
+def _parameters(func: ast.FunctionDef) -> set[str] | None:
+    args = func.args
+    if args.kwarg is not None:
+        return None
+    return {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} - {"self"}
+
+
+def check_node(node: dict, key: str, code_dir: str | None) -> None:
+    """A target node and the nodes inside it: the module is there, and each key is an
+    argument its source declares (read with ast where it can be: nanogpt/targets.py)."""
+    target = node.get("_target_")
+    if target is not None:
+        if (
+            not isinstance(target, str)
+            or "." not in target
+            or source_file(target, code_dir) is None
+        ):
+            module = str(target).rpartition(".")[0] or target
+            raise ConfigError(
+                f"{key}._target_",
+                f"'{target}': no module {module} in {code_dir} or on sys.path",
+                "run from the directory that holds it, or set model.code_dir",
+            )
+        takes = static_arguments(target, code_dir)
+        for name in node:
+            if takes is not None and name not in (*HYDRA_KEYS, *takes):
+                raise ConfigError(
+                    f"{key}.{name}",
+                    f"is no argument of {target}",
+                    f"use one of {', '.join(sorted(takes)) or '(none)'}",
+                )
+    for name, value in node.items():
+        if isinstance(value, dict):
+            check_node(value, f"{key}.{name}", code_dir)

@@ -21,7 +21,7 @@ from nanogpt.optim_rules import check_optimizer
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 from nanogpt.spec import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
 from nanogpt.target_rules import check_target
-from nanogpt.targets import source_file
+from nanogpt.targets import check_node
 
 
 def check(spec: RunSpec, here: bool = True) -> None:
@@ -134,13 +134,7 @@ def check_model_build(spec: RunSpec) -> None:
         raise ConfigError(
             "model.build._target_", "is not set", "name a class or factory, e.g. mymod.GPT"
         )
-    if "." not in target or source_file(target, code_dir) is None:
-        module = target.rpartition(".")[0] or target
-        raise ConfigError(
-            "model.build._target_",
-            f"'{target}': no module {module} in {code_dir} or on sys.path",
-            "run from the directory that holds it, or set model.code_dir",
-        )
+    check_node(build, "model.build", code_dir)
 
 
 def check_choices(spec: RunSpec) -> None:

@@ -1,0 +1,241 @@
+"""The user's own model's contract (model.build, docs/models.md), in this process: what its
+forward may return, its hooks, the knobs it refuses, and the bad input's one-line errors."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from nanogpt.errors import ConfigError
+from nanogpt.measure import byo
+from nanogpt.spec import Attention, Loss, ModelConfig, PerfConfig, RunSpec
+from nanogpt.validate import check_model_build
+
+
+def _spec(tmp_path: Path, name: str, source: str, **build) -> RunSpec:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    model = ModelConfig(
+        block_size=16,
+        vocab_size=64,
+        build={"_target_": f"{name}.Model", **build},
+        code_dir=str(tmp_path),
+    )
+    return RunSpec(model=model)
+
+
+TINY = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self, vocab=64, width=8):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(width, width), nn.Tanh())])
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx, targets):
+        logits = self.head(self.layers[0](self.wte(idx)))
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return {RETURN}
+"""
+
+
+@pytest.mark.parametrize(
+    "returns, says",
+    [
+        ("logits", "returned a loss of shape (2, 16, 64), not a scalar"),
+        ("{'loss': loss}", "returned a dict, not a loss"),
+        ("loss.detach()", "returned a loss without grad"),
+        ("loss * float('nan')", "returned a non-finite loss (nan)"),
+    ],
+)
+def test_a_first_step_that_breaks_the_contract_is_one_line(tmp_path, returns, says):
+    name = f"contract_{abs(hash(returns))}"
+    model = byo.build_user_model(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)))
+    idx = torch.randint(0, 64, (2, 16))
+    with pytest.raises(ConfigError) as err:
+        _, loss = model(idx, idx)
+        model.check_loss(loss)  # as the trainer does, on the first step
+    assert str(err.value).startswith(f"model.build: {name}.Model(idx, targets) {says}")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("returns", ["loss", "(logits, loss)", "type('Out', (), {'loss': loss})"])
+def test_the_contracts_three_returns_give_the_loss(tmp_path, returns):
+    name = f"ok_{abs(hash(returns))}"
+    model = byo.build_user_model(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)))
+    idx = torch.randint(0, 64, (2, 16))
+    _, loss = model(idx, idx)
+    assert loss.dim() == 0 and loss.requires_grad
+    assert byo.flops_of(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)), model)[
+        "flops_source"
+    ].startswith("counted")
+
+
+HOOKED = (
+    TINY.replace("{RETURN}", "loss")
+    + """
+    def init_weights(self):
+        torch.nn.init.constant_(self.head.weight, 0.5)
+
+    def flops_per_token(self, seq_len):
+        return 1000 + seq_len
+"""
+)
+
+
+def test_init_weights_and_the_flops_hook_are_used(tmp_path):
+    spec = _spec(tmp_path, "hooked", HOOKED)
+    model = byo.build_user_model(spec)
+    assert torch.all(model.inner.head.weight == 0.5)
+    assert byo.flops_of(spec, model) == {
+        "n_params_flops": model.get_num_params(),
+        "flops_per_token": 1016,
+        "flops_per_token_counted": pytest.approx(byo._counted(spec)),
+        "flops_source": "hook: flops_per_token(seq_len)",
+    }
+    assert model.blocks_name == "layers"
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"build": {"wrong": 1}}, "model.build: tinyargs.Model(...) refused its arguments: "),
+        ({"vocab_size": 128}, "model.vocab_size: is 128 but tinyargs.Model's embedding has 64"),
+        ({"perf": PerfConfig(attention=Attention.manual)}, "perf.attention: manual is the"),
+        ({"perf": PerfConfig(loss=Loss.chunked)}, "perf.loss: chunked needs the built-in"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_key(tmp_path, change, says):
+    spec = _spec(tmp_path, "tinyargs", TINY.replace("{RETURN}", "loss"), **change.get("build", {}))
+    if "vocab_size" in change:
+        spec.model.vocab_size = change["vocab_size"]
+    if "perf" in change:
+        spec.perf = change["perf"]
+    with pytest.raises(ConfigError) as err:
+        byo.build_user_model(spec)
+    assert str(err.value).startswith(says) and "\n" not in str(err.value)
+
+
+def test_a_module_that_fails_at_import_is_named_with_its_error(tmp_path):
+    spec = _spec(tmp_path, "broken_import", "import not_installed_anywhere\n")
+    check_model_build(spec)  # the file is there: the sweep's process does not import it
+    with pytest.raises(ConfigError) as err:
+        byo.build_user_model(spec)
+    assert str(err.value).startswith(
+        "model.build._target_: 'broken_import.Model': ModuleNotFoundError: "
+        "No module named 'not_installed_anywhere'"
+    )
+
+
+def test_activation_checkpointing_wraps_the_blocks_found_or_is_refused(tmp_path):
+    idx = torch.randint(0, 64, (2, 16))
+    counted = {}
+    for checkpointed in (False, True):
+        spec = _spec(tmp_path, "ckpt", TINY.replace("{RETURN}", "loss"))
+        spec.perf = PerfConfig(activation_checkpointing=checkpointed)
+        model = byo.build_user_model(spec)
+        with FlopCounterMode(display=False) as counter:
+            _, loss = model(idx, idx)
+            loss.backward()
+        counted[checkpointed] = counter.get_total_flops()
+    # The block (an 8x8 Linear, tanh) runs its forward again in backward: 2 x B*T x 8 x 8.
+    assert counted[True] - counted[False] == 2 * (2 * 16) * 8 * 8
+    flat = TINY.replace("{RETURN}", "loss").replace("nn.ModuleList([", "(").replace("])", ")")
+    spec = _spec(tmp_path, "noblocks", flat)
+    spec.perf = PerfConfig(activation_checkpointing=True)
+    with pytest.raises(
+        ConfigError, match="^perf.activation_checkpointing: needs the model's blocks"
+    ):
+        byo.build_user_model(spec)
+
+
+@pytest.mark.parametrize(
+    "returns, says",
+    [
+        ("{'loss': loss}", "returned a dict, not a loss; return a scalar loss, (logits, loss)"),
+        ("loss * float('inf')", "returned a non-finite loss (inf); see docs/models.md."),
+    ],
+)
+def test_a_point_whose_model_breaks_the_contract_fails_in_one_line(tmp_path, returns, says):
+    """Measured for real (in this process): the check runs where the model is, at the first
+    step, and the point's record says what came back."""
+    from nanogpt.distributed import World
+    from nanogpt.measure.loop import measure
+    from nanogpt.results.derive import Ceilings, Peak
+
+    name = f"breaks_{abs(hash(returns))}"
+    spec = _spec(tmp_path, name, TINY.replace("{RETURN}", returns))
+    spec.bench.device, spec.bench.diagnose, spec.perf.batch_size = "cpu", False, 2
+    ceilings = Ceilings(Peak(None, "unknown"))
+    record = measure(spec, torch.device("cpu"), World(), ceilings, tmp_path, [])
+    assert record.status == "error"
+    assert record.error.startswith(f"ConfigError: model.build: {name}.Model(idx, targets) {says}")
+    assert "\n" not in record.error
+
+
+def test_a_model_that_cannot_run_on_meta_is_6n_with_attention_not_counted(tmp_path):
+    source = TINY.replace("{RETURN}", "loss if loss.item() < 1e9 else loss")
+    spec = _spec(tmp_path, "no_meta", source)
+    model = byo.build_user_model(spec)
+    figures = byo.flops_of(spec, model)
+    assert figures["flops_per_token"] == 6 * model.get_num_params()
+    assert figures["flops_per_token_counted"] is None
+    assert figures["flops_source"].startswith(
+        "6N, N = every parameter; attention not counted; not counted on meta ("
+    )
+
+
+CONFIGURED = """
+from dataclasses import dataclass
+
+raise RuntimeError("imported: the check must only read this file")
+
+@dataclass
+class Config:
+    width: int = 8
+    depth: int = 1
+
+class Model:
+    def __init__(self, config, vocab=64):
+        pass
+
+def factory(*, config, **more):
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    "build, says",
+    [
+        (
+            {"nope": 1},
+            "model.build.nope: is no argument of read_only.Model; use one of config, vocab.",
+        ),
+        (
+            {"config": {"_target_": "read_only.Config", "heads": 2}},
+            "model.build.config.heads: is no argument of read_only.Config; use one of depth, "
+            "width.",
+        ),
+        (
+            {"config": {"_target_": "read_only.Missing"}},
+            None,  # not found in the file: left to the measuring child to say
+        ),
+    ],
+)
+def test_arguments_are_checked_from_the_source_without_running_it(tmp_path, build, says):
+    spec = _spec(tmp_path, "read_only", CONFIGURED, **build)
+    if says is None:
+        check_model_build(spec)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_model_build(spec)
+    assert str(err.value) == says
+    spec.model.build = {"_target_": "read_only.factory", "anything": 1}  # **more: any key
+    check_model_build(spec)
