@@ -194,6 +194,13 @@ def summary_line(record: Record) -> str:
         return "-" if value is None else format(value, spec)
 
     mfu = result.get("mfu")
+    if result.get("ttl_target_loss") is not None:  # a run to a target loss: no step window
+        return (
+            f"[{result['status']}] {result['overrides_str']}: time to loss "
+            f"{result['ttl_target_loss']:g} {fmt('time_to_loss_s', '.2f')} s "
+            f"({result.get('ttl_note') or '-'})"
+            + (f" ({result['error']})" if result.get("error") else "")
+        )
     return (
         f"[{result['status']}] {result['overrides_str']}: "
         f"step {fmt('step_ms_median', '.1f')} ms, {fmt('tokens_per_s', ',.0f')} tok/s, "
