@@ -239,3 +239,12 @@ def test_arguments_are_checked_from_the_source_without_running_it(tmp_path, buil
     assert str(err.value) == says
     spec.model.build = {"_target_": "read_only.factory", "anything": 1}  # **more: any key
     check_model_build(spec)
+
+
+def test_a_search_never_prunes_a_user_model_by_the_built_in_gpts_estimate(tmp_path):
+    from nanogpt.tune import fit
+
+    spec = _spec(tmp_path, "searched", TINY.replace("{RETURN}", "loss"))
+    assert fit.estimate_bytes(spec) is None  # not the GPT's formula, and nothing imported
+    assert fit.misfit(None, fit.Budget(1, "a tiny budget")) is None
+    assert fit.estimate_bytes(RunSpec()) > 1  # the built-in GPT is still estimated

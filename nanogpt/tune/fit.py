@@ -101,17 +101,22 @@ def _ask_child(device: str) -> dict:
     return {"cuda": True, "bytes": None, "why": why}  # which device is not known either
 
 
-def estimate_bytes(spec: RunSpec) -> int:
+def estimate_bytes(spec: RunSpec) -> int | None:
     """The point's training memory per rank, bytes: the model is built on the meta device
-    (shapes only) for its exact parameter counts."""
+    (shapes only) for its exact parameter counts. None for a user's model (model.build): the
+    search's process never imports the user's code (measure/byo.py), and the built-in GPT's
+    estimate is not the user's model's, so nothing is pruned by estimate."""
+    if spec.model.build:
+        return None
     with torch.device("meta"):
         model = GPT(gpt_config(spec))
     return estimate_of(spec, model, spec.dist.nproc, spec.dist.strategy.value)["total"]
 
 
-def misfit(estimate: int, budget: Budget) -> str | None:
-    """Why a candidate cannot fit (the estimate against the budget), or None."""
-    if budget.bytes is None or estimate <= budget.bytes:
+def misfit(estimate: int | None, budget: Budget) -> str | None:
+    """Why a candidate cannot fit (the estimate against the budget), or None (None too when
+    either is unknown)."""
+    if budget.bytes is None or estimate is None or estimate <= budget.bytes:
         return None
     return (
         f"estimated {estimate / GIB:.3g} GiB > budget {budget.bytes / GIB:.3g} GiB "
