@@ -71,8 +71,9 @@ def main() -> None:
             runs[name].append(record)
             print(
                 f"run {number} {name}: {record.status}, {part.ttl_note}, "
-                f"time_to_loss_s={part.time_to_loss_s}, compile_s={part.ttl_compile_s:.2f}, "
-                f"eval_s={part.ttl_eval_s:.2f}",
+                f"time_to_loss_s={part.time_to_loss_s}, steps={part.ttl_steps}, "
+                f"compile_s={part.ttl_compile_s}, eval_s={part.ttl_eval_s}"
+                + (f" ({record.error})" if record.error else ""),
                 flush=True,
             )
     pooled = {name: ttl.pool(records).time_to_loss for name, records in runs.items()}
