@@ -248,3 +248,33 @@ def test_a_search_never_prunes_a_user_model_by_the_built_in_gpts_estimate(tmp_pa
     assert fit.estimate_bytes(spec) is None  # not the GPT's formula, and nothing imported
     assert fit.misfit(None, fit.Budget(1, "a tiny budget")) is None
     assert fit.estimate_bytes(RunSpec()) > 1  # the built-in GPT is still estimated
+
+
+def test_a_model_kept_in_the_users_config_dir_is_composed_and_built(tmp_path):
+    """conf/model/mygpt.yaml in the user's own config dir (`--config-dir ./conf model=mygpt`;
+    here Hydra's search path, as --config-dir sets it), the runner's keys passed on by
+    interpolation."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.app import to_spec
+    from nanogpt.configs import CONF_DIR
+
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "mygpt.yaml").write_text(
+        "name: mygpt\nblock_size: 16\nvocab_size: 64\n"
+        "build:\n  _target_: kept.Model\n  vocab: ${model.vocab_size}\n  width: 8\n"
+    )
+    (tmp_path / "kept.py").write_text(textwrap.dedent(TINY.replace("{RETURN}", "loss")))
+    overrides = [
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        "model=mygpt",
+        "model.vocab_size=32",
+        "bench.device=cpu",
+        f"model.code_dir={tmp_path}",
+    ]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        spec = to_spec(compose(config_name="config", overrides=overrides))
+    assert spec.model.name == "mygpt"
+    assert spec.model.build == {"_target_": "kept.Model", "vocab": 32, "width": 8}
+    model = byo.build_user_model(spec)
+    assert model.inner.wte.num_embeddings == 32
