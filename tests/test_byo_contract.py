@@ -278,3 +278,14 @@ def test_a_model_kept_in_the_users_config_dir_is_composed_and_built(tmp_path):
     assert spec.model.build == {"_target_": "kept.Model", "vocab": 32, "width": 8}
     model = byo.build_user_model(spec)
     assert model.inner.wte.num_embeddings == 32
+
+
+def test_nanochats_estimate_flops_hook_is_used(tmp_path):
+    source = (
+        TINY.replace("{RETURN}", "loss")
+        + "\n    def estimate_flops(self):\n        return 4242.4\n"
+    )
+    spec = _spec(tmp_path, "nanochat_like", source)
+    figures = byo.flops_of(spec, byo.build_user_model(spec))
+    assert figures["flops_per_token"] == 4242
+    assert figures["flops_source"] == "hook: estimate_flops()"
