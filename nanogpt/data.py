@@ -32,12 +32,12 @@ import numpy as np
 
 from nanogpt.errors import ConfigError
 from nanogpt.spec import DataConfig, DataKind, Tokenizer
+from nanogpt.splits import check_val_length, split_range, text_cut, val_file
 from nanogpt.tokenize import GPT2_VOCAB, TOKEN_DTYPE, tokenize_text
 
 if TYPE_CHECKING:
     import torch
 
-VAL_FILE = "val.bin"  # data=tokens: the validation tokens, beside data.path (nanoGPT's pair)
 
 # How many synthetic batches to pre-generate. Cycling a few distinct batches (rather than one)
 # keeps the inputs changing from step to step, at a memory cost of a few batches of int64.
@@ -78,7 +78,7 @@ def open_source(
             device=device,
             seed=seed,
         )
-    path, start, end = _split(data, token_file, split)
+    path, start, end = split_range(data, token_file, split)
     return TokenFileSource(
         path,
         block_size=block_size,
@@ -208,56 +208,21 @@ def _checked_token_file(
         # GPT-2 text can encode to any GPT-2 id, so ask for the whole vocabulary, not just the
         # max seen; a character vocabulary is what the text holds.
         _check_vocab(tokens, vocab_size, what, at_least=GPT2_VOCAB if named == "GPT-2" else 0)
-        cut = _text_cut(len(tokens), data.val_fraction)
+        cut = text_cut(len(tokens), data.val_fraction)
         _check_length(cut, block_size, f"{what}, {cut} of them for training")
         if val:
-            _check_val_length(len(tokens) - cut, block_size, what)
+            check_val_length(len(tokens) - cut, block_size, what)
     else:
         what = f"{path} holds {len(tokens)} tokens"
         _check_vocab(tokens, vocab_size, what, at_least=0)
         _check_length(len(tokens), block_size, what)
         if val:
-            val_file = _existing_val_file(path)
-            val_tokens = _open_tokens(val_file)
-            _check_length(len(val_tokens), block_size, f"{val_file} holds {len(val_tokens)} tokens")
-            _check_vocab(val_tokens, vocab_size, f"{val_file} holds {len(val_tokens)} tokens", 0)
+            held_out = val_file(path)
+            val_tokens = _open_tokens(held_out)
+            val_what = f"{held_out} holds {len(val_tokens)} tokens"
+            _check_length(len(val_tokens), block_size, val_what)
+            _check_vocab(val_tokens, vocab_size, val_what, at_least=0)
     return token_file
-
-
-def _text_cut(n_tokens: int, val_fraction: float) -> int:
-    """Where text's training tokens end and its validation tokens begin (nanoGPT: n * 0.9)."""
-    return int(n_tokens * (1 - val_fraction))
-
-
-def _split(data: DataConfig, token_file: Path, split: str) -> tuple[Path, int, int | None]:
-    """The file and [start, end) of a split's tokens."""
-    if _kind(data) is DataKind.tokens:
-        return (
-            (_existing_val_file(token_file), 0, None) if split == "val" else (token_file, 0, None)
-        )
-    cut = _text_cut(token_file.stat().st_size // TOKEN_DTYPE.itemsize, data.val_fraction)
-    return (token_file, cut, None) if split == "val" else (token_file, 0, cut)
-
-
-def _existing_val_file(train: Path) -> Path:
-    val = train.parent / VAL_FILE
-    if not val.is_file():
-        raise ConfigError(
-            "data.path",
-            f"a validation loss reads {VAL_FILE} beside {train.name}, and {val} does not exist",
-            f"put nanoGPT's {VAL_FILE} in {train.parent}, or unset bench.target_loss",
-        )
-    return val
-
-
-def _check_val_length(n_val: int, block_size: int, what: str) -> None:
-    if n_val >= block_size + 1:
-        return
-    raise ConfigError(
-        "data.val_fraction",
-        f"holds out {n_val} tokens but a validation window needs {block_size + 1} ({what})",
-        "raise data.val_fraction (e.g. 0.1) or use a longer file",
-    )
 
 
 def _kind(data: DataConfig) -> DataKind:
