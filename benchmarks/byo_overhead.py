@@ -18,13 +18,14 @@ Usage: python benchmarks/byo_overhead.py [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from nanogpt.results.store import read_result
 
 HERE = Path(__file__).resolve().parent
 SHAPE = dict(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=128)
@@ -132,7 +133,7 @@ def runner_tokens_per_s(tmp: Path, i: int) -> dict:
     out = tmp / f"single{i}"
     cmd = [sys.executable, "-m", "nanogpt.run", *RUN_ARGS, f"hydra.run.dir={out}"]
     subprocess.run(cmd, cwd=tmp, check=True, capture_output=True)
-    return json.loads((out / "result.json").read_text())
+    return read_result(out / "result.json")
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ Usage: python benchmarks/default_gap.py [--rounds 3] [OVERRIDE ...]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from nanogpt.results.store import read_result
 
 STEPS = {
     "old default": ["model.bias=true", "optimizer.impl=foreach", "optimizer.grad_clip=1.0"],
@@ -51,7 +52,7 @@ def tokens_per_s(tmp: Path, name: str, overrides: list[str]) -> float:
     subprocess.run(
         [sys.executable, "-m", "nanogpt.run", *args], cwd=tmp, check=True, capture_output=True
     )
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     return record["tokens_per_s"]
 
 

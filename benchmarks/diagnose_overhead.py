@@ -22,13 +22,14 @@ Usage: python benchmarks/diagnose_overhead.py [--rounds 5] [--measure-steps 20] 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from nanogpt.results.store import read_result
 
 # A point of a few tens of ms a step on 2 CPU cores: many operators, some real matmuls.
 POINT = [
@@ -63,7 +64,7 @@ def one_round(tmp: Path, index: int, measure_steps: int, threads: int) -> dict:
     subprocess.run(command, cwd=tmp, check=True, capture_output=True, env=env)
     records = {}
     for path in sweep.glob("*/result.json"):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         overrides = " ".join(record["overrides"]).lower()
         seed = next(s for s in SEEDS if f"bench.seed={s}" in overrides)
         records[("bench.diagnose=true" in overrides, seed)] = record

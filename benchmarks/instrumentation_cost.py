@@ -15,7 +15,6 @@ Usage: python benchmarks/instrumentation_cost.py [--rounds 3] [OVERRIDE ...]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from nanogpt.results.store import read_result
 
 ALL = ["bench.profile=true", "bench.memory_snapshot=true", "bench.find_max_batch=true"]
 CPU_MODEL = [
@@ -42,7 +43,7 @@ def measured(tmp: Path, overrides: list[str]) -> dict:
     subprocess.run(
         [sys.executable, "-m", "nanogpt.run", *args], cwd=tmp, check=True, capture_output=True
     )
-    return json.loads((run_dir / "result.json").read_text())
+    return read_result(run_dir / "result.json")
 
 
 def main() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nanogpt.results.store import read_result
 from tests.conftest import MICRO  # noqa: E402 - the tests' micro point: a few ms a step
 
 # How a point runs: forked from the fork server (the default), a fresh interpreter each
@@ -86,7 +86,7 @@ def per_record(tmp: Path, mode: str, points: int, tree: Path = ROOT) -> float:
     costs = []
     for number in range(1, points):
         job = sweep / str(number)
-        wall = json.loads((job / "result.json").read_text())["wall_s"]
+        wall = read_result(job / "result.json")["wall_s"]
         with open(job / "steps.csv") as f:
             costs.append(wall - sum(float(row["step_ms"]) for row in csv.DictReader(f)) / 1e3)
     return statistics.median(costs)

@@ -22,6 +22,7 @@ import torch
 
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer
+from nanogpt.results.store import read_result
 from nanogpt.results.table import build_table
 from nanogpt.spec import OptimizerConfig
 
@@ -95,12 +96,12 @@ def run(args: list[str], cwd: Path) -> float:
 def runner_tokens_per_s(tmp: Path) -> tuple[float, float]:
     out = tmp / "single"
     run([*RUN_ARGS, f"hydra.run.dir={out}"], tmp)
-    record = json.loads((out / "result.json").read_text())
+    record = read_result(out / "result.json")
     return record["tokens_per_s"], tokens_per_s(record["step_ms_p10"])
 
 
 def aggregate_seconds(tmp: Path, sweep_with_records: Path, n: int = 1000) -> float:
-    template = json.loads(next(sweep_with_records.glob("*/result.json")).read_text())
+    template = read_result(next(sweep_with_records.glob("*/result.json")))
     big = tmp / "big"
     for i in range(n):
         (big / str(i)).mkdir(parents=True)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import statistics
@@ -42,6 +41,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from nanogpt.results.store import read_result
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_BEST, GOAL_TIME = 0.95, 0.25
@@ -109,7 +110,7 @@ def run(args: list[str], cwd: Path) -> float:
 
 def records(sweep_dir: Path) -> list[dict]:
     """Every point's result.json below a sweep dir."""
-    return [json.loads(path.read_text()) for path in sweep_dir.rglob("result.json")]
+    return [read_result(path) for path in sweep_dir.rglob("result.json")]
 
 
 def size_points(work: Path) -> tuple[int, float, str]:
@@ -151,7 +152,7 @@ def grid_best(sweep_dir: Path) -> tuple[list[str], float]:
     """The grid's fastest point: its swept overrides and tokens/s."""
     best, figure = None, -1.0
     for path in sweep_dir.rglob("result.json"):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         if record.get("status") == "ok" and (record.get("tokens_per_s") or 0) > figure:
             figure = record["tokens_per_s"]
             best = [o for o in record["overrides"] if o.split("=")[0] in SPACE]
@@ -168,7 +169,7 @@ def remeasure(
         for which, overrides in order:
             run_dir = work / f"rematch{number}_{which}"
             run([*MODEL, *window, *overrides, f"hydra.run.dir={run_dir}"], work)
-            figures[which].append(json.loads((run_dir / "result.json").read_text())["tokens_per_s"])
+            figures[which].append(read_result(run_dir / "result.json")["tokens_per_s"])
     return figures[0], figures[1]
 
 

@@ -24,7 +24,6 @@ bench  `python -m nanogpt.run` against nanoGPT's bench.py, each a process of its
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ import torch
 from nanogpt.devices import synchronize
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer
-from nanogpt.results.store import RESULT_FILE
+from nanogpt.results.store import RESULT_FILE, read_result
 from nanogpt.spec import OptimizerConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +171,7 @@ def runner_bench(dtype: str, compile: bool, run_dir: Path) -> float:
         cwd=REPO,
         check=True,
     )
-    record = json.loads((run_dir / RESULT_FILE).read_text())
+    record = read_result(run_dir / RESULT_FILE)
     if record["status"] != "ok":
         raise SystemExit(f"the runner's point ended {record['status']}: {record['error']}")
     return record["tokens_per_s"]

@@ -26,6 +26,7 @@ from nanogpt.measure import maxbatch
 from nanogpt.reporters import plots
 from nanogpt.results import display
 from nanogpt.results import table as report
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 
 from .conftest import REPO, run_cli, with_micro
@@ -341,7 +342,8 @@ def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_swe
     for that baseline; without it, the sweep's own table (summary.csv)."""
     _, sweep_dir = preset_sweep
     shown = {}
-    for baseline in (None, "perf.dtype=bf16"):
+    bf16 = "perf.activation_checkpointing=false perf.batch_size=1 perf.dtype=bf16"  # one point
+    for baseline in (None, bf16):
         text = run_papermill(tmp_path, SUMMARIES=str(sweep_dir), BASELINE=baseline)
         expected = report.build_table(sweep_dir, baseline).table
         if baseline is None:  # the sweep's own settings: what it wrote
@@ -355,7 +357,7 @@ def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_swe
         assert "swept keys: perf.activation_checkpointing, perf.batch_size, perf.dtype" in text
         assert "one sweep: nothing to compare" in text
         shown[baseline] = texts
-    assert shown[None] != shown["perf.dtype=bf16"]
+    assert shown[None] != shown[bf16]
 
 
 def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypatch):
@@ -397,7 +399,7 @@ def test_profiled_run_writes_a_trace_and_keeps_profiled_steps_out_of_the_stats(s
     trace = json.loads((run_dir / "trace.json").read_text())
     events = trace["traceEvents"]
     assert any(e.get("ph") == "X" and e.get("name", "").startswith("aten::") for e in events)
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     assert record["profile_trace"] == "trace.json"
     top = record["profile_top_ops"]
     assert top and {"name", "self_ms", "calls"} <= set(top[0])
@@ -454,7 +456,7 @@ def test_max_batch_search_finds_a_bigger_batch_in_a_bigger_budget(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {}
     for path in sorted(sweep_dir.glob("*/result.json")):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         search = record["max_batch_search"]
         size = record["max_batch_size"]
         verdicts = {probe["batch_size"]: probe["fits"] for probe in search["probes"]}

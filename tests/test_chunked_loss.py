@@ -7,8 +7,6 @@ outputs), and asserting none has the full [B*T, vocab] shape.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +18,7 @@ from nanogpt.chunked_loss import ChunkedLinearCrossEntropy, chunked_cross_entrop
 from nanogpt.measure.flops import counted_flops_per_token
 from nanogpt.measure.memory import LOGITS_EXTRA_BYTES, estimate_memory
 from nanogpt.model import GPT, GPTConfig
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 
 from .conftest import sweep_refusal
@@ -211,7 +210,7 @@ def test_torch_compile_traces_the_chunked_loss_and_agrees_with_eager():
 def test_a_sweep_over_the_loss_records_it_and_its_estimate(sweep):
     proc, sweep_dir = sweep("perf.loss=full,chunked", "perf.loss_chunk=8")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    full, chunked = (json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json")))
+    full, chunked = (read_result(p) for p in sorted(sweep_dir.glob("*/result.json")))
     assert (full["loss_kind"], chunked["loss_kind"]) == ("full", "chunked")
     assert full["loss_chunk"] is None and chunked["loss_chunk"] == 8
     assert chunked["mem_estimate"]["logits"] < full["mem_estimate"]["logits"]

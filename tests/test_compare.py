@@ -3,15 +3,13 @@ series with known truth, and --fail-if-slower on real sweeps, both ways."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
 
 from nanogpt.results import compare, derive, stats, table
 from nanogpt.results.record import Record
-from nanogpt.results.store import write_record
+from nanogpt.results.store import read_result, write_record
 from nanogpt.results.tidy import read_summary
 from nanogpt.tune import fit, objectives
 
@@ -120,7 +118,7 @@ def test_the_gate_gives_no_verdict_on_points_measured_once_or_on_sweeps_that_sha
 def test_repeats_are_measured_apart_and_pooled(single):
     proc, run_dir = single("bench.repeats=3", "bench.measure_steps=8")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     medians = record["step_ms_median_per_repeat"]
     assert record["repeats"] == 3 and len(medians) == 3 and record["measured_steps"] == 24
     assert record["step_ms_median"] == pytest.approx(np.median(medians))
@@ -182,7 +180,7 @@ def test_fits_are_judged_on_the_larger_of_the_warmup_and_measured_peaks(tmp_path
     assert within.startswith("fastest within 10 GiB: perf.batch_size=8 ("), lines
     # The search reads the same peak: its objective and the footprint its margin rule holds
     # against the budget; the W&B view's peak panels read the record's peak_memory_bytes.
-    big = json.loads((tmp_path / "16" / "result.json").read_text())
+    big = read_result(tmp_path / "16" / "result.json")
     assert objectives.peak_memory_gib(big) == 12.0
     budget = fit.Budget(10 * 2**30, "bench.max_batch_memory_gib")
     assert not fit.within_margin(objectives.footprint_bytes(big), budget, margin=0.1)

@@ -8,7 +8,6 @@ and real `python -m nanogpt.run -m` processes.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import subprocess
@@ -24,6 +23,7 @@ from omegaconf import OmegaConf
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR, expand, runs_here
 from nanogpt.results.identity import measured_config, point_id_of
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 
 from .conftest import REPO, run_cli, with_micro
@@ -114,7 +114,7 @@ def records(sweep_dir: Path) -> dict[str, dict]:
     """batch size -> record, for the records in the job dirs."""
     found = {}
     for path in sweep_dir.glob("*/result.json"):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         found[record["measured_config"]["perf"]["batch_size"]] = record
     return found
 
@@ -155,11 +155,11 @@ def test_resume_skips_what_was_measured_whatever_else_changed(tmp_path):
     # A key the loop measures with makes new points.
     third = run("perf.batch_size=1", "logger.log_interval=2")
     assert "resume: skipped" not in third.stdout
-    remeasured = json.loads((sweep_dir / "0" / "result.json").read_text())
+    remeasured = read_result(sweep_dir / "0" / "result.json")
     assert remeasured["measured_config"]["logger"]["log_interval"] == 2
     assert remeasured["finished_at"] != first[1]["finished_at"]
     # job dir 0 held the batch-3 point: it moved aside, where a later resume still finds it
-    moved = [json.loads(p.read_text()) for p in (sweep_dir / "moved").glob("*/result.json")]
+    moved = [read_result(p) for p in (sweep_dir / "moved").glob("*/result.json")]
     assert second[3]["point_id"] in {record["point_id"] for record in moved}
 
 
@@ -254,7 +254,7 @@ def test_every_job_dir_holds_its_points_log_and_a_file_gets_plain_lines(sweep):
     for job in ("0", "1"):
         log = (sweep_dir / job / "run.log").read_text()
         assert len(progress_lines(log)) == 2  # 4 measured steps, a window of 2
-        record = json.loads((sweep_dir / job / "result.json").read_text())
+        record = read_result(sweep_dir / job / "result.json")
         assert f"[ok] {record['overrides_str']}: step " in log
     # stdout is a pipe here: no bar, no carriage-return redraws, one line a window
     assert "\r" not in proc.stdout + proc.stderr and len(progress_lines(proc.stdout)) == 4

@@ -13,7 +13,6 @@ They need torch, pynvml and pytest, and Hydra only for the torchrun test (a real
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import pytest
@@ -29,6 +28,7 @@ from nanogpt.hardware.env import device_name
 from nanogpt.measure.loop import measure
 from nanogpt.measure.timing import StepTimer
 from nanogpt.results.record import Record
+from nanogpt.results.store import read_result
 from nanogpt.spec import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
 from nanogpt.validate import check
 
@@ -209,7 +209,7 @@ def test_torchrun_with_nccl_gives_one_record(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     records = list(tmp_path.rglob("result.json"))
     assert len(records) == 1, records
-    record = json.loads(records[0].read_text())
+    record = read_result(records[0])
     assert record["status"] == "ok" and record["world_size"] == 2
     assert len(record["step_ms_median_per_rank"]) == 2
 

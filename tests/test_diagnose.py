@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import random
 import statistics
 from types import SimpleNamespace
@@ -29,6 +28,7 @@ from nanogpt.reporters.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
 from nanogpt.results import bottleneck as rules
 from nanogpt.results import table as report
 from nanogpt.results.bottleneck import Diagnosis, Setting, judge
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import Dtype, RunSpec
 
@@ -478,7 +478,7 @@ def diagnosed_sweep(wandb_sweep):
 
 def job_of(sweep_dir, diagnose_on: bool):
     for path in sorted(sweep_dir.glob("*/result.json")):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         if ("bench.diagnose=true" in " ".join(record["overrides"]).lower()) == diagnose_on:
             return path.parent, record
     raise AssertionError("no such point")

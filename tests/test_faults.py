@@ -7,7 +7,6 @@ sweep), and the bad-input list of the issue "faults", each a real process.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from nanogpt.app import hydra_error_line, to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Fault, classify, describe, exit_code
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 
 from .conftest import (
@@ -45,7 +45,7 @@ def records_by(sweep_dir, key: str, where: dict[str, str] | None = None) -> dict
     """The sweep's records (those whose overrides include `where`), keyed by override `key`."""
     out = {}
     for path in sweep_dir.glob("*/result.json"):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         overrides = dict(o.split("=", 1) for o in record["overrides"])
         if (where or {}).items() <= overrides.items():
             out[overrides[key]] = record
@@ -192,7 +192,7 @@ def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
     err = stderr.read_text()
     assert proc.returncode == code, err[-3000:]
     assert "interrupted at" in err and f"hydra.sweep.dir={sweep_dir}" in err
-    record = json.loads((sweep_dir / "0" / "result.json").read_text())
+    record = read_result(sweep_dir / "0" / "result.json")
     assert record["status"] == "interrupted" and record["error"] == error
     assert record["measured_steps"] >= 10 and record["step_ms_median"] > 0
     assert not (sweep_dir / "1").exists()  # the sweep stopped
@@ -215,7 +215,7 @@ def test_a_fork_server_that_dies_in_its_preload_costs_no_point(tmp_path):
     proc = run_patched(setup, *args, cwd=tmp_path, env={"PYTHONPATH": path})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr.count("warning: no fork server") == 1
-    statuses = [json.loads(p.read_text())["status"] for p in sweep_dir.glob("*/result.json")]
+    statuses = [read_result(p)["status"] for p in sweep_dir.glob("*/result.json")]
     assert statuses == ["ok", "ok"]
 
 
@@ -430,7 +430,7 @@ def test_a_single_run_exits_0_only_when_its_point_is_ok(single):
     # test_injected_faults_each_get_a_record_and_only_errors_fail_the_sweep.
     proc, run_dir = single("bench.inject_fault=nan@2", "bench.isolate=false")
     assert proc.returncode == 4, proc.stderr[-2000:]
-    assert json.loads((run_dir / "result.json").read_text())["status"] == "diverged"
+    assert read_result(run_dir / "result.json")["status"] == "diverged"
     assert "recorded with status diverged (exit code 4)" in proc.stderr
 
 
@@ -500,7 +500,7 @@ def test_a_full_disk_is_one_line_keeps_the_records_and_the_rerun_resumes(tmp_pat
     assert (out / "code").read_text().strip() == "74", lines[-5:]
     assert "Traceback" not in "\n".join(lines)
     assert lines[-1].startswith("error: ") and "No space left on device" in lines[-1]
-    kept = [json.loads(p.read_text()) for p in (out / "sweep").glob("*/result.json")]
+    kept = [read_result(p) for p in (out / "sweep").glob("*/result.json")]
     assert 1 <= len(kept) < 6 and all(r["status"] == "ok" for r in kept)  # whole, readable
     again = run_cli(
         "-m", *with_micro(points), f"hydra.sweep.dir={out}/sweep", cwd=tmp_path, timeout=300

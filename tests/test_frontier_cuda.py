@@ -3,13 +3,12 @@ Skipped without CUDA; nothing here is faked."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from nanogpt import float8
 from nanogpt.measure.memory import LOGITS_EXTRA_BYTES
+from nanogpt.results.store import read_result
 
 pytestmark = [
     pytest.mark.cuda,
@@ -25,7 +24,7 @@ def test_a_float8_point_records_its_layers_and_the_bf16_peak(single):
         *GPU_POINT, "perf.fp8=tensorwise", "model.n_embd=64", "perf.compile=true"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     assert record["status"] == "ok" and record["fp8"] == "tensorwise"
     assert record["fp8_converted"] == 4 and record["peak_dtype"] == "bf16"  # 1 block, 4 Linears
     assert record["model_wrapping"] == "compile(float8(model))"
@@ -41,7 +40,7 @@ def test_the_chunked_loss_saves_what_the_estimate_predicts_compiled_or_not(sweep
         "perf.compile=false,true",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    records = [read_result(p) for p in sorted(sweep_dir.glob("*/result.json"))]
     assert [r["status"] for r in records] == ["ok"] * 4
     by = {(r["loss_kind"], r["compile"]): r for r in records}
     tokens = 16 * 256
@@ -70,7 +69,7 @@ def test_fsdp2_on_two_gpus_with_compile_and_checkpointing(sweep):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = sweep_dir.rglob("result.json")
-    record = json.loads(result.read_text())
+    record = read_result(result)
     assert record["status"] == "ok" and record["world_size"] == 2
     assert record["model_wrapping"] == "fsdp2(model, compile(block) x 2)"
     assert record["mem_peak_allocated_bytes"] > 0  # rank 0's own allocator

@@ -9,7 +9,6 @@ neighbour process it starts itself); a busy neighbour only ever adds to what oth
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from nanogpt.measure import contention, memory
 from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu, tree_cpu_s
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import derive
+from nanogpt.results.store import read_result
 from nanogpt.results.summary_keys import summary_key
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
@@ -235,7 +235,7 @@ def crowded_sweep(tmp_path_factory):
         stop(busy)
     records = {}
     for path in sorted(sweep_dir.glob("*/result.json")):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         mode = next(o.split("=")[1] for o in record["overrides"] if "exclusive" in o)
         records[mode] = (path.parent, record)
     return proc, sweep_dir, records

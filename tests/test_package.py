@@ -9,7 +9,6 @@ through a .pth line, so nothing is downloaded; the project itself comes from the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -20,6 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from nanogpt.results.store import read_result
 
 from .conftest import MICRO, REPO
 
@@ -123,7 +124,7 @@ def test_the_installed_commands_run_a_sweep_with_a_preset_from_any_directory(ins
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(p.read_text()) for p in sweep_dir.glob("*/result.json")]
+    records = [read_result(p) for p in sweep_dir.glob("*/result.json")]
     assert sorted((r["batch_size"], r["grad_accum"]) for r in records) == [(1, 16), (2, 8)]
     assert all(r["status"] == "ok" for r in records)
 

@@ -3,7 +3,6 @@ there are some), in real `python -m nanogpt.run -m` processes and real signals."
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from nanogpt.configs import CONF_DIR, expose_checkout_plugins
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT
 from nanogpt.launch.slots import Slot, gpus_for, plan, visible_gpus
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from tests.conftest import run_patched, signal_state, start_in_terminal, with_micro
 
@@ -132,7 +132,7 @@ def fake_nvidia_smi(folder, listing: str) -> dict:
 def records(sweep_dir) -> dict[str, dict]:
     found = {}
     for path in sorted(sweep_dir.glob("*/result.json")):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         found[record["overrides_str"]] = record
     return found
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import time
 
 import pandas as pd
@@ -28,6 +27,7 @@ from nanogpt.measure.trainer import Trainer
 from nanogpt.results import compare, derive
 from nanogpt.results.asked import Asked
 from nanogpt.results.record import Energy, Record, Setup, Timing
+from nanogpt.results.store import read_result
 from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.validate import check_cuda_graph_warmup
 
@@ -88,7 +88,7 @@ def cases(tmp_path_factory):
 
 def test_the_window_lasts_its_time_floor_and_says_how_it_went(cases):
     run_dir = cases["window"]
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     assert record["warmup_s_run"] >= 0.3 and record["warmup_steps_run"] >= 2
     assert record["measured_s"] >= 0.8 and record["measured_steps"] >= 6
     assert record["stopped_by_budget"] is False
@@ -245,7 +245,7 @@ def test_the_scaler_s_skipped_steps_are_counted_on_the_device():
 
 
 def test_fp16_warmup_ends_on_a_settled_scale_and_counts_measured_skips(cases):
-    record = json.loads((cases["fp16"] / "result.json").read_text())
+    record = read_result(cases["fp16"] / "result.json")
     # The micro model's fp16 gradients never overflow the default scale (2**16): warmup settles
     # on its one step, and a measured step counts as skipped only when the scaler lowers the
     # scale, so none of the 4 does (a scale too high to settle at once: the test above).

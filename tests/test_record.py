@@ -4,6 +4,7 @@ torch and pandas (no processes: these are unit-level)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 
 import pandas as pd
@@ -13,7 +14,7 @@ import torch
 from nanogpt.distributed import World
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
-from nanogpt.results import derive
+from nanogpt.results import derive, store
 from nanogpt.results.asked import Asked
 from nanogpt.results.baseline import BaselineError, choose
 from nanogpt.results.derive import Ceilings, Peak
@@ -94,6 +95,29 @@ def test_record_round_trips_through_its_flat_dict():
     assert "steps" not in record.to_dict()  # result.json: the steps go to steps.csv
 
 
+def test_result_json_is_nested_by_part_and_an_earlier_flat_one_still_reads(tmp_path):
+    record = Record(
+        status="ok",
+        asked=Asked.of(TINY, ["perf.batch_size=2"], "/tmp/job"),
+        timing=Timing(step_ms_median=3.5),
+        wall_s=1.5,
+    )
+    record.asked.optimizer = "adamw"  # an asked name that is also a part's name
+    store.write_record(tmp_path / "new", record)
+    written = json.loads((tmp_path / "new" / store.RESULT_FILE).read_text())
+    assert written["status"] == "ok" and written["wall_s"] == 1.5  # the record's own fields
+    assert written["timing"]["step_ms_median"] == 3.5 and "step_ms_median" not in written
+    assert written["asked"]["dtype"] == "fp32" and written["asked"]["optimizer"] == "adamw"
+    assert set(written) - {"status", "error", "env", "wall_s", "finished_at"} <= set(PARTS)
+    # Every reader gets the flat namespace, from the nested file and from a flat one alike.
+    flat = record.to_dict()
+    assert store.read_result(tmp_path / "new" / store.RESULT_FILE) == flat
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / store.RESULT_FILE).write_text(json.dumps(flat))
+    assert store.read_result(tmp_path / "old" / store.RESULT_FILE) == flat
+    assert Record.from_dict(store.read_result(tmp_path / "old" / store.RESULT_FILE)) == record
+
+
 def point(setup: Setup, step_ms: float, first_ms: float | None = None, **asked) -> Record:
     """A record measured at `step_ms` a step: an eager fp32 point unless `asked` says else."""
     asked = {"dtype": "fp32", "compile": False, "activation_checkpointing": False, **asked}
@@ -151,7 +175,7 @@ def test_baseline_is_the_given_point_else_the_reference_point_among_the_ok_ones(
         return None if position is None else table.iloc[position]
 
     assert baseline_row(table)["tokens_per_s"] == 100.0  # eager fp32, though not first
-    assert baseline_row(table, "dtype=bf16")["tokens_per_s"] == 300.0  # given, and ok
+    assert baseline_row(table, "perf.dtype=bf16")["tokens_per_s"] == 300.0  # given, and ok
     without_fp32 = table[table["dtype"] != "fp32"]
     assert baseline_row(without_fp32)["tokens_per_s"] == 300.0  # the only ok point
     assert baseline_row(table[table["status"] != "ok"]) is None

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 
 import pytest
 
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 
 from .conftest import SHAKESPEARE, case_sweep, needs_shared, report_cli
@@ -63,7 +63,7 @@ def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(micro_sweep):
     assert table.loc[base, ["optimizer_impl", "batch_size"]].tolist() == ["for_loop", 1]
     assert table.loc[base, "speedup"] == pytest.approx(1.0)
     for path in results:
-        record = json.loads(path.read_text())
+        record = read_result(path)
         assert record["device"] == "cpu" and record["world_size"] == 1
         assert (path.parent / ".hydra" / "config.yaml").is_file()
         assert record["env"]["torch"]
@@ -72,7 +72,7 @@ def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(micro_sweep):
 
 def test_warmup_excluded_and_tokens_per_s_matches_step_time(cases):
     run_dir = cases["warmup"]
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     rows = read_steps(run_dir)
     # The diagnosis after the measured steps: one step the profiler warms up on, one recorded.
     assert [r["phase"] for r in rows] == ["warmup"] * 3 + ["measure"] * 5 + ["diagnose"] * 2
@@ -90,19 +90,19 @@ def test_warmup_excluded_and_tokens_per_s_matches_step_time(cases):
 
 
 def test_peak_override_sets_mfu(cases):
-    record = json.loads((cases["peak"] / "result.json").read_text())
+    record = read_result(cases["peak"] / "result.json")
     assert record["peak_source"] == "override" and record["peak_tflops"] == 0.5
     assert record["mfu"] == pytest.approx(record["achieved_tflops"] / 0.5)
 
 
 def test_time_budget_stops_measuring_after_min_steps(cases):
-    record = json.loads((cases["budget"] / "result.json").read_text())
+    record = read_result(cases["budget"] / "result.json")
     assert record["stopped_by_budget"] is True and 3 <= record["measured_steps"] < 10000
 
 
 @needs_shared
 def test_text_data_tokenizes_tinyshakespeare_and_trains(cases):
-    record = json.loads((cases["text"] / "result.json").read_text())
+    record = read_result(cases["text"] / "result.json")
     assert record["status"] == "ok" and record["data_ms_median"] is not None
     assert record["measured_config"]["data"]["path"] == str(SHAKESPEARE)
     assert list(cases["tok"].glob("*.bin"))
@@ -124,7 +124,7 @@ def test_report_cli_rebuilds_table(micro_sweep, tmp_path):
 def test_muon_lists_its_roles_and_state_and_any_class_runs_by_its_target(cases):
     """optimizer=muon and optimizer.build._target_ measured for real (tests/test_optim.py has
     the rules)."""
-    muon = json.loads((cases["muon"] / "result.json").read_text())
+    muon = read_result(cases["muon"] / "result.json")
     assert muon["status"] == "ok" and muon["optimizer_stepped"] == "Muon + AdamW"
     roles = muon["optimizer_roles"]
     assert roles["matrices"]["stepped_by"] == "Muon" and "head" not in roles  # tied: embedding
@@ -134,7 +134,7 @@ def test_muon_lists_its_roles_and_state_and_any_class_runs_by_its_target(cases):
     by_role = muon["mem_estimate"]["optimizer_state_by_role"]
     assert muon["mem_estimate"]["optimizer_state"] == sum(by_role.values())
     assert muon["muon_adjust_lr_fn"] == "original" and 0 < muon["optimizer_step_frac"] < 1
-    adagrad = json.loads((cases["adagrad"] / "result.json").read_text())
+    adagrad = read_result(cases["adagrad"] / "result.json")
     assert adagrad["status"] == "ok" and adagrad["optimizer"] == "torch.optim.Adagrad"
     assert adagrad["optimizer_stepped"] == "torch.optim.Adagrad"
     assert adagrad["optimizer_state_bytes"] > 0

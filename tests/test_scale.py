@@ -18,6 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from nanogpt.distributed import World
 from nanogpt.measure.trainer import Trainer
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
@@ -129,7 +130,7 @@ def test_torchrun_by_hand_writes_one_record_of_the_slowest_rank(tmp_path):
     assert not list((run_dir / "rank1").iterdir())  # rank 1 wrote nothing
     assert proc.stdout.count("[ok]") == 1  # rank 0 alone reports
 
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     assert record["status"] == "ok" and record["world_size"] == 2
     steps = record["measured_steps"]
     assert record["stopped_by_budget"] and steps % 3 == 0  # stopped together, at a window end
@@ -173,7 +174,7 @@ def torchrun_points(tmp_path_factory) -> dict[str, dict]:
         },
     )
     assert not list(root.rglob("measurement.json"))  # every child's answer was taken
-    points = {name: json.loads((job / "result.json").read_text()) for name, job in jobs.items()}
+    points = {name: read_result(job / "result.json") for name, job in jobs.items()}
     table = read_summary(root / "sweep")
     markdown = (root / "sweep" / "summary.md").read_text()
     for name, job in jobs.items():
@@ -215,7 +216,7 @@ def test_submitit_local_launcher_runs_each_point_as_a_job_then_builds_the_table(
     proc, sweep_dir = sweep("hydra/launcher=local", "perf.batch_size=1,2", env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list((sweep_dir / ".submitit").glob("*/*_submitted.pkl"))) == 2  # real submitit
-    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    records = [read_result(p) for p in sorted(sweep_dir.glob("*/result.json"))]
     assert [r["batch_size"] for r in records] == [1, 2]
     table = read_summary(sweep_dir)
     assert len(table) == 2 and set(table["status"]) == {"ok"}
@@ -231,7 +232,7 @@ def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = sweep_dir.rglob("result.json")
-    record = json.loads(result.read_text())
+    record = read_result(result)
     assert record["status"] == "ok" and record["world_size"] == 2
     assert len(record["step_ms_median_per_rank"]) == 2
     assert record["tokens_per_step"] == 2 * 16 * 2

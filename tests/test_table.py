@@ -8,7 +8,6 @@ Fast tests on tables built by hand (the rule, the override grammar); slow ones o
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from nanogpt.results import baseline, compare, display, swept, tidy
 from nanogpt.results import table as report
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import columns as columns_of_record
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import STEPS_PARQUET, SUMMARY_PARQUET, read_summary
 
 from .conftest import report_cli, run_cli, with_micro
@@ -238,7 +238,7 @@ def test_point_id_is_a_column_and_labels_are_the_swept_keys(tidy_sweep):
     _, sweep_dir = tidy_sweep
     table = read_summary(sweep_dir / report.SUMMARY_CSV)
     parquet = read_summary(sweep_dir / SUMMARY_PARQUET)
-    ids = [json.loads((Path(d) / "result.json").read_text())["point_id"] for d in table["job_dir"]]
+    ids = [read_result(Path(d) / "result.json")["point_id"] for d in table["job_dir"]]
     assert table["point_id"].tolist() == parquet["point_id"].tolist() == ids
     assert len(set(ids)) == len(ids)
     for label, row in zip(point_labels(table), table.itertuples(), strict=True):

@@ -4,7 +4,6 @@ the bad inputs. The runs are in-process on micro models, but for one real micro 
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
@@ -19,6 +18,7 @@ from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import build_trainer
 from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.record import Record
+from nanogpt.results.store import read_result
 from nanogpt.results.time_to_loss_part import TimeToLoss
 from nanogpt.spec import DataConfig
 from nanogpt.tokenize import char_vocab, tokenize_text
@@ -247,12 +247,12 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep):
         "bench.max_steps=4",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reached = json.loads((sweep_dir / "0" / "result.json").read_text())
+    reached = read_result(sweep_dir / "0" / "result.json")
     assert reached["ttl_note"] == "2 of 2 reached" and reached["ttl_steps_per_run"] == [2, 2]
     assert reached["time_to_loss_s"] > 0 and reached["ttl_tokens"] == 2 * 2 * 16
     first, second = reached["ttl_evals"]
     assert first[0]["val_loss"] != second[0]["val_loss"]  # own seed each: another init
-    missed = json.loads((sweep_dir / "1" / "result.json").read_text())
+    missed = read_result(sweep_dir / "1" / "result.json")
     assert missed["time_to_loss_s"] is None and missed["ttl_note"].startswith("0 of 2 reached")
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])

@@ -28,6 +28,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
+from nanogpt.results.store import read_result
 from nanogpt.tune import fit, ladder, objectives, quality, space
 from nanogpt.tune.objectives import objective_of
 
@@ -63,9 +64,7 @@ def _value(trial: optuna.trial.FrozenTrial, key: str) -> str:
 
 def _records(sweep_dir) -> dict:
     """job dir -> result.json, every record below the sweep dir."""
-    return {
-        p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.rglob("result.json"))
-    }
+    return {p.parent.name: read_result(p) for p in sorted(sweep_dir.rglob("result.json"))}
 
 
 # --- the plain logic ---------------------------------------------------------------------------

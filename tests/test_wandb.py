@@ -22,6 +22,7 @@ import pytest
 from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import store as records
+from nanogpt.results.store import read_result
 from nanogpt.results.summary_keys import summary_key
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import LoggerConfig, LoggerMode
@@ -53,7 +54,7 @@ def the_run(directory: Path) -> OfflineRun:
 
 
 def result_of(job_dir: Path) -> dict:
-    return json.loads((job_dir / records.RESULT_FILE).read_text())
+    return read_result(job_dir / records.RESULT_FILE)
 
 
 def measured_window_medians(job_dir: Path, window: int) -> list[float]:
@@ -297,7 +298,7 @@ def test_the_repeats_of_a_point_are_tied_by_its_id(single):
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = sorted((read_run(run_file(d)) for d in offline_runs(run_dir)), key=lambda r: r.name)
     assert len(runs) == 2 and [r.name[-12:] for r in runs] == ["(repeat 1/2)", "(repeat 2/2)"]
-    record = json.loads((run_dir / "result.json").read_text())
+    record = read_result(run_dir / "result.json")
     assert "(repeat" not in record["overrides_str"] and record["repeats"] == 2  # pooled
     points = [run.config["point"] for run in runs]
     assert {p["id"] for p in points} == {record["point_id"]}

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.results.record import Record
+from nanogpt.results.record import Record, flattened, nested
 
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
@@ -37,13 +37,16 @@ def write_steps(job_dir: Path, rows: list[dict]) -> None:
 
 
 def write_result(job_dir: Path, result: dict) -> None:
-    write_json(job_dir / RESULT_FILE, result)
+    """result.json from a flat record: nested by part (record.nested), for people to read."""
+    write_json(job_dir / RESULT_FILE, nested(result))
 
 
 def read_result(path: Path) -> dict | None:
-    """A record, or None when the file is unreadable or not a complete record."""
+    """A record as the flat namespace every reader uses (record.flattened: an earlier flat
+    result.json reads the same), or None when the file is unreadable or not a complete
+    record."""
     data = read_json(path)
-    return data if isinstance(data, dict) and "status" in data else None
+    return flattened(data) if isinstance(data, dict) and "status" in data else None
 
 
 def sweep_id(sweep_dir: Path) -> str:

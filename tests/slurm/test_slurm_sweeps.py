@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 
+from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from tests.conftest import run_cli, with_micro
 from tests.slurm.conftest import squeue, wait_for
@@ -22,7 +23,7 @@ LONG = ["bench.measure_steps=100000", "bench.time_budget_s=15"]  # measures for 
 def records(sweep_dir) -> dict[str, dict]:
     found = {}
     for path in sorted(sweep_dir.glob("*/result.json")):
-        found[path.parent.name] = json.loads(path.read_text())
+        found[path.parent.name] = read_result(path)
     return found
 
 
