@@ -4,7 +4,7 @@ The time_to_loss_cpu preset's two points (a 4-layer 64-wide char-level GPT on ti
 AdamW 3e-3 against Muon 0.02, to validation loss 2.5), N runs each, alternated: run r of every
 point before run r + 1, so a change in the machine's load over the benchmark falls on both
 points alike (a sweep runs a point's repeats back to back). Each run is the real path of a
-sweep's run (launch/job.run_point: a forked process, the record written to its own job dir),
+sweep's run (point/job.run_point: a forked process, the record written to its own job dir),
 with its own seed (bench.seed + r - 1, as a sweep's repeats); the runs of a point are then
 pooled and compared by the functions the sweep table calls (results/time_to_loss.py).
 
@@ -24,8 +24,8 @@ from hydra import compose, initialize_config_dir
 
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR
-from nanogpt.launch.handoff import Job
-from nanogpt.launch.job import run_point
+from nanogpt.point.handoff import Job
+from nanogpt.point.job import run_point
 from nanogpt.results import store
 from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.record import Record

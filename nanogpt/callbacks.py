@@ -2,7 +2,7 @@
 sweep's table (and send it to W&B).
 
 Hydra 1.3 skips on_multirun_end when a job raises, so jobs never raise for a failed point:
-they record it (nanogpt/launch/job.py) and the table is always built here. A job that was
+they record it (nanogpt/point/job.py) and the table is always built here. A job that was
 interrupted (Ctrl-C) returns the status `interrupted`: on_job_end then builds the table of what
 is done and stops the sweep with exit status 130 (128 + SIGINT, the shell's convention).
 """
@@ -29,8 +29,8 @@ from nanogpt.app import check_points
 from nanogpt.configs import runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
-from nanogpt.launch.job import point_status, skipped_since
-from nanogpt.launch.placement import CORUN_ENV
+from nanogpt.point.job import point_status, skipped_since
+from nanogpt.point.placement import CORUN_ENV
 from nanogpt.reporters import wandb_sink, wandb_view
 from nanogpt.results import table as sweep_table
 from nanogpt.tune import answer

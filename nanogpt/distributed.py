@@ -3,7 +3,7 @@
 A data-parallel job is N processes (ranks), one per device, that train one model in lockstep.
 Two launchers start them:
 - torchrun: `torchrun --standalone --nproc_per_node=N -m nanogpt.run ...` by hand, or the job
-  process's own `torchrun -m nanogpt.launch.worker JOB_DIR point` for dist.nproc=N. It exports RANK,
+  process's own `torchrun -m nanogpt.point.worker JOB_DIR point` for dist.nproc=N. It exports RANK,
   LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to every rank.
 - submitit with tasks_per_node=N (hydra/launcher=slurm or local): every task is a rank, and
   `adopt_submitit_tasks()` exports the same variables from submitit's job environment.
@@ -11,7 +11,7 @@ Without these variables this is a world of one and every method is a no-op, so t
 reads the same either way.
 
 Rank 0 leads: it decides what to measure, writes the record and logs. The other ranks follow
-(nanogpt/launch/worker.py `follow`): they receive the point from rank 0 (`share`), measure it in
+(nanogpt/point/worker.py `follow`): they receive the point from rank 0 (`share`), measure it in
 lockstep, and write nothing to the job dir.
 """
 

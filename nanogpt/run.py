@@ -11,7 +11,7 @@ rank. Rank 0 runs the point and writes its record; the other ranks follow it.
 
 Light at its top: the standard library and four small modules, no Hydra, OmegaConf or launch
 code; each function imports what it uses. Every child of a sweep's fork server runs the sweep's
-main module again (multiprocessing does; launch/forkserver.py says why), and under
+main module again (multiprocessing does; point/forkserver.py says why), and under
 `python -m nanogpt.run` that is this module: so it costs a child milliseconds.
 """
 
@@ -33,7 +33,7 @@ from nanogpt.logs import capture_warnings, say_once_per_sweep
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from nanogpt.launch.handoff import Job
+    from nanogpt.point.handoff import Job
     from nanogpt.spec import RunSpec
 
 
@@ -42,7 +42,7 @@ def job_from_hydra(cfg: DictConfig) -> Job:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from nanogpt.launch.handoff import Job
+    from nanogpt.point.handoff import Job
     from nanogpt.results.store import sweep_id
 
     hc = HydraConfig.get()
@@ -107,7 +107,7 @@ def refuse_a_preset_without_multirun() -> None:
 def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
     """Hydra's task function (hydra_main): one point, composed."""
     from nanogpt.app import to_spec
-    from nanogpt.launch.job import run_point
+    from nanogpt.point.job import run_point
 
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
     capture_warnings()  # warnings into the job's log too (conf/hydra/job_logging), one line each
@@ -207,7 +207,7 @@ def raised_by_hydra(err: BaseException) -> bool:
 
 def _follow() -> int:
     """A rank > 0 measures what rank 0 sends (worker.follow)."""
-    from nanogpt.launch.worker import follow  # the measuring code, and torch, only here
+    from nanogpt.point.worker import follow  # the measuring code, and torch, only here
 
     return follow()
 
@@ -216,7 +216,7 @@ def _release_followers(world: World) -> None:
     """Rank 0 is done: the ranks waiting in worker.follow exit (none in a single-rank run, which
     so never imports the measuring code: a sweep's own process does without torch)."""
     if world.size > 1:
-        from nanogpt.launch.worker import release_followers
+        from nanogpt.point.worker import release_followers
 
         release_followers(world)
 

@@ -209,7 +209,7 @@ def test_a_fork_server_that_dies_in_its_preload_costs_no_point(tmp_path):
     in a fresh interpreter, after one warning line."""
     (tmp_path / "broken_preload.py").write_text("raise RuntimeError('preload failed')\n")
     sweep_dir = tmp_path / "sweep"
-    setup = "from nanogpt.launch import forkserver; forkserver.PRELOAD = ['broken_preload']"
+    setup = "from nanogpt.point import forkserver; forkserver.PRELOAD = ['broken_preload']"
     args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]
     path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     proc = run_patched(setup, *args, cwd=tmp_path, env={"PYTHONPATH": path})
@@ -227,7 +227,7 @@ def test_a_measuring_process_dies_with_its_job_process():
         [
             sys.executable,
             "-c",
-            "import subprocess; from nanogpt.launch.process import die_with_parent; "
+            "import subprocess; from nanogpt.point.process import die_with_parent; "
             "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent); "
             "print(p.pid, flush=True); p.wait()",
         ],

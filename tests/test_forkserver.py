@@ -1,4 +1,4 @@
-"""The fork server (nanogpt/launch/forkserver.py): a point forked from it costs no entry
+"""The fork server (nanogpt/point/forkserver.py): a point forked from it costs no entry
 point's imports (the sweep's main module is light to run again in each child), a point is
 killed when the job gives up waiting, and the sweep's own process never imports torch
 (benchmarks/point_isolation.py)."""
@@ -19,8 +19,8 @@ from .conftest import run_patched, with_micro
 # multiprocessing would join at exit) is killed, so the job ends now, not at SLURM's hard limit.
 GIVES_UP = """
 import os, signal, threading, time
-from nanogpt.launch import forkserver
-from nanogpt.launch.process import wait_for
+from nanogpt.point import forkserver
+from nanogpt.point.process import wait_for
 
 def give_up(signum, frame):
     raise RuntimeError("Job not requeued because: timed-out too many times.")

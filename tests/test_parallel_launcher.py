@@ -15,7 +15,7 @@ import pytest
 from nanogpt.configs import CONF_DIR, expose_checkout_plugins
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT
-from nanogpt.launch.slots import Slot, gpus_for, plan, visible_gpus
+from nanogpt.point.slots import Slot, gpus_for, plan, visible_gpus
 from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from tests.conftest import run_patched, signal_state, start_in_terminal, with_micro

@@ -285,9 +285,9 @@ def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
 
     from nanogpt.app import to_spec
     from nanogpt.configs import CONF_DIR
-    from nanogpt.launch.handoff import Handoff, Job
-    from nanogpt.launch.worker import finish_record
     from nanogpt.measure.loop import measure
+    from nanogpt.point.handoff import Handoff, Job
+    from nanogpt.point.worker import finish_record
     from nanogpt.results import repeats
 
     from .conftest import with_micro

@@ -1,11 +1,11 @@
 """`hydra/launcher=parallel`: a sweep's points side by side on this machine, one per slot.
 
 A slot is a GPU (the point sees that one device) when the points train on CUDA, else a set of
-cores (affinity and thread count): launch/slots.py. One process per slot runs Hydra's job for
+cores (affinity and thread count): point/slots.py. One process per slot runs Hydra's job for
 one point after another, taken from a shared queue, exactly as the basic launcher runs them
 here: the same job dirs and logs, each point measured in a child forked from the slot's own
 fork server (pinned to the slot with it), the same records. Every record lists the points that
-ran beside it (launch/placement.py) and the table counts them (`beside`).
+ran beside it (point/placement.py) and the table counts them (`beside`).
 
 The slots are fresh interpreters (multiprocessing's spawn), not forks of this process: the
 sweep's check has asked CUDA here (a device's capability, is_available), and a fork of a
@@ -53,8 +53,8 @@ from omegaconf import OmegaConf, open_dict
 from nanogpt.configs import expose_checkout_plugins
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm, interrupted_exit
-from nanogpt.launch import placement
-from nanogpt.launch.slots import check_counts, enter, gpus_for, host_cores, plan
+from nanogpt.point import placement
+from nanogpt.point.slots import check_counts, enter, gpus_for, host_cores, plan
 
 log = logging.getLogger(__name__)
 HELD = {signal.SIGINT, signal.SIGTERM}  # blocked in a slot until it handles them

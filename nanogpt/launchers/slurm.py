@@ -38,8 +38,6 @@ from nanogpt.app import job_gpus, to_spec
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, describe, interrupted_exit
 from nanogpt.files import read_json, write_json
-from nanogpt.launch.handoff import Job
-from nanogpt.launch.job import record_ended_outside
 from nanogpt.launchers.slurm_queue import (
     CONFIRM_S,
     ENDED,
@@ -54,6 +52,8 @@ from nanogpt.launchers.slurm_queue import (
     squeue_jobs,
     wait_ended,
 )
+from nanogpt.point.handoff import Job
+from nanogpt.point.job import record_ended_outside
 
 SIGNAL_EARLY_S = 60  # SLURM may send --signal this much before its time (its 30 s sweep)
 JOBS_FILE = "slurm_jobs.json"  # point number -> SLURM job id, for a later run of the sweep

@@ -12,7 +12,7 @@ one real optimizer step (forward, backward, optimizer update: everything a step 
 peak) on a model built exactly as the point asks: compile, dtype, attention, checkpointing,
 optimizer, data.
 
-The launcher runs the search in a child process of its own (nanogpt/launch/worker.py, task
+The launcher runs the search in a child process of its own (nanogpt/point/worker.py, task
 "max-batch"): its high-water marks (peak RSS, the allocator's cache, the limit below) never
 reach the measured run, and a probe that takes the process down costs the search, not the point.
 

@@ -1,5 +1,5 @@
 """The point as the user asked for it: the record's first part (results/record.py), filled by the
-worker before anything is measured (launch/worker.py)."""
+worker before anything is measured (point/worker.py)."""
 
 from __future__ import annotations
 

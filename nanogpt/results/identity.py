@@ -19,7 +19,7 @@ another one, so a resume with one more of them skips the points already recorded
 `hardware` stays in: a record's mfu and mfu_achievable are divided by the peak and the
 calibration resolved when it was measured, and resolving them again for a kept record would
 take the calibration cache (or a calibration) in the job process, which must not touch CUDA
-before a fork (launch/forkserver.py). `hardware.recalibrate` counts as `hardware.calibrate`.
+before a fork (point/forkserver.py). `hardware.recalibrate` counts as `hardware.calibrate`.
 `bench.repeats` stays in: the pooled figures and their interval depend on it.
 
 The resolved keys are recorded in result.json as `measured_config`, their digest as `point_id`.

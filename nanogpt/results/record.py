@@ -68,7 +68,7 @@ class Setup:
     inductor_cache: str | None = None  # cold | warm, with compile
     mem_estimate_bytes: int | None = None
     mem_estimate: dict | None = json_only()  # the estimate by component
-    # Where the point ran (launch/placement.py): null when not under SLURM / not beside others
+    # Where the point ran (point/placement.py): null when not under SLURM / not beside others
     slurm_job_id: str | None = None  # "ARRAYJOB_TASK" (scancel/squeue take it) or the job id
     slurm_node: str | None = None
     slurm_restarts: int | None = None  # times SLURM requeued the job before this run
@@ -235,7 +235,7 @@ PARTS = {
 class Record:
     status: str = "running"  # ok | oom | diverged | error | interrupted (nanogpt/faults.py)
     error: str | None = None  # "Type: first line of the message" of a failed point
-    asked: Asked = field(default_factory=Asked)  # launch/worker.py
+    asked: Asked = field(default_factory=Asked)  # point/worker.py
     setup: Setup = field(default_factory=Setup)  # measure/loop.py, from here to profile
     timing: Timing = field(default_factory=Timing)
     memory: Memory = field(default_factory=Memory)

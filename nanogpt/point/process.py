@@ -1,4 +1,4 @@
-"""Run a Handoff in a fresh child process: `python -m nanogpt.launch.worker DIR TASK`, or the same
+"""Run a Handoff in a fresh child process: `python -m nanogpt.point.worker DIR TASK`, or the same
 under torchrun for a data-parallel point (dist.nproc > 1).
 
 A fresh process gives a clean allocator and clean peaks, no compiled graphs or W&B state carried
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanogpt.faults import Stopped
-from nanogpt.launch.handoff import Handoff, take_answer
+from nanogpt.point.handoff import Handoff, take_answer
 
 # After Ctrl-C, how long the child gets to write its figures before it is told again (SIGINT)
 # and then killed (SIGKILL).
@@ -60,7 +60,7 @@ class Outcome:
 def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None = None) -> Outcome:
     """Write the handoff into `folder`, run its task in a child process, take its answer."""
     handoff.write(folder)
-    command = [sys.executable, "-m", "nanogpt.launch.worker", str(folder), handoff.task]
+    command = [sys.executable, "-m", "nanogpt.point.worker", str(folder), handoff.task]
     if nproc > 1:
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         command = [sys.executable, *launcher, *command[1:]]

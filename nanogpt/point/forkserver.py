@@ -1,7 +1,7 @@
 """Isolated points without paying for a fresh interpreter each: a fork server.
 
 The first isolated point of a sweep starts multiprocessing's fork server, which imports torch,
-torch._dynamo and the worker once (launch/forkserver_preload.py) and then forks one clean child
+torch._dynamo and the worker once (point/forkserver_preload.py) and then forks one clean child
 per point. A forked child has all of isolation's guarantees: it never ran a point before (the
 server only imported), so its allocator, peaks, compiled graphs and W&B state start clean, and a
 crash or kill -9 costs one point. What it saves is the interpreter start and torch's imports,
@@ -18,7 +18,7 @@ that starts points so needs multiprocessing's usual `if __name__ == "__main__":`
 A process that has initialised CUDA must not fork. The server never touches CUDA, and the child
 checks it first thing: if CUDA was touched before the fork, the child exits with FORK_UNSAFE
 and this and every later point of the process run in a fresh interpreter instead
-(launch/process.py), as they do where the server cannot start or dies, where there is no fork
+(point/process.py), as they do where the server cannot start or dies, where there is no fork
 server (not Linux) and with NANOGPT_FORKSERVER=0 in the environment (an escape hatch, and the
 benchmark's comparison).
 """
@@ -33,11 +33,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nanogpt.launch.handoff import Handoff, take_answer
-from nanogpt.launch.process import FORK_UNSAFE, Outcome, run_child, wait_for
+from nanogpt.point.handoff import Handoff, take_answer
+from nanogpt.point.process import FORK_UNSAFE, Outcome, run_child, wait_for
 
 log = logging.getLogger(__name__)
-PRELOAD = ["nanogpt.launch.forkserver_preload"]
+PRELOAD = ["nanogpt.point.forkserver_preload"]
 # Whether the server imports wandb too (a second of a sweep's start): set from the first point
 # that starts it; a later point that logs to W&B where the first did not imports it itself.
 WANDB_ENV = "NANOGPT_FORKSERVER_WANDB"
@@ -74,7 +74,7 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
 def _forked_main(folder: str, task: str, env: dict) -> None:
     """The child's entry: worker.forked_main, named here so that the sweep's process, which
     pickles the target by name, need not import the worker (and torch); the server has."""
-    from nanogpt.launch.worker import forked_main
+    from nanogpt.point.worker import forked_main
 
     forked_main(folder, task, env)
 

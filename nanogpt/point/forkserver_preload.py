@@ -1,4 +1,4 @@
-"""Imported by the fork server (launch/forkserver.py) and by nothing else: what every point's
+"""Imported by the fork server (point/forkserver.py) and by nothing else: what every point's
 process needs, done once, before any fork.
 
 - torch: most of a fresh interpreter's start-up; torch.optim pulls in torch._dynamo, the next
@@ -24,8 +24,8 @@ import torch
 import torch._dynamo  # noqa: F401 - imported for its cost, once
 import torch.optim  # noqa: F401
 
-import nanogpt.launch.worker  # noqa: F401 - the children's code
-from nanogpt.launch.forkserver import WANDB_ENV
+import nanogpt.point.worker  # noqa: F401 - the children's code
+from nanogpt.point.forkserver import WANDB_ENV
 
 if os.environ.get(WANDB_ENV) == "1":  # the first point logs to W&B: the sink's import
     try:

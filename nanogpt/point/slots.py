@@ -7,7 +7,7 @@ or not. Every slot's process is pinned to its cores (sched_setaffinity, inherite
 server it starts and every point forked from it) and torch uses as many threads as the slot has
 cores (OMP_NUM_THREADS, read when torch is imported; torch.set_num_threads where it already
 is). Points in different slots still share memory bandwidth, caches, PCIe and the host: records
-list their neighbours (launch/placement.py).
+list their neighbours (point/placement.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The measuring process: `python -m nanogpt.launch.worker DIR TASK` (or under torchrun).
+"""The measuring process: `python -m nanogpt.point.worker DIR TASK` (or under torchrun).
 
 It reads the Handoff in DIR, runs its task and writes the answer beside it for the job process
-(nanogpt/launch/handoff.py). The `point` task is measured here: the peak and the calibration
+(nanogpt/point/handoff.py). The `point` task is measured here: the peak and the calibration
 are resolved once, before measuring, and handed to the loop as plain values; the max-batch
 search and a calibration the point asks for run first, each in a child process of its own, so
 their high-water marks never reach the point's figures.
@@ -30,11 +30,11 @@ from nanogpt.distributed import World
 from nanogpt.faults import IO_EXIT, handle_sigterm
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
-from nanogpt.launch import placement
-from nanogpt.launch.handoff import Handoff, write_answer
-from nanogpt.launch.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.measure import maxbatch
 from nanogpt.measure.loop import measure
+from nanogpt.point import placement
+from nanogpt.point.handoff import Handoff, write_answer
+from nanogpt.point.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.reporters import wandb_sink
 from nanogpt.results.asked import Asked
 from nanogpt.results.identity import point_id_of
@@ -152,7 +152,7 @@ def _child_calibration(handoff: Handoff, device, folder: Path) -> None:
 
 
 def forked_main(folder: str, task: str, env: dict) -> None:
-    """The entry of a child of the fork server (launch/forkserver.py): as `main`, in a fork."""
+    """The entry of a child of the fork server (point/forkserver.py): as `main`, in a fork."""
     die_with_parent()  # the server: it ends with the sweep's process
     # CUDA does not survive a fork: the launcher starts afresh. torch marks the child of a
     # process that initialised CUDA, or only counted devices (is_available), as in a bad fork;

@@ -1,7 +1,7 @@
 """The one form in which a point crosses a process boundary.
 
 In: a `Handoff` (a task, the point's spec and its Job), as one JSON-ready dict. It is written to
-a file for a child process (`python -m nanogpt.launch.worker DIR TASK`) and broadcast as the same
+a file for a child process (`python -m nanogpt.point.worker DIR TASK`) and broadcast as the same
 dict from rank 0 to the other ranks of a data-parallel world.
 Out: the child's answer, one JSON file beside it (for the `point` task, the Record's dict).
 

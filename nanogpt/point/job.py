@@ -1,7 +1,7 @@
 """One sweep point, from the Hydra job process's side: resume, launch, record.
 
 By default the point is measured in a child process of its own: forked from the sweep's fork
-server (launch/forkserver.py), or a fresh interpreter (launch/process.py; torchrun for
+server (point/forkserver.py), or a fresh interpreter (point/process.py; torchrun for
 dist.nproc > 1); `bench.isolate=false` measures it in this process. Either way this process
 writes the record: result.json and steps.csv, atomically (results/store.py).
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from nanogpt.distributed import World
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.launch import forkserver, placement
-from nanogpt.launch.handoff import Handoff, Job
-from nanogpt.launch.process import run_child
+from nanogpt.point import forkserver, placement
+from nanogpt.point.handoff import Handoff, Job
+from nanogpt.point.process import run_child
 from nanogpt.reporters import wandb_point
 from nanogpt.results import repeats, store
 from nanogpt.results.identity import point_id_of
@@ -87,7 +87,7 @@ def _measure_once(handoff: Handoff) -> Record:
         ranks_here = World.from_env().size == spec.dist.nproc > 1
         if (spec.bench.isolate or spec.dist.nproc > 1) and not ranks_here:
             return _measure_in_child(handoff)
-        from nanogpt.launch.worker import measure_point  # in this process: torch, now
+        from nanogpt.point.worker import measure_point  # in this process: torch, now
 
         return measure_point(handoff)
     except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
@@ -116,7 +116,7 @@ def _measure_in_child(handoff: Handoff) -> Record:
 
 def _failure(handoff: Handoff, status: str, error: str) -> Record:
     """The record of a point that ended before the measuring code could report any figures."""
-    from nanogpt.launch.worker import finish_record  # its environment() asks torch
+    from nanogpt.point.worker import finish_record  # its environment() asks torch
 
     return finish_record(Record(status=status, error=error), handoff)
 
