@@ -333,6 +333,7 @@ def test_saved_settings_come_from_the_sweeps_config_and_a_bad_one_is_one_line(tm
         "memory_budget_gib": None,
         "usd_per_hour": None,
         "usd_per_kwh": None,
+        "ttl_alpha": None,
     }
     job = tmp_path / "0" / ".hydra"
     job.mkdir(parents=True)
@@ -340,9 +341,12 @@ def test_saved_settings_come_from_the_sweeps_config_and_a_bad_one_is_one_line(tm
     settings = saved_settings(tmp_path)
     assert settings["baseline"] == "perf.grad_accum=2" and settings["plots"] is True
     # multirun.yaml, the sweep's own, comes first.
-    (tmp_path / "multirun.yaml").write_text("cost: {usd_per_hour: 2.5}\nreport: {plots: false}\n")
+    (tmp_path / "multirun.yaml").write_text(
+        "cost: {usd_per_hour: 2.5}\nreport: {plots: false, ttl_alpha: 0.05}\n"
+    )
     settings = saved_settings(tmp_path)
     assert settings["usd_per_hour"] == 2.5 and settings["plots"] is False
+    assert settings["ttl_alpha"] == 0.05
     assert settings["baseline"] is None
     (tmp_path / "multirun.yaml").write_text("report: [unclosed\n")
     with pytest.raises(report.ReportError, match="multirun.yaml: cannot be read"):
