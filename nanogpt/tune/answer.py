@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from nanogpt.files import write_atomic
-from nanogpt.tune import fit, ladder
+from nanogpt.tune import ladder
 from nanogpt.tune.ladder import pareto_front
 
 BEST_YAML = "best.yaml"
@@ -47,13 +47,15 @@ def summarize(
     names: list[str],
     directions: list[str],
     fixed: list[str],
-    budget: fit.Budget,
+    budget,  # tune/fit.Budget
     margin: float,
     **settings,
 ) -> dict:
     """The search's answer as data (tune.json): every rung, what was refused and why, and the
     winner: the best finalist that leaves the memory margin free and that the quality guard
     does not flag."""
+    from nanogpt.tune import fit  # torch (the estimate's model): not where a table is printed
+
     refused = {}
     for entry in repeated:
         if not fit.within_margin(entry.record.get("footprint_bytes"), budget, margin):
