@@ -79,6 +79,25 @@ def test_every_column_of_a_real_table_is_documented(tmp_path):
     assert [c for c in built.columns if c not in swept and not documented(text, c)] == []
 
 
+def test_architecture_names_every_package_and_module():
+    """ARCHITECTURE.md's layout is the one map of the code: a package or module added without
+    its line there fails here."""
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    package = REPO / "nanogpt"
+    missing = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "__init__.py" and f"{path.name}" not in text
+    ]
+    missing += [
+        f"{path.name}/"
+        for path in sorted(package.iterdir())
+        if (path / "__init__.py").exists()
+        if f"{path.name}/" not in text
+    ]
+    assert missing == []
+
+
 def test_every_preset_is_documented():
     text = (DOCS / "presets.md").read_text()
     presets = [path.stem for path in (REPO / "sweeps").glob("*.yaml")]

@@ -137,15 +137,19 @@ def significantly_slower(comparison: pd.DataFrame, pct: float) -> pd.DataFrame:
 
 
 def add_costs(table: pd.DataFrame, usd_per_hour: float | None, usd_per_kwh: float | None) -> None:
-    """usd_per_1m_tokens: the machine's time for a million tokens at the point's tokens/s, plus
-    its energy when both energy and its price are known. Null without a price."""
-    cost = pd.Series([None] * len(table), index=table.index, dtype="float64")
-    if usd_per_hour is not None:
-        cost = usd_per_hour / 3600 / table["tokens_per_s"].astype("float64") * 1e6
-    if usd_per_kwh is not None:
-        energy = table["j_per_token"].astype("float64") * 1e6 / 3.6e6 * usd_per_kwh
-        cost = energy if usd_per_hour is None else cost + energy
-    table["usd_per_1m_tokens"] = cost
+    """usd_per_1m_tokens for each row (derive.usd_per_1m_tokens). Null without a price."""
+    table["usd_per_1m_tokens"] = pd.Series(
+        [
+            derive.usd_per_1m_tokens(_float(tps), _float(jpt), usd_per_hour, usd_per_kwh)
+            for tps, jpt in zip(table["tokens_per_s"], table["j_per_token"], strict=True)
+        ],
+        index=table.index,
+        dtype="float64",
+    )
+
+
+def _float(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 def recommend(

@@ -162,6 +162,25 @@ def peak_memory(fields: Mapping) -> tuple[int | None, str | None]:
     return None, None
 
 
+def usd_per_1m_tokens(
+    tokens_per_s: float | None,
+    j_per_token: float | None,
+    usd_per_hour: float | None,
+    usd_per_kwh: float | None,
+) -> float | None:
+    """What a million tokens cost: the machine's time at the point's tokens/s (`usd_per_hour`),
+    plus their energy where both it and its price are known (`usd_per_kwh`; 3.6e6 J a kWh).
+    None without a price or a figure to price. The table's column and the search's objective
+    both come from here."""
+    out = None
+    if usd_per_hour is not None and tokens_per_s and math.isfinite(tokens_per_s):
+        out = usd_per_hour / 3600 / tokens_per_s * 1e6
+    if usd_per_kwh is not None and j_per_token is not None and math.isfinite(j_per_token):
+        energy = j_per_token * 1e6 / 3.6e6 * usd_per_kwh
+        out = energy if out is None else out + energy
+    return out
+
+
 def _bytes(value) -> int | None:
     """A byte count from a record or a table cell (a missing one: None, NaN or pandas' NA)."""
     try:

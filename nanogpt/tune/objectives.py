@@ -79,14 +79,8 @@ def value(
         out = j_per_token
     elif name == "peak_memory_gib":
         out = peak_memory_gib(record)
-    elif name == "usd_per_1m_tokens":
-        # as results/compare.add_costs prices a point: machine time, plus energy where known
-        out = None
-        if usd_per_hour is not None and tokens_per_s:
-            out = usd_per_hour / 3600 / tokens_per_s * 1e6
-        if usd_per_kwh is not None and j_per_token is not None:
-            energy = j_per_token * 1e6 / 3.6e6 * usd_per_kwh
-            out = energy if out is None else out + energy
+    elif name == "usd_per_1m_tokens":  # as the table prices a point
+        out = derive.usd_per_1m_tokens(tokens_per_s, j_per_token, usd_per_hour, usd_per_kwh)
     else:
         raise KeyError(name)
     return None if out is None or not math.isfinite(out) else float(out)
