@@ -100,6 +100,11 @@ def test_every_preset_composes_and_each_point_validates_where_it_can_run(hydra_c
             with pytest.raises(ConfigError) as err:
                 to_spec(cfg)
             assert err.value.key == "bench.device"
+        elif spec.data.path is None and spec.data.kind.value != "synthetic":
+            # A preset over the user's text or tokens names the key to give them.
+            with pytest.raises(ConfigError) as err:
+                to_spec(cfg)
+            assert err.value.key == "data.path"
         else:
             to_spec(cfg)
 
