@@ -15,8 +15,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanogpt.chunked_loss import ChunkedLinearCrossEntropy, chunked_cross_entropy
+from nanogpt.measure.estimate import LOGITS_EXTRA_BYTES, estimate_memory
 from nanogpt.measure.flops import counted_flops_per_token
-from nanogpt.measure.memory import LOGITS_EXTRA_BYTES, estimate_memory
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
@@ -180,7 +180,7 @@ def test_the_memory_estimate_logits_term_follows_the_loss():
     )
     full = estimate_memory(**common)
     chunked = estimate_memory(**common, loss="chunked", loss_chunk=2048)
-    # bf16 logits plus the fitted fp32 bytes an eager loss holds beside them (measure/memory.py)
+    # bf16 logits plus the fitted fp32 bytes an eager loss holds beside them (measure/estimate.py)
     assert full["logits"] == round(12 * 1024 * 50304 * (2 + LOGITS_EXTRA_BYTES[False]))
     # One chunk's logits (compute dtype + fp32) plus the whole-size dx and fp32 dW buffers.
     assert chunked["logits"] == 2048 * 50304 * (2 + 4) + 12 * 1024 * 768 * 4 + 50304 * 768 * 4

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from nanogpt import validate
 from nanogpt.distributed import World
 from nanogpt.errors import ConfigError
-from nanogpt.measure.memory import estimate_memory
+from nanogpt.measure.estimate import estimate_memory
 from nanogpt.measure.trainer import Trainer, data_source, gpt_config
 from nanogpt.model import GPT, Block
 from nanogpt.optim import build_optimizer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nanogpt.measure.estimate import estimate_memory
 from nanogpt.measure.flops import counted_flops_per_token, flops_per_token, model_flops
-from nanogpt.measure.memory import estimate_memory
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.results.stats import summarize
 
@@ -108,7 +108,7 @@ def test_summarize_statistics():
 
 # The peaks one H100 80GB measured on 2026-11-23 (torch 2.11; ../shared/device/
 # h100-2026-11-23.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW: what the estimate's
-# activation and logits coefficients were fitted to (nanogpt/measure/memory.py).
+# activation and logits coefficients were fitted to (nanogpt/measure/estimate.py).
 H100_PEAKS_GIB = {"compiled": 9.08, "eager": 11.31, "checkpointing": 7.76}
 
 

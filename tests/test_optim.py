@@ -16,7 +16,7 @@ from nanogpt import optim_rules
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.distributed import World
-from nanogpt.measure.memory import estimate_of
+from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import build_trainer
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import Combined, build_optimizer, parameter_roles, role_groups, state_bytes

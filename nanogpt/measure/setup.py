@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nanogpt.measure import byo, flops, memory
+from nanogpt.measure import byo, flops
+from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import Trainer
 from nanogpt.optim import role_groups, state_bytes
 from nanogpt.optim_rules import estimated_state
@@ -27,7 +28,7 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
         counts = flops.model_flops(model)
         counts["flops_per_token_counted"] = flops.counted_flops_per_token(model.config)
         counts["flops_formula"], counts["flops_source"] = flops.FORMULA, "formula"
-        estimate = memory.estimate_of(spec, model, trainer.world.size, strategy)
+        estimate = estimate_of(spec, model, trainer.world.size, strategy)
     fp8 = trainer.fp8_layers
     return Setup(
         device=str(trainer.device),
@@ -48,7 +49,7 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
 
 def describe_optimizer(spec: RunSpec, trainer: Trainer, estimate: dict) -> OptimizerPart:
     """Each role's parameters, learning rate, weight decay, what steps it and the state the
-    memory estimate (`estimate`, measure/memory.py) gives it."""
+    memory estimate (`estimate`, measure/estimate.py) gives it."""
     opt = spec.optimizer
     groups = role_groups(trainer.raw_model, opt, spec.model.vocab_size)
     by_role = estimate.get("optimizer_state_by_role", {})

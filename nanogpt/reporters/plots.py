@@ -35,7 +35,7 @@ from nanogpt.results.compare import measured_peak
 from nanogpt.results.labels import parse_overrides, point_labels
 
 MIB, GIB = 2**20, 2**30
-# The parts of the memory estimate (measure/memory.estimate_memory), stacked in this order; the
+# The parts of the memory estimate (measure/estimate.estimate_memory), stacked in this order; the
 # last two exist under FSDP2 only (the parameters gathered for compute; gradients kept unsharded
 # while accumulating). A part no shown point has gets no bar and no legend entry.
 MEMORY_PARTS = (

@@ -301,31 +301,3 @@ def columns() -> tuple[str, ...]:
     A field added to a part is a column with no other edit; mark it json_only() to keep it in
     result.json only (a dict, a per-step list, text the table repeats)."""
     return tuple(name for name, _, f in flat_fields() if not f.metadata.get(JSON_ONLY))
-
-
-def nested(flat: dict[str, Any]) -> dict[str, Any]:
-    """result.json's form of a flat record: the record's own fields (status, error, wall_s, ...)
-    at the top, then each part's under its name (`asked`, `setup`, `timing`, `memory`, ...), as
-    a person reads it. A key the schema does not know stays at the top."""
-    part_of = {name: part for name, part, _ in flat_fields()}
-    out: dict[str, Any] = {}
-    for name, value in flat.items():
-        part = part_of.get(name, TOP)
-        if part == TOP:
-            out[name] = value
-        else:
-            out.setdefault(part, {})[name] = value
-    return out
-
-
-def flattened(data: dict[str, Any]) -> dict[str, Any]:
-    """The flat namespace of a result.json: a nested record's parts lifted to the top; a flat
-    one (written before records were nested) as it is. A part's name is never a flat field
-    that holds a dict (`optimizer` the part is a dict; `optimizer` the asked name is text)."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in PARTS and isinstance(value, dict):
-            flat.update(value)
-        else:
-            flat[key] = value
-    return flat

@@ -12,9 +12,10 @@ import csv
 import io
 import os
 from pathlib import Path
+from typing import Any
 
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.results.record import Record, flattened, nested
+from nanogpt.results.record import PARTS, TOP, Record, flat_fields
 
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
@@ -99,3 +100,31 @@ def move_other_point(sweep_dir: Path, job_dir: Path, pid: str, overrides: list[s
     if (job_dir / STEPS_FILE).is_file():
         os.replace(job_dir / STEPS_FILE, target / STEPS_FILE)
     os.replace(job_dir / RESULT_FILE, target / RESULT_FILE)
+
+
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """result.json's form of a flat record: the record's own fields (status, error, wall_s, ...)
+    at the top, then each part's under its name (`asked`, `setup`, `timing`, `memory`, ...), as
+    a person reads it. A key the schema does not know stays at the top."""
+    part_of = {name: part for name, part, _ in flat_fields()}
+    out: dict[str, Any] = {}
+    for name, value in flat.items():
+        part = part_of.get(name, TOP)
+        if part == TOP:
+            out[name] = value
+        else:
+            out.setdefault(part, {})[name] = value
+    return out
+
+
+def flattened(data: dict[str, Any]) -> dict[str, Any]:
+    """The flat namespace of a result.json: a nested record's parts lifted to the top; a flat
+    one (written before records were nested) as it is. A part's name is never a flat field
+    that holds a dict (`optimizer` the part is a dict; `optimizer` the asked name is text)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in PARTS and isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat

@@ -1,5 +1,5 @@
 """Which candidates fit before they run: the analytic memory estimate against the device's
-budget (nanogpt/measure/memory.py estimate_memory, the same figure a record's mem_estimate is).
+budget (nanogpt/measure/estimate.py estimate_memory, the same figure a record's mem_estimate is).
 
 The budget is bench.max_batch_memory_gib when set, else the memory of the device the points will
 run on: a CUDA GPU's total as NVML reports it for that very GPU (devices.nvml_handle, matched by
@@ -26,7 +26,7 @@ import psutil
 import torch
 
 from nanogpt.devices import nvml_handle, resolve_device
-from nanogpt.measure.memory import estimate_of
+from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import gpt_config
 from nanogpt.model import GPT
 from nanogpt.spec import RunSpec
