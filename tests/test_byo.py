@@ -14,86 +14,22 @@ from nanogpt.results.identity import measured_config, point_id_of
 from nanogpt.results.store import read_result
 from nanogpt.spec import RunSpec
 
-from .conftest import with_micro
+from .conftest import REPO, with_micro
 
-# A modern GPT (RoPE, RMSNorm, grouped-query attention), as a user keeps it beside their
-# command. It notes each process that imports it: the sweep's own process must not.
-MODERN_GPT = """
-import os
-from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-with open(__file__ + ".imported", "a") as marker:
-    marker.write(f"{os.getpid()}\\n")
-
-
-@dataclass
-class Config:
-    vocab_size: int = 256
-    block_size: int = 16
-    n_layer: int = 1
-    n_head: int = 4
-    n_kv_head: int = 2
-    n_embd: int = 32
-
-
-def rope(x, cos, sin):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
-
-
-class Block(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.h, self.kv, self.d = c.n_head, c.n_kv_head, c.n_embd // c.n_head
-        self.norm1, self.norm2 = nn.RMSNorm(c.n_embd), nn.RMSNorm(c.n_embd)
-        self.q = nn.Linear(c.n_embd, c.n_embd, bias=False)
-        self.kv_proj = nn.Linear(c.n_embd, 2 * self.kv * self.d, bias=False)
-        self.o = nn.Linear(c.n_embd, c.n_embd, bias=False)
-        self.up = nn.Linear(c.n_embd, 4 * c.n_embd, bias=False)
-        self.down = nn.Linear(4 * c.n_embd, c.n_embd, bias=False)
-
-    def forward(self, x, cos, sin):
-        B, T, C = x.shape
-        h = self.norm1(x)
-        q = self.q(h).view(B, T, self.h, self.d).transpose(1, 2)
-        k, v = self.kv_proj(h).view(B, T, 2, self.kv, self.d).unbind(2)
-        q, k = rope(q, cos, sin), rope(k.transpose(1, 2), cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v.transpose(1, 2), is_causal=True, enable_gqa=True)
-        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.down(F.relu(self.up(self.norm2(x))).square())
-
-
-class GPT(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.transformer = nn.ModuleDict({"h": blocks})
-        self.norm = nn.RMSNorm(config.n_embd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        d = config.n_embd // config.n_head
-        inverse = 1e4 ** -(torch.arange(0, d, 2) / d)
-        angles = torch.outer(torch.arange(config.block_size).float(), inverse)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def forward(self, idx, targets):
-        x = self.wte(idx)
-        for block in self.transformer.h:
-            x = block(x, self.cos[: idx.shape[1]], self.sin[: idx.shape[1]])
-        logits = self.lm_head(self.norm(x)).float()
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-"""
+# A modern GPT as a user keeps it beside their command: benchmarks/modern_gpt.py's (RoPE,
+# RMSNorm, grouped-query attention, an untied head), copied out of the checkout with a first line
+# that notes each process importing it: the sweep's own process must not.
+MODERN_GPT = (
+    'import os\nwith open(__file__ + ".imported", "a") as marker:\n'
+    '    marker.write(f"{os.getpid()}\\n")\n'
+) + (REPO / "benchmarks" / "modern_gpt.py").read_text()
 BUILD = [
     "model.build._target_=modern_gpt.GPT",
     "model.build.config._target_=modern_gpt.Config",
     "model.build.config.vocab_size=${model.vocab_size}",
     "model.build.config.block_size=${model.block_size}",
+    "model.build.config.n_layer=1",
+    "model.build.config.n_embd=32",
 ]
 
 
