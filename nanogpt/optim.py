@@ -9,15 +9,16 @@ group per role, and one object the trainer steps.
 - optimizer.build: any class, named as Hydra names it ({_target_: torch.optim.Adagrad,
   _partial_: true, ...}), called with the role groups and its other keys. The spec carries the
   node as plain values (library code imports no Hydra); the class is imported here as Hydra's
-  instantiate would import it (optim_rules.resolve_target).
+  instantiate would import it (targets.import_target).
 """
 
 from __future__ import annotations
 
 import torch
 
-from nanogpt.optim_rules import BUILD_KEYS, ROLES, resolve_target, role_settings, stepped_by
+from nanogpt.optim_rules import BUILD_KEYS, ROLES, role_settings, stepped_by
 from nanogpt.spec import OptimizerConfig, OptimizerImpl
+from nanogpt.targets import import_target
 
 # torch.optim's implementation switches: fused (one kernel for all params), foreach
 # (multi-tensor ops), for_loop (one param at a time). auto leaves torch to choose.
@@ -84,7 +85,8 @@ def build_optimizer(
         flags = IMPL_FLAGS[OptimizerImpl.fused]
     if cfg.build and cfg.build.get("_target_"):
         kwargs = {k: v for k, v in cfg.build.items() if k not in BUILD_KEYS}
-        return resolve_target(cfg.build["_target_"])(_torch_groups(groups), **kwargs)
+        build = import_target(cfg.build["_target_"], "optimizer.build._target_")
+        return build(_torch_groups(groups), **kwargs)
     if cfg.name == "sgd":
         return torch.optim.SGD(_torch_groups(groups), lr=cfg.lr, momentum=cfg.momentum, **flags)
     adamw = [g for g in groups if g["stepped_by"] == "AdamW"]

@@ -37,6 +37,7 @@ import re
 
 from nanogpt.errors import ConfigError
 from nanogpt.spec import OptimizerConfig, OptimizerImpl, RunSpec, Strategy
+from nanogpt.targets import TargetError, import_target, refuse_unknown
 
 ROLES = ("matrices", "embeddings", "head", "scalars")
 ROLE_KEYS = ROLES[1:]  # optimizer.roles.<role>; the matrices' are optimizer.lr / weight_decay
@@ -151,27 +152,6 @@ def muon_missing(version: str | None = None) -> str | None:
     return None
 
 
-def resolve_target(target: str):
-    """optimizer.build._target_ ("torch.optim.Adagrad", "mypkg.opt.Lion") as the callable it
-    names, imported as Hydra's instantiate imports it: the longest importable module, then
-    attributes. Raises ValueError with what went wrong."""
-    parts = target.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            found = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        try:
-            for name in parts[cut:]:
-                found = getattr(found, name)
-        except AttributeError:
-            raise ValueError(f"{'.'.join(parts[:cut])} has no {'.'.join(parts[cut:])}") from None
-        if not callable(found):
-            raise ValueError(f"{target} is not callable")
-        return found
-    raise ValueError(f"no module of {target} can be imported")
-
-
 # The optimizer's keys, checked before any model is built (validate.py runs them): one
 # ConfigError line each, naming the key and the fix.
 
@@ -244,19 +224,10 @@ def check_build(spec: RunSpec) -> None:
             "set optimizer.impl=auto and e.g. optimizer.build.foreach=true",
         )
     try:
-        cls = resolve_target(target)
-    except ValueError as err:
-        raise ConfigError(
-            "optimizer.build._target_", f"'{target}': {err}", "give an importable class path"
-        ) from None
-    taken = _arguments(cls)
-    for key in build:
-        if taken is not None and key not in (*BUILD_KEYS, *taken):
-            raise ConfigError(
-                f"optimizer.build.{key}",
-                f"is no argument of {target}",
-                f"use one of {', '.join(sorted(taken))}",
-            )
+        cls = import_target(target, "optimizer.build._target_")
+    except TargetError as err:
+        raise ConfigError(err.key, err.problem, "give an importable class path") from None
+    refuse_unknown("optimizer.build", build, BUILD_KEYS, _arguments(cls), target)
 
 
 def _arguments(cls) -> set[str] | None:

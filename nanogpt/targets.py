@@ -176,14 +176,20 @@ def check_node(node: dict, key: str, code_dir: str | None) -> None:
                 f"'{target}': no module {module} in {code_dir} or on sys.path",
                 "run from the directory that holds it, or set model.code_dir",
             )
-        takes = static_arguments(target, code_dir)
-        for name in node:
-            if takes is not None and name not in (*HYDRA_KEYS, *takes):
-                raise ConfigError(
-                    f"{key}.{name}",
-                    f"is no argument of {target}",
-                    f"use one of {', '.join(sorted(takes)) or '(none)'}",
-                )
+        refuse_unknown(key, node, HYDRA_KEYS, static_arguments(target, code_dir), target)
     for name, value in node.items():
         if isinstance(value, dict):
             check_node(value, f"{key}.{name}", code_dir)
+
+
+def refuse_unknown(key: str, names, hydra_keys, takes: set[str] | None, target: str) -> None:
+    """One ConfigError line for the first of `names` (a node's keys, under config key `key`)
+    that is neither one of Hydra's own keys nor an argument `target` takes (None: not known,
+    nothing refused). model.build's nodes and optimizer.build both check so."""
+    for name in names:
+        if takes is not None and name not in (*hydra_keys, *takes):
+            raise ConfigError(
+                f"{key}.{name}",
+                f"is no argument of {target}",
+                f"use one of {', '.join(sorted(takes)) or '(none)'}",
+            )

@@ -162,7 +162,7 @@ REFUSALS = {
         "optimizer=muon",
         "optimizer.build._target_=torch.optim.Adagrad",
     ],
-    "optimizer.build._target_: 'torch.optim.Adagrab': torch.optim has no Adagrab": [
+    "optimizer.build._target_: 'torch.optim.Adagrab': module torch.optim has no Adagrab": [
         "optimizer.build._target_=torch.optim.Adagrab"
     ],
     "optimizer.build.lr_dcay: is no argument of torch.optim.Adagrad": [
