@@ -277,6 +277,30 @@ def test_no_counter_is_null_energy_with_the_reason(tmp_path):
 
 
 @pytest.mark.slow  # the real loop records its env (git rev-parse)
+def test_a_pooled_point_is_steady_only_if_every_repeat_was_and_shows_the_worst_drift():
+    from nanogpt.results import repeats
+
+    def run(steady: bool, drift: float) -> Record:
+        timing = Timing(
+            step_ms_median=10.0,
+            step_ms_measured=[[10.0] * 8],
+            measured_steps=8,
+            steady=steady,
+            unsteady_reasons=None if steady else ["drift"],
+            drift_pct=drift,
+            drift_ci_low=drift - 1,
+            drift_ci_high=drift + 1,
+        )
+        setup = Setup(device="cpu", tokens_per_step=32, world_size=1, flops_per_token=1000)
+        return Record(status="ok", asked=Asked(dtype="fp32"), setup=setup, timing=timing)
+
+    pooled = repeats.pool([run(True, 0.5), run(True, -0.2), run(False, 6.0)])
+    timing = pooled.timing
+    assert timing.steady is False and timing.unsteady_reasons == ["drift"]
+    assert (timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high) == (6.0, 5.0, 7.0)
+    assert repeats.pool([run(True, 0.5), run(True, -0.2)]).timing.steady is True
+
+
 def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
     """bench.repeats=2 on real records: two measurements of a micro point by the real loop,
     pooled by the real code. Every derived figure is derive.rates of the pooled record, and no

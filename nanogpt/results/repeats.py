@@ -7,7 +7,8 @@ the repeats' medians, with a hierarchical bootstrap interval (results/stats.py),
 derived figure is recomputed from the pooled record by the one function the loop calls,
 results/derive.rates(record, ceilings). The wall-clock step is the repeats' windows' wall time
 over their steps. Peaks of memory are the largest of any repeat; energy is summed over all
-measured steps; a point is `contended` if any repeat was. The rest (the model's figures, the first
+measured steps; a point is `contended` if any repeat was, and steady only if every repeat was
+(the drift shown is the repeat's that drifted most). The rest (the model's figures, the first
 step, the profile, the diagnosis) is the first repeat's. steps.csv keeps every repeat's rows,
 numbered.
 """
@@ -36,6 +37,7 @@ def pool(records: list[Record]) -> Record:
     timing.measured_steps = sum(r.timing.measured_steps or 0 for r in records)
     timing.loss_last = records[-1].timing.loss_last
     _any_contended(timing, records)
+    _steady_in_every_repeat(timing, records)
     walls = [(r.timing.step_ms_wall, r.timing.measured_steps) for r in records]
     if all(wall and steps for wall, steps in walls):  # the windows' wall time over their steps
         timing.step_ms_wall = sum(w * n for w, n in walls) / sum(n for _, n in walls)
@@ -63,6 +65,23 @@ def _largest_peaks(records: list[Record]):
     top = max(records, key=lambda r: r.memory.mem_peak_allocated_bytes or 0)
     memory.mem_peak_allocated_from = top.memory.mem_peak_allocated_from
     return memory
+
+
+def _steady_in_every_repeat(timing, records: list[Record]) -> None:
+    """Steady only when every repeat was (null when any could not tell); every repeat's reasons;
+    the drift of the repeat that drifted most, with its interval and note: a drift in repeat 3
+    shows as one in repeat 1 does."""
+    flags = [r.timing.steady for r in records]
+    timing.steady = None if any(flag is None for flag in flags) else all(flags)
+    reasons = [code for r in records for code in r.timing.unsteady_reasons or []]
+    timing.unsteady_reasons = list(dict.fromkeys(reasons)) or records[0].timing.unsteady_reasons
+    drifted = [r.timing for r in records if r.timing.drift_pct is not None]
+    if drifted:
+        worst = max(drifted, key=lambda t: abs(t.drift_pct))
+        timing.drift_pct, timing.drift_ci_low = worst.drift_pct, worst.drift_ci_low
+        timing.drift_ci_high = worst.drift_ci_high
+    notes = [r.timing.steady_note for r in records if r.timing.steady is False]
+    timing.steady_note = notes[0] if notes else records[0].timing.steady_note
 
 
 def _any_contended(timing, records: list[Record]) -> None:
