@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from nanogpt.results import table
+from nanogpt.results import table, tidy
 from nanogpt.results.record import Record, columns
 from nanogpt.results.store import write_record
 from nanogpt.spec import RunSpec
@@ -96,6 +96,13 @@ def test_architecture_names_every_package_and_module():
         if f"{path.name}/" not in text
     ]
     assert missing == []
+
+
+def test_record_md_lists_summary_csvs_headline_in_its_order():
+    text = (DOCS / "record.md").read_text()
+    paragraph = text[text.index("The headline columns, in order") :].split("A column empty")[0]
+    named = [n for n in re.findall(r"`(\w+)`", paragraph) if n in tidy.HEADLINE]
+    assert named == list(tidy.HEADLINE)
 
 
 def test_every_preset_is_documented():
