@@ -95,6 +95,31 @@ def test_breakeven_is_compile_time_over_the_step_time_saved():
     assert pd.isna(breakeven.iloc[0]) and pd.isna(breakeven.iloc[2])  # eager; no twin
 
 
+def test_overrides_name_a_point_by_one_grammar_a_bracketed_value_whole():
+    """One rule for "the overrides that name a point" (swept.point_key), by Hydra's grammar: a
+    value with a space in brackets is one override, whether the point comes as a list (a
+    record's, a search's candidate) or as a table's cell, in any order; a `+` key is its key."""
+    from nanogpt.results import store, swept
+
+    listed = ["perf.dtype=fp32", "model.sizes=[1, 2]"]
+    cell = "model.sizes=[1, 2] perf.dtype=fp32"
+    assert store.point_key(listed) == swept.point_key(cell) == cell
+    assert compare.point_keys(pd.DataFrame({"overrides": [cell]})) == [f"overrides: {cell}"]
+    table = pd.DataFrame(
+        {
+            "overrides": [
+                "model.sizes=[1, 2] perf.compile=false",
+                "+perf.compile=true model.sizes=[1, 2]",
+            ],
+            "status": ["ok", "ok"],
+            "compile": [False, True],
+            "step_ms_median": [10.0, 8.0],
+            "compile_s": [None, 4.0],
+        }
+    )
+    assert compare.compile_breakeven(table).iloc[1] == pytest.approx(4.0 * 1e3 / 2.0)
+
+
 def test_the_gate_gives_no_verdict_on_points_measured_once_or_on_sweeps_that_share_none(
     tmp_path, micro_sweep, sweep
 ):

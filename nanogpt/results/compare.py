@@ -13,8 +13,9 @@ import pandas as pd
 from nanogpt.results import derive, stats
 from nanogpt.results.bottleneck import fastest_line
 from nanogpt.results.display import number
+from nanogpt.results.swept import parse_override, point_key, split_overrides
 
-COMPILE = "perf.compile="
+COMPILE = "perf.compile"
 
 
 def speedup(table: pd.DataFrame, steps: list, base: int, other: int, base_draws=None) -> tuple:
@@ -76,7 +77,14 @@ def _compile_rows(table: pd.DataFrame):
 
 
 def _without_compile(overrides: str) -> str:
-    return " ".join(sorted(o for o in overrides.split() if not o.startswith(COMPILE)))
+    """The point's key (swept.point_key) without its perf.compile override: its eager twin's."""
+    kept = [o for o in split_overrides(overrides) if _key_of(o) != COMPILE]
+    return point_key(kept)
+
+
+def _key_of(override: str) -> str | None:
+    parsed = parse_override(override)
+    return parsed[0] if parsed else None
 
 
 def compare_sweeps(
@@ -113,7 +121,7 @@ def point_keys(table: pd.DataFrame) -> list[str]:
     overrides, order-free."""
     ids = table["point_id"] if "point_id" in table else [None] * len(table)
     return [
-        pid if isinstance(pid, str) and pid else "overrides: " + _key(overrides)
+        pid if isinstance(pid, str) and pid else "overrides: " + point_key(overrides)
         for pid, overrides in zip(ids, table["overrides"], strict=True)
     ]
 
@@ -124,10 +132,6 @@ def _change(row: dict, old, old_steps, i: int, new, new_steps, j: int) -> None:
     row["change_pct"] = (ratio - 1) * 100
     row["change_ci_low"], row["change_ci_high"] = (low - 1) * 100, (high - 1) * 100
     row["verdict"] = verdict
-
-
-def _key(overrides: str) -> str:
-    return " ".join(sorted(overrides.split()))
 
 
 def significantly_slower(comparison: pd.DataFrame, pct: float) -> pd.DataFrame:

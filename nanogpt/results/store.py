@@ -16,6 +16,7 @@ from typing import Any
 
 from nanogpt.files import read_json, write_atomic, write_json
 from nanogpt.results.record import PARTS, TOP, Record, flat_fields
+from nanogpt.results.swept import point_key  # a point's overrides, order-free
 
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
@@ -54,11 +55,6 @@ def sweep_id(sweep_dir: Path) -> str:
     """A sweep's id, the default W&B group: its dir's last two parts, DATE/TIME for Hydra's
     multirun/DATE/TIME (the time alone repeats on other days)."""
     return "/".join(Path(sweep_dir).resolve().parts[-2:])
-
-
-def point_key(overrides: list[str]) -> str:
-    """A sweep point's identity: its overrides, order-free (job numbers can change)."""
-    return " ".join(sorted(overrides))
 
 
 def iter_records(sweep_dir: Path, moved: bool = True):

@@ -121,6 +121,16 @@ def split_overrides(text) -> list[str]:
     return items + ([current] if current else [])
 
 
+def point_key(overrides) -> str:
+    """The overrides that name a point, order-free: sorted and joined by spaces. `overrides` is
+    a list, or a table's overrides cell (split by `split_overrides`, so a value with a space in
+    brackets, `model.sizes=[1, 2]`, stays one override). The one rule by which a record without
+    a point_id (results/store.py), a sweep-vs-sweep row (results/compare.py) and a search's
+    candidate (tune/space.py) are matched."""
+    items = overrides if isinstance(overrides, list) else split_overrides(overrides)
+    return " ".join(sorted(items))
+
+
 def point_values(overrides: list[str]) -> dict[str, object]:
     """A point's typed values by key, in the order its overrides give them."""
     parsed = (parse_override(text) for text in overrides)

@@ -24,11 +24,6 @@ from omegaconf import OmegaConf
 from nanogpt.errors import ConfigError
 
 
-def key_of(overrides: list[str]) -> str:
-    """A candidate's identity in the search: its overrides, sorted."""
-    return " ".join(sorted(overrides))
-
-
 def merged(*lists: list[str]) -> list[str]:
     """Overrides with each key once, the last list's value winning (Hydra refuses a key twice)."""
     out: dict[str, str] = {}

@@ -45,8 +45,9 @@ from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.results import store
 from nanogpt.results import table as sweep_table
+from nanogpt.results.swept import point_key  # a candidate's identity: its overrides, sorted
 from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality, space
-from nanogpt.tune.space import as_overrides, key_of, merged, values_of
+from nanogpt.tune.space import as_overrides, merged, values_of
 
 log = logging.getLogger(__name__)
 STUDY_FILE = "study.journal"
@@ -211,7 +212,7 @@ class Search:
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             overrides = [f"{k}={v}" for k, v in values_of(trial.params, self.dims).items()]
             if "entry" in trial.user_attrs:
-                entries.setdefault(key_of(overrides), ladder.Entry(**trial.user_attrs["entry"]))
+                entries.setdefault(point_key(overrides), ladder.Entry(**trial.user_attrs["entry"]))
         ran = sum(1 for e in entries.values() if e.record)
         asks = 0
         while ran < wanted and asks < 20 * max(wanted, 1) + len(entries):
@@ -221,8 +222,8 @@ class Search:
             asks += 1
             trial = study.ask(distributions)
             overrides = [f"{k}={v}" for k, v in values_of(trial.params, self.dims).items()]
-            entry = entries.get(key_of(overrides)) or self._probe(overrides, trial.number)
-            entries[key_of(overrides)] = entry
+            entry = entries.get(point_key(overrides)) or self._probe(overrides, trial.number)
+            entries[point_key(overrides)] = entry
             ran = sum(1 for e in entries.values() if e.record)
             trial.set_constraint("fits", 0.0 if entry.feasible else 1.0)
             trial.set_user_attr("entry", entry.__dict__)
@@ -236,7 +237,7 @@ class Search:
     def _probe(self, params: list[str], number: int) -> ladder.Entry:
         """One candidate's probe: composed, validated, estimated; measured if it may fit."""
         overrides = merged(self.fixed, params)
-        entry = ladder.Entry(key=key_of(params), overrides=params, rung="probe", trial=number)
+        entry = ladder.Entry(key=point_key(params), overrides=params, rung="probe", trial=number)
         self.doing = f"probe {entry.key}"
         try:
             spec = self._spec(merged(overrides, self.probe))
@@ -261,9 +262,9 @@ class Search:
         self, params: list[str], rung: str, extra: list[str], trial: int | None = None
     ) -> ladder.Entry:
         """Run one point (the runner skips one already recorded ok) and read its record."""
-        record = self._launch(merged(self.fixed, params, extra), f"{rung} {key_of(params)}")
+        record = self._launch(merged(self.fixed, params, extra), f"{rung} {point_key(params)}")
         entry = ladder.Entry(
-            key=key_of(params), overrides=params, rung=rung, trial=trial, record=record
+            key=point_key(params), overrides=params, rung=rung, trial=trial, record=record
         )
         return ladder.judged(entry, self.names)
 
@@ -287,7 +288,7 @@ class Search:
         def loss(params: list[str], seed: int) -> float | None:
             rec = self._launch(
                 merged(self.fixed, params, quality.protocol(steps), [f"bench.seed={seed}"]),
-                f"quality seed={seed} {key_of(params)}",
+                f"quality seed={seed} {point_key(params)}",
             )
             if rec.get("status") != "ok":
                 return None
