@@ -105,6 +105,23 @@ def test_the_measured_config_is_every_key_of_the_measured_groups():
     )
 
 
+@pytest.mark.slow  # the record's environment() asks git for the commit
+def test_a_point_id_is_computed_once_per_point_and_carried(tmp_path, monkeypatch):
+    """run_point computes the point's id once, for all its repeats, and carries it in its Job
+    (point/handoff.py): the record's point_id is that value; neither the worker (its W&B run's
+    id) nor the record computes it again. In this process (bench.isolate=false)."""
+    from nanogpt.point.handoff import Job
+    from nanogpt.point.job import run_point
+    from nanogpt.results import identity
+
+    spec = spec_of("bench.isolate=false", "bench.repeats=2", "bench.diagnose=false")
+    expected, digests, digest = point_id_of(spec), [], identity.point_id
+    monkeypatch.setattr(identity, "point_id", lambda m: digests.append(digest(m)) or digests[-1])
+    assert run_point(spec, Job(tmp_path, overrides=["bench.repeats=2"])) == "ok"
+    assert digests == [expected]  # once per point, whatever it has of repeats
+    assert read_result(tmp_path / "result.json")["point_id"] == expected
+
+
 # ------------------------------------------------------------------------------------------
 # Resume
 # ------------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class Job:
     repeat: str | None = None  # "2/3" while bench.repeats measures the point again
     logging: dict | None = None  # the job's logging config, resolved: the child logs there too
     supersedes: list[str] = field(default_factory=list)  # W&B runs of earlier measurements
+    # The point's identity (results/identity.py), computed once by the job process (run_point)
+    # and carried: the record, the W&B run's id and the resume all read this one value.
+    point_id: str | None = None
 
     @property
     def name(self) -> str:

@@ -33,7 +33,8 @@ SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from,
 
 def run_point(spec: RunSpec, job: Job) -> str:
     """Measure a point (or skip it when an ok record exists), write its record; its status."""
-    pid = point_id_of(spec)
+    pid = point_id_of(spec)  # once per point: carried in the Job to the worker and the record
+    job = dataclasses.replace(job, point_id=pid)
     if job.sweep_dir:
         store.move_other_point(job.sweep_dir, job.job_dir, pid, job.overrides)
     if job.sweep_dir and not spec.bench.rerun:
@@ -127,9 +128,10 @@ def record_ended_outside(
     """A point whose job the scheduler ended (scancel, time limit): record it with `status`,
     keeping what its job recorded before it was stopped (an `interrupted` record after SIGTERM).
     An ok record stays ok: the job had finished measuring. Returns the point's status."""
+    job = dataclasses.replace(job, point_id=point_id_of(spec))  # once, as in run_point
     job.job_dir.mkdir(parents=True, exist_ok=True)
     earlier = store.read_result(job.job_dir / store.RESULT_FILE)
-    if earlier and earlier.get("point_id") != point_id_of(spec):
+    if earlier and earlier.get("point_id") != job.point_id:
         earlier = None  # another point's, from an earlier run of the sweep
     if earlier and earlier["status"] == "ok":
         return "ok"

@@ -37,14 +37,13 @@ from nanogpt.point.handoff import Handoff, write_answer
 from nanogpt.point.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.reporters import wandb_sink
 from nanogpt.results.asked import Asked
-from nanogpt.results.identity import point_id_of
 from nanogpt.results.record import MaxBatch, Record
 
 
 def finish_record(record: Record, handoff: Handoff) -> Record:
     """Complete a record with what was asked, when it finished and the environment."""
     job = handoff.job
-    record.asked = Asked.of(handoff.spec, job.overrides, str(job.job_dir))
+    record.asked = Asked.of(handoff.spec, job.overrides, str(job.job_dir), job.point_id)
     record.finished_at = datetime.datetime.now(datetime.timezone.utc).isoformat()
     record.env = environment()
     placement.fill(record.setup)
@@ -109,7 +108,7 @@ def _measure_here(handoff: Handoff, world: World) -> Record:
             group=job.group,
             config=job.config,
             run_dir=job.job_dir,
-            point_id=point_id_of(spec),
+            point_id=job.point_id,
             overrides=job.overrides,
             repeat=job.repeat,
             supersedes=job.supersedes,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanogpt.results.fields import JSON_ONLY, json_only
-from nanogpt.results.identity import measured_config, point_id
+from nanogpt.results.identity import measured_config
 from nanogpt.spec import RunSpec
 
 
@@ -39,7 +39,11 @@ class Asked:
     measured_config: dict | None = json_only()  # the resolved keys it measures (identity.py)
 
     @classmethod
-    def of(cls, spec: RunSpec, overrides: list[str], job_dir: str) -> Asked:
+    def of(
+        cls, spec: RunSpec, overrides: list[str], job_dir: str, point_id: str | None = None
+    ) -> Asked:
+        """What was asked, as plain values; `point_id` is the one the job process computed for
+        the point and carried (point/handoff.py Job), never computed again here."""
         perf = spec.perf
         measured = measured_config(spec)
         return cls(
@@ -66,6 +70,6 @@ class Asked:
             grad_accum=perf.grad_accum,
             warmup_steps=spec.bench.warmup_steps,
             job_dir=job_dir,
-            point_id=point_id(measured),
+            point_id=point_id,
             measured_config=measured,
         )
