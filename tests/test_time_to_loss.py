@@ -14,6 +14,7 @@ import torch
 from nanogpt.data import check_data, open_source
 from nanogpt.distributed import World
 from nanogpt.errors import ConfigError
+from nanogpt.faults import classify
 from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import build_trainer
 from nanogpt.results import time_to_loss as ttl
@@ -118,20 +119,20 @@ def test_a_point_that_cannot_reach_its_target_says_so_with_its_best_loss(text_fi
     train_to_target(spec, trainer, record)
     part = record.time_to_loss
     assert part.ttl_reached is False and part.time_to_loss_s is None
-    assert [e["step"] for e in part.ttl_evals] == [3, 6]
+    assert [e["step"] for e in part.ttl_evals] == [0, 3, 6]  # 0: before any step
     best = min(e["val_loss"] for e in part.ttl_evals)
     assert part.ttl_best_loss == best and f"best {best:.4f}" in part.ttl_note
     assert part.ttl_note.startswith("not reached") and "6 steps" in part.ttl_note
 
 
 def test_a_slow_evaluation_does_not_change_time_to_target(text_file):
-    """An evaluation that sleeps 0.3 s, read 4 times (the 4th reads the target). Step times on
-    a shared machine stall unpredictably, so the test does not compare two runs: it checks
-    that the run's training clock plus the evaluations' is its wall time, i.e. that no second
-    of the 1.2 s spent evaluating is in time to target (a clock that ran through them would
-    read 0.9 s more at the 4th evaluation)."""
+    """An evaluation that sleeps 0.3 s, read 5 times (before the first step, then every 4
+    steps; the 5th reads the target). Step times on a shared machine stall unpredictably, so
+    the test does not compare two runs: it checks that the run's training clock plus the
+    evaluations' is its wall time, i.e. that no second of the 1.5 s spent evaluating is in
+    time to target (a clock that ran through them would read 1.2 s more at the 5th)."""
     spec, trainer = _trainer(text_file, "bench.target_loss=2.0", "bench.eval_every=4")
-    losses = iter([5.0, 4.0, 3.0, 1.5])
+    losses = iter([6.0, 5.0, 4.0, 3.0, 1.5])
 
     def evaluate() -> float:
         time.sleep(0.3)  # a real, slow evaluation
@@ -143,10 +144,24 @@ def test_a_slow_evaluation_does_not_change_time_to_target(text_file):
     train_to_target(spec, trainer, record, evaluate)
     wall = time.perf_counter() - started
     part = record.time_to_loss
-    assert part.ttl_steps == 16 and part.ttl_eval_s >= 1.2
+    assert part.ttl_steps == 16 and part.ttl_eval_s >= 1.5
     train_s = part.ttl_evals[-1]["train_s"]
-    assert train_s <= wall - 1.2  # none of the evaluations' 1.2 s
+    assert train_s <= wall - 1.5  # none of the evaluations' 1.5 s
     assert part.time_to_loss_s == pytest.approx(train_s - part.ttl_compile_s)
+
+
+def test_a_target_the_untrained_model_already_reads_fails_the_point_in_one_line(text_file):
+    """The first evaluation, before any step, reads about ln(14) = 2.6: a target of 3 times
+    nothing. The run stops there (no step taken) and the measured loop records the point
+    failed with the line (status error), as any point that raises."""
+    spec, trainer = _trainer(text_file, "bench.target_loss=3.0")
+    with pytest.raises(ConfigError) as err:
+        train_to_target(spec, trainer, Record())
+    line = str(err.value)
+    assert line.startswith("bench.target_loss: is 3, but the first evaluation, before any step")
+    assert "set a target below 2." in line and "\n" not in line
+    assert trainer.steps_done == 0
+    assert classify(err.value) == "error"
 
 
 # --- a point's runs, and a point against the baseline --------------------------------------
@@ -234,14 +249,16 @@ def test_a_target_with_one_run_is_refused_in_one_line():
 
 @needs_shared
 def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep):
-    """Two points, two runs each: a target the first evaluation reads, and one no micro run
-    reaches; each run its own seed, the table's figures from the runs."""
+    """Two points, two runs each: a target the second evaluation reads (the first, before any
+    step, reads about 4.17 = ln 65; after 2 steps at lr 1e-2 both seeds read below 3.92), and
+    one no micro run reaches; each run its own seed, the table's figures from the runs."""
     proc, sweep_dir = sweep(
         "data=text",
         f"data.path={SHAKESPEARE}",
         "data.tokenizer=char",
         "model.vocab_size=65",
-        "bench.target_loss=100,0.01",
+        "optimizer.lr=1e-2",
+        "bench.target_loss=4.0,0.01",
         "bench.repeats=2",
         "bench.eval_every=2",
         "bench.max_steps=4",
@@ -251,6 +268,7 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep):
     assert reached["ttl_note"] == "2 of 2 reached" and reached["ttl_steps_per_run"] == [2, 2]
     assert reached["time_to_loss_s"] > 0 and reached["ttl_tokens"] == 2 * 2 * 16
     first, second = reached["ttl_evals"]
+    assert [e["step"] for e in first] == [0, 2] and first[0]["val_loss"] > 4.0
     assert first[0]["val_loss"] != second[0]["val_loss"]  # own seed each: another init
     missed = read_result(sweep_dir / "1" / "result.json")
     assert missed["time_to_loss_s"] is None and missed["ttl_note"].startswith("0 of 2 reached")

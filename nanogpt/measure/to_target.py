@@ -3,6 +3,8 @@
 Called by the measured loop (measure/loop.py) instead of the throughput window when
 bench.target_loss is set (docs/time_to_loss.md). What is timed, and what is not:
 
+- the untrained model is evaluated first (step 0, outside the clock): a target it already reads
+  fails the point in one line (check_first_loss), and the curve starts from it;
 - every training step counts as progress: no warmup is set aside, the first step trains too;
 - the training steps' wall time is read at evaluations (a device sync there: the loss has to be
   read anyway) and at each of the first FIRST_STEPS steps, which are timed alone;
@@ -30,6 +32,7 @@ import torch
 
 from nanogpt.data import open_source
 from nanogpt.devices import synchronize
+from nanogpt.errors import ConfigError
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results.record import Record
 from nanogpt.results.time_to_loss_part import TimeToLoss
@@ -83,10 +86,13 @@ def train_to_target(
     part = record.time_to_loss = TimeToLoss(
         ttl_target_loss=bench.target_loss, ttl_eval_every=bench.eval_every, ttl_runs=1
     )
-    first, stretches, evals = [], [], []  # first steps' s; (steps, s) between evaluations
-    train_s = eval_s = 0.0
+    first, stretches = [], []  # first steps' s; (steps, s) between evaluations
     reached_at = None
     synchronize(device)
+    clock = time.perf_counter()
+    evals = [{"step": 0, "train_s": 0.0, "val_loss": evaluate()}]  # before any step, untimed
+    check_first_loss(bench.target_loss, evals[0]["val_loss"])
+    train_s, eval_s = 0.0, time.perf_counter() - clock
     wall0 = clock = time.perf_counter()
     timed_to = 0  # the last step whose time is counted
     for step in range(1, bench.max_steps + 1):
@@ -117,6 +123,18 @@ def train_to_target(
         if over:
             break
     _fill(part, record, first, stretches, evals, reached_at, eval_s, spec)
+
+
+def check_first_loss(target: float, loss: float) -> None:
+    """A target the untrained model already reads times nothing: the point fails (status
+    error) with one line, before its clock starts."""
+    if loss <= target:
+        raise ConfigError(
+            "bench.target_loss",
+            f"is {target:g}, but the first evaluation, before any step, already reads "
+            f"{loss:.4f}: there is no time to loss to measure",
+            f"set a target below {loss:.4f}",
+        )
 
 
 def compile_seconds(first: list[float], stretches: list[tuple[int, float]]) -> float:
