@@ -38,6 +38,7 @@ OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 BASE_CONFIG = OmegaConf.structured(RunSpec)
 OmegaConf.set_struct(BASE_CONFIG.optimizer.build, False)
 OmegaConf.set_struct(BASE_CONFIG.model.build, False)  # model.build._target_=mymod.GPT, no +
+OmegaConf.set_struct(BASE_CONFIG.optimizer.args, False)  # from_model's: optimizer.args.eps=1e-8
 ConfigStore.instance().store(name="base_config", node=BASE_CONFIG)
 register_presets()  # sweeps/ as the `sweep` group: +sweep=NAME
 PRINT_CONFIG = "`python -m nanogpt.run --cfg job --resolve ...` prints every key and its value"

@@ -6,6 +6,8 @@ group per role, and one object the trainer steps.
   biases and LayerNorm gains (Loshchilov & Hutter, 2019, decoupled decay).
 - muon: torch.optim.Muon on the block matrices, AdamW on the rest, stepped as one optimizer
   (`Combined`): the GradScaler, clipping and the diagnosis see one step.
+- from_model: the model's own factory (nanoGPT's configure_optimizers, nanochat's
+  setup_optimizer), called with optimizer.args; a list it returns is stepped as one (`Combined`).
 - optimizer.build: any class, named as Hydra names it ({_target_: torch.optim.Adagrad,
   _partial_: true, ...}), called with the role groups and its other keys. The spec carries the
   node as plain values (library code imports no Hydra); the class is imported here as Hydra's
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from nanogpt.errors import ConfigError
 from nanogpt.optim_rules import BUILD_KEYS, ROLES, role_settings, stepped_by
 from nanogpt.spec import OptimizerConfig, OptimizerImpl
 from nanogpt.targets import import_target
@@ -73,12 +76,15 @@ def build_optimizer(
     cfg: OptimizerConfig,
     prefer_fused: bool = False,
     vocab_size: int | None = None,
+    device_type: str = "cpu",
 ):
     """`prefer_fused`: with impl=auto, take the fused implementation. The trainer asks for it on
     CUDA, for every dtype: it is what GPU trainers run (nanoGPT's train.py), and with fp16 a
     non-fused optimizer makes GradScaler.step read found_inf to the host every step, a sync
     inside the measured loop; a fused one checks it on the device. With optimizer=muon the
     flags are the AdamW part's: torch.optim.Muon has one implementation, a tensor at a time."""
+    if cfg.name == "from_model":
+        return from_model(model, cfg, device_type)
     groups = role_groups(model, cfg, vocab_size or model.config.vocab_size)
     flags = IMPL_FLAGS[cfg.impl]
     if prefer_fused and cfg.impl is OptimizerImpl.auto:
@@ -102,6 +108,46 @@ def build_optimizer(
     if not adamw:
         return muon
     return Combined([muon, torch.optim.AdamW(_torch_groups(adamw), betas=betas, **flags)])
+
+
+def from_model(model: torch.nn.Module, cfg: OptimizerConfig, device_type: str):
+    """optimizer=from_model: `model.<optimizer.method>(**optimizer.args)`, the device type
+    given as `optimizer.device_arg` when named. The user's model (measure/byo.py's UserModel)
+    is asked, not its wrapper. One optimizer, or a list of them stepped as one (`Combined`, as
+    nanochat's setup_optimizer returns Muon and AdamW): what is not one is one line."""
+    inner, target = getattr(model, "inner", model), getattr(model, "target", "the model")
+    method = getattr(inner, cfg.method, None)
+    if not callable(method):
+        raise ConfigError(
+            "optimizer.method",
+            f"{target} has no method {cfg.method}()",
+            "name the model's optimizer factory, or use optimizer=adamw, sgd or muon",
+        )
+    # a list from the config (Hydra's betas: [0.9, 0.95]) is the tuple the forks pass
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.args.items()}
+    if cfg.device_arg:
+        kwargs[cfg.device_arg] = device_type
+    call = f"{target}.{cfg.method}({', '.join(kwargs)})"
+    try:
+        made = method(**kwargs)
+    except TypeError as err:
+        fix = "give optimizer.args the method's own arguments"
+        raise ConfigError("optimizer.args", f"{call} refused its arguments: {err}", fix) from None
+    parts = list(made) if isinstance(made, list | tuple) else [made]
+    if not parts or not all(isinstance(p, torch.optim.Optimizer) for p in parts):
+        kinds = ", ".join(type(p).__name__ for p in parts) or "an empty list"
+        raise ConfigError(
+            "optimizer.method",
+            f"{call} returned {kinds}, not a torch.optim.Optimizer or a list of them",
+            "return the optimizer(s) the model trains with",
+        )
+    return parts[0] if len(parts) == 1 else Combined(parts)
+
+
+def stepped_classes(optimizer) -> str:
+    """The classes that step, e.g. "Muon + AdamW" (a Combined's parts in order)."""
+    parts = optimizer.parts if isinstance(optimizer, Combined) else [optimizer]
+    return " + ".join(dict.fromkeys(type(p).__name__ for p in parts))
 
 
 def _torch_groups(groups: list[dict]) -> list[dict]:

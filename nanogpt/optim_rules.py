@@ -186,6 +186,40 @@ def check_optimizer(spec: RunSpec) -> None:
             raise ConfigError(f"{key}.weight_decay", f"is {asked.weight_decay}, below 0", fix)
     check_build(spec)
     check_muon(spec)
+    check_from_model(spec)
+
+
+def check_from_model(spec: RunSpec) -> None:
+    """optimizer=from_model: a model of the user's (the built-in GPT has no optimizer method of
+    its own), a method named, and none of the built-in optimizers' keys beside it. Whether the
+    model has the method is known only where it is built (the point's process)."""
+    opt = spec.optimizer
+    if opt.name != "from_model":
+        return
+    if not spec.model.build:
+        raise ConfigError(
+            "optimizer",
+            "from_model calls the model's own optimizer method, and the built-in GPT has none",
+            "use optimizer=adamw, sgd or muon, or set model.build (docs/models.md)",
+        )
+    if not opt.method:
+        raise ConfigError(
+            "optimizer.method", "is not set", "name the model's method: configure_optimizers"
+        )
+    asked_roles = [r for r in ROLE_KEYS if getattr(opt.roles, r).lr is not None]
+    asked_roles += [r for r in ROLE_KEYS if getattr(opt.roles, r).weight_decay is not None]
+    for key, asked in (
+        ("optimizer.impl", opt.impl is not OptimizerImpl.auto),
+        ("optimizer.build", bool(opt.build)),
+        (f"optimizer.roles.{asked_roles[0] if asked_roles else ''}", bool(asked_roles)),
+    ):
+        if asked:
+            raise ConfigError(
+                key,
+                "is a setting of the runner's own optimizers; from_model's optimizer is the "
+                "model's, made by its own method",
+                "leave it out, or pass the model's own argument in optimizer.args",
+            )
 
 
 def check_build(spec: RunSpec) -> None:

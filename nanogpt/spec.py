@@ -127,7 +127,7 @@ class RolesConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "adamw"  # adamw | sgd | muon
+    name: str = "adamw"  # adamw | sgd | muon | from_model
     lr: float = 6e-4  # the block matrices' (and, for adamw and sgd, every role's by default)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW's (muon: its AdamW)
     weight_decay: float = 0.1  # the block matrices' (adamw, sgd: every 2-D role's by default)
@@ -139,6 +139,12 @@ class OptimizerConfig:
     # Any optimizer class, built Hydra's way: {_target_: torch.optim.Adagrad, _partial_: true,
     # its other arguments}, called with the parameter groups (nanogpt/optim.py). Empty: by name.
     build: dict[str, Any] = field(default_factory=dict)
+    # optimizer=from_model: the model's own factory, called as `model.<method>(**args)` (nanoGPT's
+    # configure_optimizers, nanochat's setup_optimizer); `device_arg` names the argument the
+    # runner fills with the point's device type ("cuda", "cpu"), empty for none.
+    method: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+    device_arg: str = ""
 
 
 @dataclass

@@ -144,11 +144,11 @@ def check_choices(spec: RunSpec) -> None:
             f"'{spec.perf.compile_mode}' is not a torch.compile mode",
             f"use one of {', '.join(COMPILE_MODES)}",
         )
-    if spec.optimizer.name not in ("adamw", "sgd", "muon"):
+    if spec.optimizer.name not in ("adamw", "sgd", "muon", "from_model"):
         raise ConfigError(
             "optimizer.name",
             f"'{spec.optimizer.name}' is unknown",
-            "use optimizer=adamw, sgd or muon, or optimizer.build._target_=CLASS",
+            "use optimizer=adamw, sgd, muon or from_model, or optimizer.build._target_=CLASS",
         )
     if spec.logger.backend not in ("wandb", "none"):
         raise ConfigError(

@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
 from nanogpt.optim import role_counts
-from nanogpt.optim_rules import estimated_state
+from nanogpt.optim_rules import STATE_SLOTS, estimated_state
 from nanogpt.spec import Attention, Loss, RunSpec, Strategy
 from nanogpt.targets import TargetError, instantiate
 
@@ -262,17 +262,26 @@ def _counted(spec: RunSpec) -> float | None:
     return total / seq if total else None
 
 
-def memory_of(spec: RunSpec, model: UserModel, world_size: int, strategy: str) -> dict:
+def memory_of(
+    spec: RunSpec, model: UserModel, world_size: int, strategy: str, optimizer=None
+) -> dict:
     """Parameters, gradients and optimizer state, exact from the model's own tensors (this
-    rank's share under FSDP2); activations unknown, so no total."""
+    rank's share under FSDP2); activations unknown, so no total. optimizer=from_model: the
+    state from the classes the model's method made (`optimizer`), null for a class unknown."""
     shards = world_size if strategy == "fsdp2" else 1
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    by_role, _ = estimated_state(spec.optimizer, role_counts(model, spec.model.vocab_size))
+    if spec.optimizer.name == "from_model":
+        state, rule = _own_state(optimizer)
+        by_role = {}
+    else:
+        by_role, rule = estimated_state(spec.optimizer, role_counts(model, spec.model.vocab_size))
+        state = sum(by_role.values())
     return {
         "weights": weights // shards,
         "gradients": grads // shards,
-        "optimizer_state": sum(by_role.values()) // shards,
+        "optimizer_state": None if state is None else state // shards,
+        "optimizer_state_rule": rule,
         "activations": None,
         "total": None,
         "optimizer_state_by_role": {role: b // shards for role, b in by_role.items()},
@@ -281,3 +290,20 @@ def memory_of(spec: RunSpec, model: UserModel, world_size: int, strategy: str) -
             "does not apply; the total is unknown (the measured peak is in the record's memory)"
         ),
     }
+
+
+def _own_state(optimizer) -> tuple[int | None, str]:
+    """The state bytes the model's own optimizer(s) will keep, from each part's class
+    (optim_rules.STATE_SLOTS: fp32 slots a parameter); None when a class is not in the table."""
+    parts = getattr(optimizer, "parts", [optimizer])
+    total, rules = 0, []
+    for part in parts:
+        name = type(part).__name__
+        slots = STATE_SLOTS.get(name)
+        if name == "SGD":
+            slots = int(any(g.get("momentum") for g in part.param_groups))
+        if slots is None:
+            return None, f"{name} is not in the table of optimizer state (optim_rules.py)"
+        rules.append(f"{name} {4 * slots}")
+        total += sum(4 * slots * p.numel() for g in part.param_groups for p in g["params"])
+    return total, "bytes a parameter: " + ", ".join(dict.fromkeys(rules))

@@ -11,7 +11,7 @@ from pathlib import Path
 from nanogpt.measure import byo, flops
 from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import Trainer
-from nanogpt.optim import role_groups, state_bytes
+from nanogpt.optim import role_groups, state_bytes, stepped_classes
 from nanogpt.optim_rules import estimated_state
 from nanogpt.results.optimizer_part import OptimizerPart
 from nanogpt.results.record import Setup
@@ -23,7 +23,7 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
     strategy = "fsdp2" if trainer.fsdp else "ddp"
     if spec.model.build:  # the user's model: its own figures, or none (measure/byo.py)
         counts = {**byo.flops_of(spec, model), "flops_per_token_hw": None, "flops_formula": None}
-        estimate = byo.memory_of(spec, model, trainer.world.size, strategy)
+        estimate = byo.memory_of(spec, model, trainer.world.size, strategy, trainer.optimizer)
     else:
         counts = flops.model_flops(model)
         counts["flops_per_token_counted"] = flops.counted_flops_per_token(model.config)
@@ -51,6 +51,16 @@ def describe_optimizer(spec: RunSpec, trainer: Trainer, estimate: dict) -> Optim
     """Each role's parameters, learning rate, weight decay, what steps it and the state the
     memory estimate (`estimate`, measure/estimate.py) gives it."""
     opt = spec.optimizer
+    if opt.name == "from_model":  # the model's own: its classes and groups, no roles of ours
+        return OptimizerPart(
+            optimizer_stepped=stepped_classes(trainer.optimizer),
+            optimizer_state_rule=estimate.get("optimizer_state_rule"),
+            optimizer_note=(
+                f"the model's own {opt.method}({', '.join(opt.args)}"
+                f"{', ' + opt.device_arg if opt.device_arg else ''}): "
+                f"{len(trainer.optimizer.param_groups)} param groups"
+            ),
+        )
     groups = role_groups(trainer.raw_model, opt, spec.model.vocab_size)
     by_role = estimate.get("optimizer_state_by_role", {})
     roles = {
@@ -84,6 +94,10 @@ def describe_optimizer(spec: RunSpec, trainer: Trainer, estimate: dict) -> Optim
 def count_optimizer_state(spec: RunSpec, trainer: Trainer, part: OptimizerPart) -> None:
     """The state the optimizer holds, counted from its tensors by role (after the measured
     steps: torch creates it at the first step); this rank's share under FSDP2."""
+    if spec.optimizer.name == "from_model":  # no roles: the model's optimizer, whole
+        params = list(trainer.raw_model.parameters())
+        part.optimizer_state_bytes = state_bytes(trainer.optimizer, params)
+        return
     total = 0
     for g in role_groups(trainer.raw_model, spec.optimizer, spec.model.vocab_size):
         counted = state_bytes(trainer.optimizer, g["params"])

@@ -119,7 +119,10 @@ class Trainer:
         # On CUDA, impl=auto is the fused optimizer for every dtype, as nanoGPT's train.py
         # runs: the points of a sweep then differ only in what the sweep varies.
         self.optimizer = build_optimizer(
-            self.raw_model, spec.optimizer, prefer_fused=device.type == "cuda"
+            self.raw_model,
+            spec.optimizer,
+            prefer_fused=device.type == "cuda",
+            device_type=device.type,
         )
         self.optimizer_impl_used = implementation(self.optimizer)
         # GradScaler.step reads found_inf to the host every step unless the optimizer checks it
