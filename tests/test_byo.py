@@ -17,12 +17,20 @@ from nanogpt.spec import RunSpec
 from .conftest import REPO, with_micro
 
 # A modern GPT as a user keeps it beside their command: benchmarks/modern_gpt.py's (RoPE,
-# RMSNorm, grouped-query attention, an untied head), copied out of the checkout with a first line
-# that notes each process importing it: the sweep's own process must not.
-MODERN_GPT = (
-    'import os\nwith open(__file__ + ".imported", "a") as marker:\n'
-    '    marker.write(f"{os.getpid()}\\n")\n'
-) + (REPO / "benchmarks" / "modern_gpt.py").read_text()
+# RMSNorm, grouped-query attention, an untied head), copied out of the checkout with first lines
+# that note each process importing it (the sweep's own process must not) and that ask CUDA at
+# import, as nanochat's common.py does. The question leaves torch's trace (what this machine
+# lacks, faked as tests/test_parallel_launcher.py's TOUCH_CUDA fakes it): every later fork of the
+# importing process is in a bad fork, so a fork server or sweep process that imported it would
+# send every point it forks to a fresh interpreter, or fail them.
+ASKS_CUDA_AT_IMPORT = """import os, torch
+with open(__file__ + ".imported", "a") as marker:
+    marker.write(f"{os.getpid()}\\n")
+_bad_fork = []
+torch.cuda._is_in_bad_fork = lambda: bool(_bad_fork)
+os.register_at_fork(after_in_child=lambda: _bad_fork.append(True))
+"""
+MODERN_GPT = ASKS_CUDA_AT_IMPORT + (REPO / "benchmarks" / "modern_gpt.py").read_text()
 BUILD = [
     "model.build._target_=modern_gpt.GPT",
     "model.build.config._target_=modern_gpt.Config",
@@ -36,7 +44,8 @@ BUILD = [
 @pytest.fixture(scope="module")
 def byo_sweep(tmp_path_factory):
     """BUILD swept over two dtypes by a real `python -m nanogpt.run -m`, run from the directory
-    that holds modern_gpt.py: (the sweep process's pid, the user's dir, the sweep dir)."""
+    that holds modern_gpt.py: (the sweep process's pid, the user's dir, the sweep dir, its
+    stderr)."""
     root = tmp_path_factory.mktemp("byo")
     (root / "modern_gpt.py").write_text(MODERN_GPT)
     sweep_dir = root / "sweep"
@@ -50,12 +59,12 @@ def byo_sweep(tmp_path_factory):
     )
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
-    return proc.pid, root, sweep_dir
+    return proc.pid, root, sweep_dir, stderr
 
 
 @pytest.mark.slow
 def test_a_users_modern_gpt_is_swept_with_honest_figures(byo_sweep):
-    sweep_pid, root, sweep_dir = byo_sweep
+    sweep_pid, root, sweep_dir, stderr = byo_sweep
     records = [read_result(sweep_dir / str(i) / "result.json") for i in (0, 1)]
     assert [r["status"] for r in records] == ["ok", "ok"]
     assert {r["dtype"] for r in records} == {"fp32", "bf16"}
@@ -73,6 +82,10 @@ def test_a_users_modern_gpt_is_swept_with_honest_figures(byo_sweep):
     # User code ran only where points were measured, never in the sweep's process.
     importers = {int(p) for p in (root / "modern_gpt.py.imported").read_text().split()}
     assert importers and sweep_pid not in importers
+    # A module that asks CUDA at import poisoned only the children that imported it: each point
+    # was its own fork of the clean server (none fell back to a fresh interpreter), both measured.
+    assert len(importers) == 2
+    assert "points now start fresh interpreters" not in stderr, stderr[-2000:]
 
 
 def _compose(overrides: list[str]):
@@ -87,7 +100,7 @@ def _compose(overrides: list[str]):
 
 @pytest.mark.slow
 def test_the_point_follows_the_models_source(byo_sweep, tmp_path):
-    _, root, sweep_dir = byo_sweep
+    _, root, sweep_dir, _ = byo_sweep
     record = read_result(sweep_dir / "0" / "result.json")
     user = tmp_path / "user"
     user.mkdir()
