@@ -22,7 +22,7 @@ from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 
-from .conftest import case_sweep, run_cli, run_patched, with_micro
+from .conftest import REPO, case_sweep, run_cli, run_patched, with_micro
 
 # torchrun gives each rank one thread; submitit does not, so its tests ask for the same.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -158,12 +158,25 @@ def test_bad_config_under_torchrun_stops_every_rank_and_writes_no_record(tmp_pat
     assert not list(tmp_path.rglob("result.json"))
 
 
+USER_MODEL = [
+    "model.build._target_=modern_gpt.GPT",
+    "model.build.config._target_=modern_gpt.Config",
+    "model.build.config.vocab_size=${model.vocab_size}",
+    "model.build.config.block_size=${model.block_size}",
+    "model.build.config.n_layer=1",
+    "model.build.config.n_embd=32",
+]
+
+
 @pytest.fixture(scope="module")
 def torchrun_points(tmp_path_factory) -> dict[str, dict]:
     """One real sweep (case_sweep) of a one-process point and two points that each start
     torchrun with 2 ranks, DDP's and FSDP2's (without resharding: the knob is recorded for
-    FSDP2's point only, though both set it). Case name -> its record, with its job dir."""
+    FSDP2's point only, though both set it), and DDP's on a user's model (benchmarks/
+    modern_gpt.py's, kept beside the command as a user keeps it: each rank finds it there).
+    Case name -> its record, with its job dir."""
     root = tmp_path_factory.mktemp("torchrun_points")
+    (root / "modern_gpt.py").write_text((REPO / "benchmarks" / "modern_gpt.py").read_text())
     no_reshard = "dist.reshard_after_forward=false"
     jobs = case_sweep(
         root,
@@ -171,6 +184,7 @@ def torchrun_points(tmp_path_factory) -> dict[str, dict]:
             "one": ["dist.nproc=1"],
             "ddp": ["dist.nproc=2", "dist.strategy=ddp", no_reshard],
             "fsdp2": ["dist.nproc=2", "dist.strategy=fsdp2", no_reshard],
+            "byo": ["dist.nproc=2", "dist.strategy=ddp", *USER_MODEL],
         },
     )
     assert not list(root.rglob("measurement.json"))  # every child's answer was taken
@@ -209,6 +223,16 @@ def test_a_sweep_point_under_torchrun_with_fsdp2_records_per_rank_memory_and_glo
     # The knob is fsdp2's: recorded for its point, empty for DDP's.
     assert pd.isna(ddp["row"]["reshard_after_forward"])
     assert not fsdp["row"]["reshard_after_forward"]
+
+
+def test_a_sweep_point_under_torchrun_trains_a_users_model_on_2_gloo_ranks(torchrun_points):
+    byo, ddp = torchrun_points["byo"], torchrun_points["ddp"]
+    assert byo["status"] == "ok" and byo["model"] == "modern_gpt.GPT"
+    assert byo["world_size"] == 2 and len(byo["step_ms_per_rank"]) == 2
+    assert byo["model_wrapping"] == "ddp(model)"
+    assert byo["tokens_per_step"] == ddp["tokens_per_step"]  # both ranks' batches count
+    assert byo["flops_source"].startswith("counted: FlopCounterMode")
+    assert byo["n_params"] != ddp["n_params"]  # the user's model, not the built-in GPT
 
 
 @needs_submitit
