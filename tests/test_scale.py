@@ -158,9 +158,24 @@ def test_bad_config_under_torchrun_stops_every_rank_and_writes_no_record(tmp_pat
     assert not list(tmp_path.rglob("result.json"))
 
 
+# A fork of it with nanoGPT's configure_optimizers (decay on the 2-D weights only), which the
+# byo case trains with (optimizer=from_model).
+FORK_GPT = """import inspect, torch, modern_gpt
+Config = modern_gpt.Config
+class GPT(modern_gpt.GPT):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        decay = [p for p in self.parameters() if p.dim() >= 2]
+        rest = [p for p in self.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay},
+                  {"params": rest, "weight_decay": 0.0}]
+        fused = "fused" in inspect.signature(torch.optim.AdamW).parameters
+        extra = dict(fused=True) if fused and device_type == "cuda" else dict()
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+"""
 USER_MODEL = [
-    "model.build._target_=modern_gpt.GPT",
-    "model.build.config._target_=modern_gpt.Config",
+    "optimizer=from_model",
+    "model.build._target_=fork_gpt.GPT",
+    "model.build.config._target_=fork_gpt.Config",
     "model.build.config.vocab_size=${model.vocab_size}",
     "model.build.config.block_size=${model.block_size}",
     "model.build.config.n_layer=1",
@@ -173,10 +188,12 @@ def torchrun_points(tmp_path_factory) -> dict[str, dict]:
     """One real sweep (case_sweep) of a one-process point and two points that each start
     torchrun with 2 ranks, DDP's and FSDP2's (without resharding: the knob is recorded for
     FSDP2's point only, though both set it), and DDP's on a user's model (benchmarks/
-    modern_gpt.py's, kept beside the command as a user keeps it: each rank finds it there).
+    modern_gpt.py's, kept beside the command as a user keeps it: each rank finds it there),
+    trained with its own configure_optimizers.
     Case name -> its record, with its job dir."""
     root = tmp_path_factory.mktemp("torchrun_points")
     (root / "modern_gpt.py").write_text((REPO / "benchmarks" / "modern_gpt.py").read_text())
+    (root / "fork_gpt.py").write_text(FORK_GPT)
     no_reshard = "dist.reshard_after_forward=false"
     jobs = case_sweep(
         root,
@@ -225,14 +242,18 @@ def test_a_sweep_point_under_torchrun_with_fsdp2_records_per_rank_memory_and_glo
     assert not fsdp["row"]["reshard_after_forward"]
 
 
-def test_a_sweep_point_under_torchrun_trains_a_users_model_on_2_gloo_ranks(torchrun_points):
+def test_a_sweep_point_under_torchrun_trains_a_users_model_with_its_own_optimizer(torchrun_points):
     byo, ddp = torchrun_points["byo"], torchrun_points["ddp"]
-    assert byo["status"] == "ok" and byo["model"] == "modern_gpt.GPT"
+    assert byo["status"] == "ok" and byo["model"] == "fork_gpt.GPT"
     assert byo["world_size"] == 2 and len(byo["step_ms_per_rank"]) == 2
     assert byo["model_wrapping"] == "ddp(model)"
     assert byo["tokens_per_step"] == ddp["tokens_per_step"]  # both ranks' batches count
     assert byo["flops_source"].startswith("counted: FlopCounterMode")
     assert byo["n_params"] != ddp["n_params"]  # the user's model, not the built-in GPT
+    # optimizer=from_model: its own configure_optimizers stepped, told the device type
+    assert byo["optimizer_stepped"] == "AdamW" and byo["row"]["optimizer"] == "from_model"
+    assert byo["optimizer_note"].startswith("the model's own configure_optimizers(")
+    assert byo["optimizer_state_bytes"] >= byo["mem_estimate"]["optimizer_state"] > 0
 
 
 @needs_submitit
