@@ -175,3 +175,15 @@ def test_what_the_runner_cannot_honour_is_refused_before_any_point(tmp_path, ove
     with pytest.raises(ConfigError) as err:  # composing checks the point, as a sweep does
         spec_of(tmp_path, "fork_refused" if overrides else None, *(overrides or []))
     assert str(err.value).startswith(says) and "\n" not in str(err.value)
+
+
+def test_from_models_keys_are_in_its_points_identity_and_in_no_other(tmp_path):
+    """optimizer.method, .args and .device_arg came after sweeps were recorded: a point that
+    leaves them at their defaults keeps its point_id (a resume finds it)."""
+    from nanogpt.results.identity import measured_config
+    from nanogpt.spec import RunSpec
+
+    new = {"method", "args", "device_arg"}
+    assert not new & set(measured_config(RunSpec())["optimizer"])
+    measured = measured_config(spec_of(tmp_path, "fork_identity"))["optimizer"]
+    assert measured["method"] == "configure_optimizers" and measured["args"]["learning_rate"]
