@@ -36,6 +36,14 @@ class OptimizerImpl(enum.Enum):
     for_loop = "for_loop"
 
 
+class Schedule(enum.Enum):
+    """optimizer.schedule: the rate's shape over bench.max_steps (nanogpt/lr_schedule.py)."""
+
+    constant = "constant"  # the base rate every step (after optimizer.warmup_steps, if any)
+    cosine = "cosine"  # half a cosine from the base rate down to 0 at the horizon
+    wsd = "wsd"  # warmup-stable-decay: flat, then linear to 0 over the last decay_frac
+
+
 class DataKind(enum.Enum):
     synthetic = "synthetic"
     tokens = "tokens"
@@ -145,6 +153,11 @@ class OptimizerConfig:
     method: str = ""
     args: dict[str, Any] = field(default_factory=dict)
     device_arg: str = ""
+    # The learning rate's schedule, every param group scaled by one factor a step, its horizon
+    # bench.max_steps (nanogpt/lr_schedule.py, docs/time_to_loss.md)
+    schedule: Schedule = Schedule.constant
+    warmup_steps: int = 0  # linear warmup from 0 over this many steps (any schedule)
+    decay_frac: float = 0.2  # wsd: the share of bench.max_steps spent decaying to 0
 
 
 @dataclass
@@ -253,6 +266,7 @@ class Objective(enum.Enum):
     usd_per_1m_tokens = "usd_per_1m_tokens"  # minimised; needs cost.usd_per_hour or usd_per_kwh
     j_per_token = "j_per_token"  # minimised; needs an energy counter
     peak_memory_gib = "peak_memory_gib"  # minimised; with another: a Pareto front
+    time_to_loss = "time_to_loss"  # minimised: time_to_loss_s; needs bench.target_loss
 
 
 @dataclass

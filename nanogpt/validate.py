@@ -17,6 +17,7 @@ from nanogpt.data import check_data
 from nanogpt.device_support import Place, attention_unavailable, parse_device, precision_unavailable
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
+from nanogpt.lr_schedule import check_schedule
 from nanogpt.optim_rules import check_optimizer
 from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
 from nanogpt.spec import COMPILE_MODES, Dtype, Fp8, RunSpec, Strategy
@@ -41,6 +42,7 @@ def check(spec: RunSpec, here: bool = True) -> None:
         check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
     check_target(spec)
+    check_schedule(spec)
     m, val = spec.model, spec.bench.target_loss is not None  # a target reads held-out tokens
     check_data(spec.data, vocab_size=m.vocab_size, block_size=m.block_size, val=val)
 

@@ -3,7 +3,8 @@
 `build_trainer` reads the spec once: it seeds, sets the math mode (TF32 only for `tf32`),
 builds the model, converts its Linears to float8 when asked, wraps it for data parallelism
 (DDP or FSDP2), compiles it when asked, and picks autocast,
-the GradScaler (fp16) and the attention kernel. With `bench.inject_fault` (a testing knob) it
+the GradScaler (fp16) and the attention kernel; `step()` sets the learning rate of
+optimizer.schedule first (nanogpt/lr_schedule.py). With `bench.inject_fault` (a testing knob) it
 returns a `FaultyTrainer`, so the trainer that measures never checks for a fault.
 """
 
@@ -20,11 +21,12 @@ from nanogpt.data import open_source
 from nanogpt.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.distributed import World
 from nanogpt.faults import Fault
+from nanogpt.lr_schedule import is_flat, lr_factor
 from nanogpt.measure.byo import build_user_model
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer, implementation
 from nanogpt.sharding import apply_fsdp2, set_gradient_sync
-from nanogpt.spec import Attention, Dtype, Fp8, RunSpec, Strategy
+from nanogpt.spec import Attention, Dtype, Fp8, RunSpec, Schedule, Strategy
 
 SDPA_BACKENDS = {
     Attention.flash: SDPBackend.FLASH_ATTENTION,
@@ -125,6 +127,12 @@ class Trainer:
             device_type=device.type,
         )
         self.optimizer_impl_used = implementation(self.optimizer)
+        # optimizer.schedule: each group's own rate, as built, is its base (nanogpt/lr_schedule)
+        opt = spec.optimizer
+        self.schedule = None
+        if not is_flat(spec):
+            self.schedule = (opt.schedule, opt.warmup_steps, spec.bench.max_steps, opt.decay_frac)
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         # GradScaler.step reads found_inf to the host every step unless the optimizer checks it
         # on the device itself (the fused ones do): then one host sync stays in each step.
         fused = getattr(self.optimizer, "_step_supports_amp_scaling", False)
@@ -196,6 +204,8 @@ class Trainer:
 
     def step(self) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches. Returns the mean loss, on device."""
+        if self.schedule is not None:
+            self.set_lr(self.steps_done)
         self.steps_done += 1
         total = torch.zeros((), device=self.device)
         data_s = 0.0
@@ -221,6 +231,13 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.last_data_ms = data_s * 1e3
         return total
+
+    def set_lr(self, t: int) -> None:
+        """Every param group at its base rate times the schedule's factor for step t + 1: the
+        roles keep their ratios. A Python float: no device work, no sync."""
+        factor = lr_factor(Schedule(self.schedule[0]), t, *self.schedule[1:])
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base * factor
 
 
 class FaultyTrainer(Trainer):

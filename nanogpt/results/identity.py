@@ -44,7 +44,10 @@ ALSO_MEASURED = {"logger": ("log_interval",)}
 # Keys added after sweeps were recorded: left out while at their defaults, so that a point
 # measured before them keeps its point_id (and a resume finds it).
 LATER_KEYS = {
-    "optimizer": ("adjust_lr_fn", "roles", "build", "method", "args", "device_arg"),
+    "optimizer": (
+        *("adjust_lr_fn", "roles", "build", "method", "args", "device_arg"),
+        *("schedule", "warmup_steps", "decay_frac"),
+    ),
     "model": ("build",),
     "data": ("tokenizer", "val_fraction"),
     "bench": ("target_loss", "eval_every", "eval_batches", "max_steps", "max_s"),
