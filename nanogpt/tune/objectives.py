@@ -34,6 +34,7 @@ RECORD_FIELDS = {
     "point_id": "point_id",
     "repeats": "repeats",
     "device": "device",
+    "time_to_loss": "time_to_loss_s",
 }
 
 # name -> "maximize" | "minimize"
@@ -42,6 +43,7 @@ DIRECTIONS = {
     "usd_per_1m_tokens": "minimize",
     "j_per_token": "minimize",
     "peak_memory_gib": "minimize",
+    "time_to_loss": "minimize",  # time_to_loss_s: null unless every run reached the target
 }
 
 
@@ -79,6 +81,8 @@ def value(
         out = j_per_token
     elif name == "peak_memory_gib":
         out = peak_memory_gib(record)
+    elif name == "time_to_loss":  # the olympic mean of the runs (results/time_to_loss.py)
+        out = field(record, "time_to_loss")
     elif name == "usd_per_1m_tokens":  # as the table prices a point
         out = derive.usd_per_1m_tokens(tokens_per_s, j_per_token, usd_per_hour, usd_per_kwh)
     else:
@@ -96,10 +100,20 @@ def worst(name: str) -> float:
     return 0.0 if DIRECTIONS[name] == "maximize" else math.inf
 
 
-def needs(name: str, usd_per_hour: float | None, usd_per_kwh: float | None) -> str | None:
+def needs(
+    name: str,
+    usd_per_hour: float | None,
+    usd_per_kwh: float | None,
+    target_loss: float | None = None,
+) -> str | None:
     """Why an objective cannot be computed with these settings (the key to set), or None."""
     if name == "usd_per_1m_tokens" and usd_per_hour is None and usd_per_kwh is None:
         return "cost.usd_per_hour: usd_per_1m_tokens needs the machine's price; set it"
+    if name == "time_to_loss" and target_loss is None:
+        return (
+            "bench.target_loss: time_to_loss needs a target validation loss; set it "
+            "(docs/time_to_loss.md)"
+        )
     return None
 
 

@@ -134,7 +134,7 @@ class Search:
         self.directions = [objectives.DIRECTIONS[n] for n in names]
         self.prices = {"usd_per_hour": cfg.cost.usd_per_hour, "usd_per_kwh": cfg.cost.usd_per_kwh}
         for name in names:
-            why = objectives.needs(name, **self.prices)
+            why = objectives.needs(name, **self.prices, target_loss=cfg.bench.target_loss)
             if why:
                 raise ConfigError("tune.objective", f"{name} cannot be computed", why)
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
