@@ -17,14 +17,19 @@ from nanogpt.errors import ConfigError
 from nanogpt.faults import classify
 from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import build_trainer
+from nanogpt.reporters.loss_plot import validation_loss
+from nanogpt.reporters.plot_parts import NoData
+from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.record import Record
 from nanogpt.results.store import read_result
+from nanogpt.results.tidy import read_summary
 from nanogpt.results.time_to_loss_part import TimeToLoss
-from nanogpt.spec import DataConfig
+from nanogpt.spec import DataConfig, LoggerConfig, LoggerMode
 from nanogpt.tokenize import char_vocab, tokenize_text
 
 from .conftest import SHAKESPEARE, needs_shared, sweep_refusal, with_micro
+from .wandb_reader import read_run, run_file
 
 CPU = torch.device("cpu")
 TEXT = "abracadabra, said the cat.\n" * 40  # 1080 characters, 14 distinct
@@ -123,6 +128,27 @@ def test_a_point_that_cannot_reach_its_target_says_so_with_its_best_loss(text_fi
     best = min(e["val_loss"] for e in part.ttl_evals)
     assert part.ttl_best_loss == best and f"best {best:.4f}" in part.ttl_note
     assert part.ttl_note.startswith("not reached") and "6 steps" in part.ttl_note
+
+
+@pytest.mark.slow  # wandb starts its service process
+def test_wandb_gets_every_evaluation_against_steps_and_training_time(text_file, tmp_path):
+    """A real offline W&B run under the target run: one history row per evaluation, at its
+    optimizer step, with the loss and the training clock the record keeps."""
+    spec, trainer = _trainer(
+        text_file, "bench.target_loss=0.001", "bench.max_steps=4", "bench.eval_every=2"
+    )
+    logger = LoggerConfig(backend="wandb", mode=LoggerMode.offline, project="p")
+    run = start_run(logger, job_type="point", name="n", group="g", config={}, run_dir=tmp_path)
+    record = Record()
+    record.setup.tokens_per_step = trainer.tokens_per_step
+    train_to_target(spec, trainer, record, sinks=[WandbSink(run)])
+    run.close(exit_code=0)
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    rows = [row for row in read_run(run_file(run_dir)).history if "val/loss" in row]
+    evals = record.time_to_loss.ttl_evals
+    assert [row["_step"] for row in rows] == [e["step"] for e in evals] == [0, 2, 4]
+    assert [row["val/loss"] for row in rows] == [e["val_loss"] for e in evals]
+    assert [row["val/train_s"] for row in rows] == [e["train_s"] for e in evals]
 
 
 def test_a_slow_evaluation_does_not_change_time_to_target(text_file):
@@ -274,3 +300,22 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep):
     assert missed["time_to_loss_s"] is None and missed["ttl_note"].startswith("0 of 2 reached")
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])
+    _the_loss_plot_draws_every_run(read_summary(sweep_dir), [reached, missed])
+
+
+def _the_loss_plot_draws_every_run(table, records):
+    """val_loss.png (reporters/loss_plot.py), drawn from the sweep's own table and files: a
+    line per run through its evaluations, a colour per point, a dashed line per target."""
+    fig = validation_loss(table)
+    ax = fig.axes[0]
+    runs = [(n, run) for n, record in enumerate(records) for run in record["ttl_evals"]]
+    lines = [line for line in ax.get_lines() if line.get_linestyle() != "--"]
+    assert len(lines) == len(runs) == 4
+    for line, (n, run) in zip(lines, runs, strict=True):
+        assert list(line.get_xdata()) == [e["train_s"] for e in run]
+        assert list(line.get_ydata()) == [e["val_loss"] for e in run]
+        assert line.get_color() == f"C{n}"
+    targets = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert sorted(targets) == [0.01, 4.0]
+    with pytest.raises(NoData, match="bench.target_loss"):  # a throughput sweep: none drawn
+        validation_loss(table.assign(ttl_target_loss=None))

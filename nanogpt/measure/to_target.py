@@ -74,11 +74,13 @@ def train_to_target(
     trainer: Trainer,
     record: Record,
     evaluate: Callable[[], float] | None = None,
+    sinks: list = (),
 ) -> None:
     """Train until an evaluation reads loss <= bench.target_loss or the budget ends; fill
     record.time_to_loss (and the first and last training losses; the evaluations are
-    ttl_evals, not steps.csv rows: a target run times no single step). `evaluate` (default: the
-    held-out loss) is a parameter so a test can make it slow."""
+    ttl_evals, not steps.csv rows: a target run times no single step), each evaluation also
+    to the sinks (W&B: a window of phase "eval", outside the training clock). `evaluate`
+    (default: the held-out loss) is a parameter so a test can make it slow."""
     bench, device = spec.bench, trainer.device
     if evaluate is None:
         batches = held_out_batches(spec, device)
@@ -92,6 +94,7 @@ def train_to_target(
     clock = time.perf_counter()
     evals = [{"step": 0, "train_s": 0.0, "val_loss": evaluate()}]  # before any step, untimed
     check_first_loss(bench.target_loss, evals[0]["val_loss"])
+    _emit(sinks, evals[-1])
     train_s, eval_s = 0.0, time.perf_counter() - clock
     wall0 = clock = time.perf_counter()
     timed_to = 0  # the last step whose time is counted
@@ -113,16 +116,30 @@ def train_to_target(
             stretches.append((step - timed_to, now - clock))
             train_s, timed_to = train_s + now - clock, step
         record.timing.loss_last = loss.item()
-        val = evaluate()  # ... and is not running while the model is evaluated
+        val = evaluate()  # ... and is not running while the model is evaluated (or logged)
+        evals.append({"step": step, "train_s": train_s, "val_loss": val})
+        _emit(sinks, evals[-1])
         clock = time.perf_counter()
         eval_s += clock - now
-        evals.append({"step": step, "train_s": train_s, "val_loss": val})
         if val <= bench.target_loss:
             reached_at = evals[-1]
             break
         if over:
             break
     _fill(part, record, first, stretches, evals, reached_at, eval_s, spec)
+
+
+def _emit(sinks, evaluation: dict) -> None:
+    """An evaluation to the sinks, as a window of phase "eval" (W&B: val/loss, val/train_s)."""
+    for sink in sinks:
+        sink.window(
+            {
+                "phase": "eval",
+                "step": evaluation["step"],
+                "loss": evaluation["val_loss"],
+                "train_s": evaluation["train_s"],
+            }
+        )
 
 
 def check_first_loss(target: float, loss: float) -> None:

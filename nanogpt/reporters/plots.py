@@ -11,6 +11,8 @@ of the sweep table and each point's own files:
                       beside the measured peak
 - bottleneck.png      each point's step split into device, communication, data and host time,
                       and its device time by kind (the diagnosis, results/bottleneck.py)
+- val_loss.png        validation loss against training time, a line per run (a sweep with
+                      bench.target_loss: reporters/loss_plot.py)
 A plot that has nothing to show (batch size does not vary, no MFU without a peak) is skipped
 with a message. Points are labelled by the overrides that differ between them.
 
@@ -29,6 +31,7 @@ from matplotlib.figure import Figure
 
 from nanogpt.files import write_atomic
 from nanogpt.reporters.bottleneck_plot import bottleneck
+from nanogpt.reporters.loss_plot import validation_loss
 from nanogpt.reporters.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.results import store
 from nanogpt.results.compare import measured_peak
@@ -245,6 +248,7 @@ PLOTS: dict[str, Callable[[pd.DataFrame], Figure]] = {
     "speedup.png": speedup,
     "pareto.png": pareto,
     "bottleneck.png": bottleneck,
+    "val_loss.png": validation_loss,
 }
 
 

@@ -13,6 +13,8 @@ process from the measurement, whatever a sink does. The one sink is Weights & Bi
   it supersedes;
 - every log window is logged with the optimizer step as W&B's step: `train/*` keys for measured
   windows, `warmup/*` keys for warmup windows (so warmup never mixes into a measured chart);
+  a time-to-loss run logs each evaluation instead: `val/loss` and `val/train_s` (the training
+  clock, evaluations excluded), charted against training time, the step beside it;
   define_metric gives them no summary, so the run summary holds the record's figures only
   (tokens_per_s is the median step's, not the last window's);
 - at the end, every field of result.json goes into the run's summary, namespaced by the
@@ -71,7 +73,10 @@ FINISH_TIMEOUT_S = 60.0
 # this run has closed.
 SUMMARY_OMITTED = ("wall_s",)
 # Window metrics: history only; the summary is the record's (WandbSink.finish).
-WINDOW_METRICS = ("train/*", "warmup/*")
+WINDOW_METRICS = ("train/*", "warmup/*", "val/*")
+# A window's phase -> its keys' prefix. "eval": a time-to-loss run's evaluation
+# (measure/to_target.py), val/loss and val/train_s (the training clock at it) at its step.
+PREFIXES = {"measure": "train", "warmup": "warmup", "eval": "val"}
 
 
 def open_sinks(
@@ -180,6 +185,9 @@ def start_run(
         )
         for pattern in WINDOW_METRICS:
             run.define_metric(pattern, summary="none")
+        # The validation loss's default chart is against training time; its rows also carry
+        # the optimizer step (W&B's step), the x axis chosen in the chart's menu.
+        run.define_metric("val/loss", step_metric="val/train_s", summary="none")
         return run
 
     run_id = new_run_id()
@@ -261,7 +269,7 @@ class WandbSink:
         self.run = run
 
     def window(self, stats: dict) -> None:
-        prefix = "train" if stats["phase"] == "measure" else "warmup"
+        prefix = PREFIXES[stats["phase"]]
         values = {k: v for k, v in stats.items() if k not in ("phase", "step")}
         payload = {f"{prefix}/{key}": value for key, value in values.items()}
         self.run.attempt("run.log", lambda run: run.log(payload, step=stats["step"]))
