@@ -32,5 +32,6 @@ class TimeToLoss:
     ttl_s_per_run: list | None = None  # time_to_loss_s of each run (null: not reached)
     ttl_steps_per_run: list | None = None
     ttl_best_loss_per_run: list | None = None
-    # Every evaluation: {step, train_s, val_loss}, a list per run in a pooled record
+    # Every evaluation: {step, train_s, val_loss}, the first at step 0 (before any step), a list
+    # per run in a pooled record
     ttl_evals: list | None = json_only()
