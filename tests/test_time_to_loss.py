@@ -14,13 +14,14 @@ import torch
 from nanogpt.data import check_data, open_source
 from nanogpt.distributed import World
 from nanogpt.errors import ConfigError
-from nanogpt.faults import classify
+from nanogpt.measure.loop import measure
 from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import build_trainer
 from nanogpt.reporters.loss_plot import validation_loss
 from nanogpt.reporters.plot_parts import NoData
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import time_to_loss as ttl
+from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import Record
 from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
@@ -33,6 +34,7 @@ from .wandb_reader import read_run, run_file
 
 CPU = torch.device("cpu")
 TEXT = "abracadabra, said the cat.\n" * 40  # 1080 characters, 14 distinct
+UNKNOWN_PEAK = Ceilings(Peak(None, "unknown"))  # MFU has no peak here: no figure needs one
 
 
 def _spec(*overrides: str):
@@ -103,15 +105,20 @@ def test_tokens_reads_val_bin_beside_train_bin(tmp_path):
 # --- the target run's clock ----------------------------------------------------------------
 
 
-def _trainer(text_file, *overrides):
-    spec = _spec(
+def _trainer_spec(text_file, *overrides):
+    return _spec(
         "data=text",
         f"data.path={text_file}",
         "data.tokenizer=char",
         "model.vocab_size=14",
         "model.block_size=8",
+        "bench.diagnose=false",
         *overrides,
     )
+
+
+def _trainer(text_file, *overrides):
+    spec = _trainer_spec(text_file, *overrides)
     return spec, build_trainer(spec, CPU, World.from_env())
 
 
@@ -187,7 +194,33 @@ def test_a_target_the_untrained_model_already_reads_fails_the_point_in_one_line(
     assert line.startswith("bench.target_loss: is 3, but the first evaluation, before any step")
     assert "set a target below 2." in line and "\n" not in line
     assert trainer.steps_done == 0
-    assert classify(err.value) == "error"
+    record = measure(spec, CPU, World.from_env(), UNKNOWN_PEAK, text_file.parent, [])
+    assert record.status == "error" and record.error == f"ConfigError: {line}"
+
+
+class Collected:
+    """A sink as the measured loop takes one (anything with `window(stats)`), keeping them."""
+
+    def __init__(self):
+        self.windows = []
+
+    def window(self, stats: dict) -> None:
+        self.windows.append(stats)
+
+
+def test_the_measured_loop_hands_every_evaluation_to_its_sinks(text_file):
+    spec = _trainer_spec(
+        text_file, "bench.target_loss=0.001", "bench.max_steps=4", "bench.eval_every=2"
+    )
+    sink = Collected()
+    record = measure(spec, CPU, World.from_env(), UNKNOWN_PEAK, text_file.parent, [sink])
+    assert record.status == "ok", record.error
+    evals = record.time_to_loss.ttl_evals
+    assert sink.windows == [
+        {"phase": "eval", "step": e["step"], "loss": e["val_loss"], "train_s": e["train_s"]}
+        for e in evals
+    ]
+    assert [w["step"] for w in sink.windows] == [0, 2, 4]
 
 
 # --- a point's runs, and a point against the baseline --------------------------------------

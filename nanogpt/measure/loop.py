@@ -79,7 +79,7 @@ def measure(
             _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
         else:  # time to a target loss instead of the throughput window (docs/time_to_loss.md)
             record.setup = describe_setup(spec, trainer)
-            train_to_target(spec, trainer, record)
+            train_to_target(spec, trainer, record, sinks=sinks)
         record.status = "ok"
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
         record.status, record.error = classify(exc), describe(exc)
