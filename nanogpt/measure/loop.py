@@ -33,6 +33,7 @@ from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import classify, describe
 from nanogpt.measure import memory
+from nanogpt.measure.compile_health import CompileProbe
 from nanogpt.measure.contention import ContentionProbe
 from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
@@ -79,7 +80,10 @@ def measure(
             _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
         else:  # time to a target loss instead of the throughput window (docs/time_to_loss.md)
             record.setup = describe_setup(spec, trainer)
+            compiles = CompileProbe(spec.perf.compile)
+            compiles.start()
             train_to_target(spec, trainer, record, sinks=sinks)
+            record.compile = compiles.result()  # no measured window: recompiles_in_window null
         record.status = "ok"
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
         record.status, record.error = classify(exc), describe(exc)
@@ -109,6 +113,8 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
     record.optimizer = describe_optimizer(spec, trainer, record.setup.mem_estimate)
     probe = memory.MemoryProbe(device, cuda_graphs=_graph_mode(spec) in CUDA_GRAPH_MODES)
     probe.start()
+    compiles = CompileProbe(spec.perf.compile)  # torch's own counters, from before the 1st step
+    compiles.start()
     energy = EnergyProbe(device)
     warmup = warmup_steps(bench.warmup_steps, _graph_mode(spec), device.type == "cuda")
     timed = bench.warmup_s > 0 or bench.measure_s > 0  # then the step count is not known
@@ -134,7 +140,10 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         contention = ContentionProbe(device, spec.bench.exclusive.value, trainer.world)
         contention.start()
         energy.start()
+        compiles.window_start()
         _measured_steps(spec, trainer, record, log, bar, emit)
+        compiles.window_end()
+        record.compile = compiles.result()  # before the profiled steps: theirs are not counted
         record.energy = energy.stop()  # the last window's close synced the device
         record.clocks = energy.clocks()
         for key, value in contention.stop().items():
@@ -286,8 +295,9 @@ def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> N
     timing.step_ms_median_per_repeat = [timing.step_ms_median]
     timing.data_ms_median = stats.summarize(log.measured("data_ms"))["median"]
     timing.step_timer = StepTimer(trainer.device).clock
+    on_accelerator, recompiles = trainer.device.type != "cpu", record.compile.recompiles_in_window
     steadiness = derive.steadiness(
-        steps, timing.measured_s, spec.bench.measure_s, trainer.device.type != "cpu"
+        steps, timing.measured_s, spec.bench.measure_s, on_accelerator, recompiles
     )
     timing.steady, timing.steady_note = steadiness.steady, steadiness.note
     timing.unsteady_reasons = list(steadiness.reasons)

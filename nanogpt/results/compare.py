@@ -56,19 +56,53 @@ def add_speedups(table: pd.DataFrame, steps: list, base: int | None) -> None:
     table["speedup_verdict"] = [v[3] for v in values]
 
 
-def compile_breakeven(table: pd.DataFrame) -> pd.Series:
-    """For a compiled point whose eager twin (the same overrides but perf.compile) is in the
-    table: compile_s / (eager step - compiled step), the steps after which compiling has paid
-    for itself. Null when compiling does not make steps faster, or there is no twin."""
+def eager_twins(table: pd.DataFrame) -> pd.Series:
+    """For each ok compiled row whose eager twin (the same overrides but perf.compile) is in the
+    table and ok: the twin's median step (ms); NaN elsewhere."""
     ok = table[table["status"] == "ok"]
     eager = {_without_compile(o): ms for o, c, ms in _compile_rows(ok) if not c}
     out = pd.Series([None] * len(table), index=table.index, dtype="float64")
     for index, row in ok.iterrows():
         twin = eager.get(_without_compile(row["overrides"]))
-        if row["compile"] is True and twin is not None and row["compile_s"] is not None:
-            saved_ms = twin - row["step_ms_median"]
-            if saved_ms > 0:
-                out[index] = row["compile_s"] * 1e3 / saved_ms
+        if row["compile"] is True and twin is not None:
+            out[index] = twin
+    return out
+
+
+def compile_breakeven(table: pd.DataFrame) -> pd.Series:
+    """For a compiled point whose eager twin is in the table (`eager_twins`): compile_s /
+    (eager step - compiled step), the steps after which compiling has paid for itself. Null
+    when compiling does not make steps faster, or there is no twin."""
+    saved_ms = eager_twins(table) - table["step_ms_median"].astype("float64")
+    compile_s = table["compile_s"].astype("float64")
+    return (compile_s * 1e3 / saved_ms).where(saved_ms > 0)
+
+
+def compile_verdict(table: pd.DataFrame, break_reasons: list) -> pd.Series:
+    """For a compiled point whose eager twin is in the table: what compile bought, eager step /
+    compiled step, with the graph breaks (the compile part's counters) in the words: "compile
+    bought 1.02x: 7 graph breaks, the first at <reason>". `break_reasons[i]`: row i's
+    graph_break_reasons (json-only, so read from the records). None elsewhere."""
+    bought = eager_twins(table) / table["step_ms_median"].astype("float64")
+    out = pd.Series([None] * len(table), index=table.index, dtype=object)
+    for i, (index, ratio) in enumerate(bought.items()):
+        if pd.isna(ratio):
+            continue
+        row = table.loc[index]
+        words = f"compile bought {number(ratio)}×"
+        breaks = row.get("graph_breaks")
+        if breaks is None or pd.isna(breaks):
+            words += " (graph breaks not counted)"
+        elif breaks == 0:
+            words += ": no graph breaks"
+        else:
+            words += f": {int(breaks)} graph break{'s' if breaks > 1 else ''}"
+            reasons = break_reasons[i] or []
+            words += f", the first at {reasons[0]}" if reasons else ""
+        recompiles = row.get("recompiles")
+        if recompiles is not None and pd.notna(recompiles) and recompiles > 0:
+            words += f"; {int(recompiles)} recompile{'s' if recompiles > 1 else ''}"
+        out[index] = words
     return out
 
 
@@ -162,7 +196,8 @@ def recommend(
     """A few lines under the table: the fastest point, and its bottleneck with what to try
     (results/bottleneck.py); the fastest within the memory budget;
     the most tokens per kWh; the cheapest per 1M tokens. Each says whether its lead over the
-    runner-up is significant."""
+    runner-up is significant. Then, for each compiled point with an eager twin, what compile
+    bought (`compile_verdict`)."""
     ok = [i for i in range(len(table)) if comparable(table, steps, i)]
 
     def best(rows: list[int], title: str, column: str, larger: bool = True) -> str | None:
@@ -187,6 +222,8 @@ def recommend(
         lines.append(best(trusted, "most tokens per kWh", "tokens_per_kwh"))
     if table["usd_per_1m_tokens"].notna().any():
         lines.append(best(ok, "cheapest", "usd_per_1m_tokens", larger=False))
+    verdicts = table["compile_verdict"] if "compile_verdict" in table else []
+    lines += [f"{names[i]}: {v}" for i, v in enumerate(verdicts) if isinstance(v, str)]
     return [line for line in lines if line]
 
 

@@ -216,6 +216,7 @@ def _energy_rates(out: Rates, setup: Setup, energy: Energy, measured_steps: int)
 # Why a window is not steady, as codes the table reads (Timing.unsteady_reasons)
 SHORT = "short"  # shorter than asked (bench.measure_s), or than a GPU's clocks take to settle
 DRIFT = "drift"  # the last third's step time differs significantly from the first third's
+RECOMPILE = "recompile"  # torch.compile compiled again during the measured steps
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,11 @@ class Steadiness:
 
 
 def steadiness(
-    steps: list[float], measured_s: float, floor_s: float, on_accelerator: bool
+    steps: list[float],
+    measured_s: float,
+    floor_s: float,
+    on_accelerator: bool,
+    recompiles: int | None = None,
 ) -> Steadiness:
     """Whether a measured window reads the steady state (`Steadiness`).
 
@@ -241,7 +246,8 @@ def steadiness(
     the 95 % interval of stats.speedup. Unsteady when the window was shorter than asked
     (`floor_s`) or, on an accelerator, than STEADY_MIN_S (SHORT); or when the drift is
     significant (its whole interval beyond stats.NOISE): clocks or caches still changing
-    (DRIFT)."""
+    (DRIFT); or when torch.compile recompiled during the window (`recompiles`, the compile
+    part's recompiles_in_window): a timed step held a compile (RECOMPILE)."""
     reasons, notes = [], []
     if measured_s < floor_s:
         reasons.append(SHORT)
@@ -259,6 +265,9 @@ def steadiness(
             way = "slower" if drift[0] > 0 else "faster"
             reasons.append(DRIFT)
             notes.append(f"the last third of the steps ran {abs(drift[0]):.1f} % {way}")
+    if recompiles:
+        reasons.append(RECOMPILE)
+        notes.append(f"{recompiles} recompile(s) during the measured steps")
     return Steadiness(tuple(reasons), "; ".join(notes) or None, drift)
 
 

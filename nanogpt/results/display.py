@@ -117,8 +117,9 @@ def _cell(value) -> str:
 
 def steady_text(row: pd.Series) -> str:
     """ "yes", or why the window may not read the steady state, from the record's reason codes
-    (results/derive.py): "short" (cut or under a GPU's settling time) and/or "drift+3.1%" (the
-    last third of the steps against the first)."""
+    (results/derive.py): "short" (cut or under a GPU's settling time), "drift+3.1%" (the
+    last third of the steps against the first), "recompile" (torch.compile compiled during the
+    measured steps)."""
     if row["steady"] is None or pd.isna(row["steady"]):
         return "-"
     if bool(row["steady"]):

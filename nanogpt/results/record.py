@@ -15,6 +15,8 @@ One typed record, `Record`, made of small dataclasses, each filled by one part o
   Diagnosis the bottleneck verdict, its hint and the figures behind them (results/bottleneck.py)
   OptimizerPart  the parameters by role, what stepped each, the state it keeps, its share of a
             step (results/optimizer_part.py)
+  CompilePart  what torch.compile did: graph breaks, graphs, recompiles, compile time, CUDA-graph
+            skips, from torch's own counters (results/compile_part.py)
   MaxBatch  the largest batch that fits, when asked for
   TimeToLoss  time to a target validation loss, when one is set (results/time_to_loss_part.py)
 
@@ -37,6 +39,7 @@ from typing import Any
 
 from nanogpt.results.asked import Asked
 from nanogpt.results.bottleneck import Diagnosis
+from nanogpt.results.compile_part import CompilePart
 from nanogpt.results.fields import JSON_ONLY, STEPS, json_only
 from nanogpt.results.optimizer_part import OptimizerPart
 from nanogpt.results.time_to_loss_part import TimeToLoss
@@ -226,6 +229,7 @@ PARTS = {
     "profile": Profile,
     "diagnosis": Diagnosis,
     "optimizer": OptimizerPart,
+    "compile": CompilePart,
     "max_batch": MaxBatch,
     "time_to_loss": TimeToLoss,
 }
@@ -245,6 +249,7 @@ class Record:
     profile: Profile = field(default_factory=Profile)
     diagnosis: Diagnosis = field(default_factory=Diagnosis)  # measure/diagnose.py, judged there
     optimizer: OptimizerPart = field(default_factory=OptimizerPart)  # measure/setup.py
+    compile: CompilePart = field(default_factory=CompilePart)  # measure/compile_health.py
     max_batch: MaxBatch = field(default_factory=MaxBatch)  # measure/maxbatch.py, in a child
     time_to_loss: TimeToLoss = field(default_factory=TimeToLoss)  # measure/to_target.py
     env: dict | None = json_only()  # versions, devices, host, git commit (hardware/env.py)

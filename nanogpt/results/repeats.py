@@ -44,8 +44,19 @@ def pool(records: list[Record]) -> Record:
     pooled.timing = timing
     pooled.memory = _largest_peaks(records)
     pooled.energy = _summed_energy(records)
+    pooled.compile = _compile_of(records)
     pooled.rates = derive.rates(pooled, derive.ceilings_of(first))
     return pooled
+
+
+def _compile_of(records: list[Record]):
+    """The first repeat's compile part (each repeat compiles the same model alike; the first
+    with the coldest cache), with the recompiles inside every repeat's measured steps summed."""
+    part = dataclasses.replace(records[0].compile)
+    in_window = [r.compile.recompiles_in_window for r in records]
+    if None not in in_window:
+        part.recompiles_in_window = sum(in_window)
+    return part
 
 
 def _largest_peaks(records: list[Record]):

@@ -116,6 +116,8 @@ def build_table(
     compare.add_speedups(table, sweep.series(), choice.position)
     ttl.add_comparison(table, choice.position, ttl_alpha)  # points with a target loss
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)
+    reasons = [row.get("graph_break_reasons") for row in rows]  # json-only: from the records
+    table["compile_verdict"] = compare.compile_verdict(table, reasons)
     compare.add_costs(table, usd_per_hour, usd_per_kwh)
     if choice.position is None:
         sweep.baseline = f"baseline: none ({choice.reason})"

@@ -52,6 +52,7 @@ HEADLINE = (
     "ttl_p_value",
     "ttl_verdict",
     "compile_breakeven_steps",
+    "compile_verdict",
     "bottleneck",
     "tokens_per_kwh",
     "usd_per_1m_tokens",
