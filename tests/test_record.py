@@ -301,6 +301,7 @@ def test_a_pooled_point_is_steady_only_if_every_repeat_was_and_shows_the_worst_d
     assert repeats.pool([run(True, 0.5), run(True, -0.2)]).timing.steady is True
 
 
+@pytest.mark.slow  # finish_record's environment() asks git for the commit
 def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
     """bench.repeats=2 on real records: two measurements of a micro point by the real loop,
     pooled by the real code. Every derived figure is derive.rates of the pooled record, and no
@@ -319,15 +320,24 @@ def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         spec = to_spec(compose("config", overrides=with_micro(["bench.diagnose=false"])))
     handoff = Handoff("point", spec, Job(tmp_path, overrides=["perf.batch_size=2"]))
-    # a known peak and an achievable matmul this micro model cannot reach: mfu_flag is False
-    ceilings = Ceilings(Peak(1e12, "override"), achievable_flops=1e12, calibration={"op": "mm"})
-    world = World.from_env()
-    runs = [
-        finish_record(measure(spec, torch.device("cpu"), world, ceilings, tmp_path, []), handoff)
-        for _ in range(2)
-    ]
+    on_cpu = (spec, torch.device("cpu"), World.from_env())
+    # a known peak and an achievable matmul this micro model cannot reach: mfu_flag is False;
+    # matmul_emulated as a CPU without native bf16 matmuls resolves it (hardware/cpu.py)
+    emulated = "bf16 matmuls are emulated on this CPU (no avx512_bf16/amx_bf16)"
+    ceilings = Ceilings(
+        Peak(1e12, "override"), 1e12, calibration={"op": "mm"}, matmul_emulated=emulated
+    )
+
+    def measured() -> Record:  # as the job process reads it back from the measuring child
+        record = finish_record(measure(*on_cpu, ceilings, tmp_path, []), handoff)
+        return Record.from_dict(json.loads(json.dumps(record.to_dict(steps=True))))
+
+    runs = [measured() for _ in range(2)]
     assert all(run.status == "ok" for run in runs)
     pooled = repeats.pool(runs)
+    # the pool divides by the ceilings the runs stored, whole: matmul_emulated included
+    assert Ceilings.from_dict(pooled.rates.ceilings) == ceilings
+    assert pooled.rates.ceilings["matmul_emulated"] == emulated
     # The pooled step is the median of the repeats' medians, and each figure follows from it
     # by its formula (worked out here, not by derive.rates), against the ceilings of the runs.
     step_s = statistics.median(run.timing.step_ms_median for run in runs) / 1e3

@@ -62,6 +62,24 @@ class Ceilings:
     calibration: dict | None = None
     matmul_emulated: str | None = None  # why the dtype's matmuls are emulated here, if they are
 
+    def to_dict(self) -> dict:
+        """As plain values, stored in the record (rates.ceilings): a pool of repeats divides by
+        the ceilings its runs were divided by, read back whole (`from_dict`)."""
+        return {
+            "peak_flops": self.peak.flops,
+            "peak_source": self.peak.source,
+            "achievable_flops": self.achievable_flops,
+            "calibration": self.calibration,
+            "matmul_emulated": self.matmul_emulated,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Ceilings:
+        peak = Peak(data.get("peak_flops"), data.get("peak_source") or "unknown")
+        return cls(
+            peak, data.get("achievable_flops"), data.get("calibration"), data.get("matmul_emulated")
+        )
+
 
 def tokens_per_s(tokens_per_step: int, step_ms: float) -> float:
     return tokens_per_step / (step_ms / 1e3)
@@ -102,6 +120,7 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
         peak_source=peak.source,
         peak_dtype=asked.dtype,
         mfu=achieved / peak.flops if peak.flops else None,
+        ceilings=ceilings.to_dict(),  # what it was divided by, whole (repeats.pool reads it)
     )
     # (a user's model has no recompute count: its hfu stays null, measure/byo.py)
     if peak.flops and asked.activation_checkpointing and setup.flops_per_token_hw is not None:
@@ -188,14 +207,6 @@ def _bytes(value) -> int | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(count) else int(count)
-
-
-def ceilings_of(record: Record, matmul_emulated: str | None = None) -> Ceilings:
-    """The ceilings a record was divided by, read back from its Rates (for a pooled record)."""
-    r = record.rates
-    peak = Peak(r.peak_tflops * 1e12 if r.peak_tflops else None, r.peak_source or "unknown")
-    achievable = r.achievable_tflops * 1e12 if r.achievable_tflops else None
-    return Ceilings(peak, achievable, r.calibration, matmul_emulated)
 
 
 def _energy_rates(out: Rates, setup: Setup, energy: Energy, measured_steps: int) -> None:

@@ -193,6 +193,7 @@ class Rates:
     mfu_achievable: float | None = None
     mfu_flag: bool | None = None  # mfu_achievable > 1: the FLOP count or the timing is wrong
     calibration: dict | None = json_only()  # the calibration's provenance
+    ceilings: dict | None = json_only()  # what it was divided by: derive.Ceilings, plain
     compile_s: float | None = None  # first step minus median step, with compile
     j_per_step: float | None = None  # energy_j / measured steps
     j_per_token: float | None = None  # per device: energy_j / tokens this device trained

@@ -5,7 +5,9 @@ at. Repeats show it. The pooled record keeps each repeat's median (step_ms_media
 and its measured steps (step_ms_measured, a list per repeat); its step time is the median of
 the repeats' medians, with a hierarchical bootstrap interval (results/stats.py), and every
 derived figure is recomputed from the pooled record by the one function the loop calls,
-results/derive.rates(record, ceilings). The wall-clock step is the repeats' windows' wall time
+results/derive.rates(record, ceilings), with the ceilings the first repeat stored
+(rates.ceilings: the peak, the calibration, matmul_emulated, as the measuring child resolved
+them). The wall-clock step is the repeats' windows' wall time
 over their steps. Peaks of memory are the largest of any repeat; energy is summed over all
 measured steps; a point is `contended` if any repeat was, and steady only if every repeat was
 (the drift shown is the repeat's that drifted most). The rest (the model's figures, the first
@@ -45,7 +47,8 @@ def pool(records: list[Record]) -> Record:
     pooled.memory = _largest_peaks(records)
     pooled.energy = _summed_energy(records)
     pooled.compile = _compile_of(records)
-    pooled.rates = derive.rates(pooled, derive.ceilings_of(first))
+    # the ceilings every repeat was divided by, as the measuring child resolved and stored them
+    pooled.rates = derive.rates(pooled, derive.Ceilings.from_dict(first.rates.ceilings))
     return pooled
 
 
