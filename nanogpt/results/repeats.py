@@ -47,9 +47,19 @@ def pool(records: list[Record]) -> Record:
     pooled.memory = _largest_peaks(records)
     pooled.energy = _summed_energy(records)
     pooled.compile = _compile_of(records)
-    # the ceilings every repeat was divided by, as the measuring child resolved and stored them
-    pooled.rates = derive.rates(pooled, derive.Ceilings.from_dict(first.rates.ceilings))
+    pooled.rates = derive.rates(pooled, _ceilings(first))
     return pooled
+
+
+def _ceilings(record: Record) -> derive.Ceilings:
+    """The ceilings every repeat was divided by, as the measuring child resolved and stored them
+    (rates.ceilings); a record without them (written before they were stored, or by hand): its
+    peak alone, as its rates name it."""
+    if record.rates.ceilings:
+        return derive.Ceilings.from_dict(record.rates.ceilings)
+    tflops = record.rates.peak_tflops
+    peak = {"peak_flops": tflops * 1e12 if tflops else None}
+    return derive.Ceilings.from_dict({**peak, "peak_source": record.rates.peak_source})
 
 
 def _compile_of(records: list[Record]):
