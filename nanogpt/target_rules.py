@@ -11,13 +11,13 @@ def check_target(spec: RunSpec) -> None:
     bench = spec.bench
     if bench.target_loss is None:
         return
-    if DataKind(spec.data.kind) is DataKind.synthetic:
+    if spec.data.kind is DataKind.synthetic:
         raise ConfigError(
             "bench.target_loss",
             "is set but data=synthetic has no held-out text: its loss means nothing",
             "use data=text data.path=input.txt (or data=tokens), or unset bench.target_loss",
         )
-    if bench.target_loss <= 0:
+    if not bench.target_loss > 0:  # NaN too
         raise ConfigError("bench.target_loss", f"is {bench.target_loss}", "use a loss above 0")
     if bench.repeats < 2:
         raise ConfigError(
@@ -29,7 +29,7 @@ def check_target(spec: RunSpec) -> None:
     for key in ("eval_every", "eval_batches", "max_steps"):
         if getattr(bench, key) < 1:
             raise ConfigError(f"bench.{key}", f"is {getattr(bench, key)}", "use 1 or more")
-    if bench.max_s <= 0:
+    if not bench.max_s > 0:
         raise ConfigError("bench.max_s", f"is {bench.max_s}", "use seconds, e.g. 600")
     if spec.dist.nproc > 1:
         raise ConfigError(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import logging
 import multiprocessing
 import os
@@ -211,12 +210,13 @@ def _where(task_function) -> tuple[str, str]:
 
 
 def _task(where: tuple[str, str]):
-    """The task function in this interpreter: found by name, and unwrapped from @hydra.main."""
+    """The task function in this interpreter, found by name (run.main: not decorated; run.py
+    applies Hydra's decorator when called)."""
     module, name = where
     found = importlib.import_module(module)
     for part in name.split("."):
         found = getattr(found, part)
-    return inspect.unwrap(found)
+    return found
 
 
 def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:

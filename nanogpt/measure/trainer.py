@@ -125,13 +125,15 @@ class Trainer:
             spec.optimizer,
             prefer_fused=device.type == "cuda",
             device_type=device.type,
+            vocab_size=spec.model.vocab_size,  # the head's rows, as setup.py counts the roles
         )
         self.optimizer_impl_used = implementation(self.optimizer)
         # optimizer.schedule: each group's own rate, as built, is its base (nanogpt/lr_schedule)
         opt = spec.optimizer
-        self.schedule = None
+        self.schedule = None  # (Schedule, warmup, horizon, decay_frac), or None: a flat rate
         if not is_flat(spec):
-            self.schedule = (opt.schedule, opt.warmup_steps, spec.bench.max_steps, opt.decay_frac)
+            kind = Schedule(opt.schedule)
+            self.schedule = (kind, opt.warmup_steps, spec.bench.max_steps, opt.decay_frac)
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         # GradScaler.step reads found_inf to the host every step unless the optimizer checks it
         # on the device itself (the fused ones do): then one host sync stays in each step.
@@ -235,7 +237,8 @@ class Trainer:
     def set_lr(self, t: int) -> None:
         """Every param group at its base rate times the schedule's factor for step t + 1: the
         roles keep their ratios. A Python float: no device work, no sync."""
-        factor = lr_factor(Schedule(self.schedule[0]), t, *self.schedule[1:])
+        kind, *rest = self.schedule
+        factor = lr_factor(kind, t, *rest)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base * factor
 

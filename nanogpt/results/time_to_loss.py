@@ -22,22 +22,22 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from scipy import stats as sps
 
 from nanogpt.results.record import Record
+from nanogpt.results.stats import CONFIDENCE, NOT_SIGNIFICANT, RESAMPLES, SEED, interval
 from nanogpt.results.time_to_loss_part import TimeToLoss
 
+if TYPE_CHECKING:  # the table's type; pandas and scipy are imported where a table is compared
+    import pandas as pd
+
 ALPHA = 0.01  # report.ttl_alpha's default: modded-nanogpt's records ask for p < 0.01
-CONFIDENCE = 0.95
 METHOD = "t-interval of the mean of all runs' times (scipy.stats.t, N - 1 df), 95 %"
 OLYMPIC_FROM = 5  # runs from which the fastest and the slowest are dropped
 MIN_RUNS = 3  # runs that reached, on each side, before a verdict
 FASTER = "faster to target"
-NOT_SIGNIFICANT = "~"
-RESAMPLES, SEED = 2000, 20260101
 
 
 def olympic_mean(times: list[float]) -> float:
@@ -51,6 +51,8 @@ def t_interval(times: list[float]) -> tuple[float | None, float | None]:
     """The CONFIDENCE t-interval of the mean of `times`; nulls below two runs."""
     if len(times) < 2:
         return None, None
+    from scipy import stats as sps  # here: a job process pools without scipy
+
     mean, sem = statistics.fmean(times), sps.sem(times)
     if sem == 0:
         return mean, mean
@@ -65,6 +67,8 @@ def p_value(base: list[float], other: list[float]) -> float | None:
         return None
     if np.var(base) == 0 and np.var(other) == 0:  # the t statistic is undefined
         return 0.0 if statistics.fmean(other) < statistics.fmean(base) else 1.0
+    from scipy import stats as sps
+
     result = sps.ttest_ind(other, base, equal_var=False, alternative="less")
     return float(result.pvalue)
 
@@ -84,9 +88,7 @@ def ratio(base: list[float], other: list[float]) -> tuple[float, float, float]:
     b, o = np.asarray(base, float), np.asarray(other, float)
     draws_b = b[rng.integers(0, len(b), (RESAMPLES, len(b)))].mean(axis=1)
     draws_o = o[rng.integers(0, len(o), (RESAMPLES, len(o)))].mean(axis=1)
-    tail = (1 - CONFIDENCE) / 2 * 100
-    low, high = np.percentile(draws_o / draws_b, [tail, 100 - tail])
-    return float(o.mean() / b.mean()), float(low), float(high)
+    return (float(o.mean() / b.mean()), *interval(draws_o / draws_b))
 
 
 def pool(records: list[Record]) -> Record:
@@ -138,6 +140,8 @@ def same_target(table: pd.DataFrame, base: int, i: int) -> bool:
 def add_comparison(table: pd.DataFrame, base: int | None, alpha: float) -> None:
     """ttl_ratio (with its interval), ttl_p_value and ttl_verdict of each row against the
     baseline row's runs (to the same target), in place; nothing when no row has a target."""
+    import pandas as pd  # the table's process reads tables; a job process does not
+
     if "ttl_s_per_run" not in table or table["ttl_target_loss"].isna().all():
         return
     alpha = ALPHA if alpha is None else alpha  # a sweep saved before report.ttl_alpha
