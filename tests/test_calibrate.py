@@ -23,9 +23,9 @@ from nanogpt.hardware.cpu import cpu_peak_estimate
 from nanogpt.hardware.env import device_name
 from nanogpt.hardware.peaks import resolve_peak
 from nanogpt.results import derive
-from nanogpt.results.asked import Asked
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import Rates, Record, Setup, Timing
+from nanogpt.results.record.asked import Asked
 from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import Dtype

@@ -170,8 +170,8 @@ def test_a_pooled_point_keeps_the_recompiles_inside_every_repeats_window():
     """bench.repeats: the first repeat's part, its recompiles_in_window summed over repeats (a
     recompile in the second repeat's window is not lost to the first's clean one)."""
     from nanogpt.results import repeats
-    from nanogpt.results.compile_part import CompilePart
     from nanogpt.results.record import Record
+    from nanogpt.results.record.compile import CompilePart
 
     parts = [CompilePart(graph_breaks=2, recompiles_in_window=n) for n in (0, 1)]
     pooled = repeats._compile_of([Record(compile=part) for part in parts])

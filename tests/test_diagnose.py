@@ -27,7 +27,8 @@ from nanogpt.measure.trainer import build_trainer
 from nanogpt.reporters.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
 from nanogpt.results import bottleneck as rules
 from nanogpt.results import table as report
-from nanogpt.results.bottleneck import Diagnosis, Setting, judge
+from nanogpt.results.bottleneck import Setting, judge
+from nanogpt.results.record import Diagnosis
 from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import Dtype, RunSpec

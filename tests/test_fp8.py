@@ -86,9 +86,9 @@ def test_an_fp8_point_is_divided_by_the_bf16_peak_and_beating_bf16_matmuls_flags
     import warnings
 
     from nanogpt.results import derive
-    from nanogpt.results.asked import Asked
     from nanogpt.results.derive import Ceilings, Peak
     from nanogpt.results.record import Record, Setup, Timing
+    from nanogpt.results.record.asked import Asked
 
     setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1_000_000_000)
     # 1e12 FLOP in 1 ms is 1 PFLOP/s: above the 0.8 PFLOP/s the bf16 calibration measured.

@@ -22,8 +22,8 @@ from nanogpt.measure import contention, memory
 from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu, tree_cpu_s
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import derive
+from nanogpt.results.record.summary_keys import summary_key
 from nanogpt.results.store import read_result
-from nanogpt.results.summary_keys import summary_key
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
 

@@ -25,8 +25,8 @@ from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.loop import measure, steps_after
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results import compare, derive
-from nanogpt.results.asked import Asked
 from nanogpt.results.record import Energy, Record, Setup, Timing
+from nanogpt.results.record.asked import Asked
 from nanogpt.results.store import read_result
 from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
 from nanogpt.validate import check_cuda_graph_warmup

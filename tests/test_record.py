@@ -15,11 +15,11 @@ from nanogpt.distributed import World
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
 from nanogpt.results import derive, store
-from nanogpt.results.asked import Asked
 from nanogpt.results.baseline import BaselineError, choose
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import PARTS, Energy, Rates, Record, Setup, Timing, columns
-from nanogpt.results.summary_keys import namespaced, summary_key
+from nanogpt.results.record.asked import Asked
+from nanogpt.results.record.summary_keys import namespaced, summary_key
 from nanogpt.spec import (
     Attention,
     BenchConfig,

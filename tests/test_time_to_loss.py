@@ -23,9 +23,9 @@ from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.record import Record
+from nanogpt.results.record.time_to_loss import TimeToLoss
 from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
-from nanogpt.results.time_to_loss_part import TimeToLoss
 from nanogpt.spec import DataConfig, LoggerConfig, LoggerMode
 from nanogpt.tokenize import char_vocab, tokenize_text
 

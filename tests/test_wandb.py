@@ -22,8 +22,8 @@ import pytest
 from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import store as records
+from nanogpt.results.record.summary_keys import summary_key
 from nanogpt.results.store import read_result
-from nanogpt.results.summary_keys import summary_key
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import LoggerConfig, LoggerMode
 from tests.wandb_reader import OfflineRun, read_run, run_file

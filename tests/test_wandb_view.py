@@ -17,7 +17,7 @@ import pytest
 from nanogpt.dashboard import main as dashboard_main
 from nanogpt.reporters import wandb_view
 from nanogpt.reporters.wandb_view import VIEW_FILE, swept_keys, view_spec, write_view
-from nanogpt.results.summary_keys import summary_key
+from nanogpt.results.record.summary_keys import summary_key
 from tests.conftest import run_without_a_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 

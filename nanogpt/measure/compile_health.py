@@ -1,5 +1,5 @@
 """Compile health: what torch.compile did to a point, read from torch's own counters in the
-process that measures it (results/compile_part.py holds the figures).
+process that measures it (results/record/compile.py holds the figures).
 
 Dynamo and Inductor count as they work, process-wide (torch._dynamo.utils):
 - counters["graph_break"]: reason -> breaks taken for it (a break splits the model into graphs
@@ -25,7 +25,7 @@ import collections
 
 import torch
 
-from nanogpt.results.compile_part import CompilePart
+from nanogpt.results.record.compile import CompilePart
 
 REASONS_KEPT = 5  # graph_break_reasons / recompile_reasons: the first few
 REASON_CHARS = 200  # each reason's first line, cut here

@@ -56,7 +56,8 @@ from nanogpt.measure.step_split import (
     ProfilerAttributeMissing,
     split_step,
 )
-from nanogpt.results.bottleneck import Diagnosis, Setting, judge
+from nanogpt.results.bottleneck import Setting, judge
+from nanogpt.results.record import Diagnosis
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from nanogpt.measure.trainer import Trainer, build_trainer
 from nanogpt.measure.window import StepLog, Window
 from nanogpt.protocol import CUDA_GRAPH_MODES, SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
-from nanogpt.results.asked import Asked
 from nanogpt.results.record import Record, Setup
+from nanogpt.results.record.asked import Asked
 from nanogpt.spec import RunSpec
 
 

@@ -13,8 +13,8 @@ from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import Trainer
 from nanogpt.optim import role_groups, state_bytes, stepped_classes
 from nanogpt.optim_rules import estimated_state
-from nanogpt.results.optimizer_part import OptimizerPart
 from nanogpt.results.record import Setup
+from nanogpt.results.record.optimizer import OptimizerPart
 from nanogpt.spec import RunSpec
 
 

@@ -35,7 +35,7 @@ from nanogpt.devices import synchronize
 from nanogpt.errors import ConfigError
 from nanogpt.measure.trainer import Trainer
 from nanogpt.results.record import Record
-from nanogpt.results.time_to_loss_part import TimeToLoss
+from nanogpt.results.record.time_to_loss import TimeToLoss
 from nanogpt.spec import RunSpec
 
 EVAL_SEED = 20260101  # the held-out batches' draw: one fixed set for every run of every point

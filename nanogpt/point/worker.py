@@ -36,8 +36,8 @@ from nanogpt.point import placement
 from nanogpt.point.handoff import Handoff, write_answer
 from nanogpt.point.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.reporters import wandb_sink
-from nanogpt.results.asked import Asked
 from nanogpt.results.record import MaxBatch, Record
+from nanogpt.results.record.asked import Asked
 
 
 def finish_record(record: Record, handoff: Handoff) -> Record:

@@ -54,8 +54,8 @@ from nanogpt.faults import RESULT_STATUSES, describe
 from nanogpt.logs import ONCE
 from nanogpt.reporters.wandb_mode import resolve_mode, warn
 from nanogpt.reporters.wandb_point import earlier_runs, point_config, tag_superseded
+from nanogpt.results.record.summary_keys import namespaced
 from nanogpt.results.store import sweep_id
-from nanogpt.results.summary_keys import namespaced
 from nanogpt.spec import LoggerConfig
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The view is first plain JSON, the *view spec* (`view_spec`): every panel with the keys it reads,
 by where W&B keeps them (`summary`: the run summary, i.e. the record's field names namespaced
-by part, "rates/tokens_per_s" (results/summary_keys.py);
+by part, "rates/tokens_per_s" (results/record/summary_keys.py);
 `history`: the keys logged at each window; `config`: the run config; `table`: a logged
 wandb.Table). `write_view` writes it to SWEEP_DIR/wandb_view.json at the end of a multirun;
 `publish` builds wandb-workspaces objects from it (`build_views`) and saves them, which needs an
@@ -32,8 +32,8 @@ from nanogpt.faults import describe
 from nanogpt.files import read_json, write_atomic, write_json
 from nanogpt.reporters.wandb_mode import resolve_mode, warn
 from nanogpt.results import swept
+from nanogpt.results.record.summary_keys import summary_key
 from nanogpt.results.store import iter_records, sweep_id
-from nanogpt.results.summary_keys import summary_key
 from nanogpt.spec import LoggerConfig, LoggerMode
 
 VIEW_FILE = "wandb_view.json"

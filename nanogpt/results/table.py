@@ -5,7 +5,7 @@ point is the baseline); `publish` also writes DIR/summary.csv, summary.parquet, 
 and summary.md (results/tidy.py) and prints it; the entry points draw the plots
 (nanogpt/reporters/plots.py). The multirun callback calls
 it at the end of a sweep, `python -m nanogpt.report DIR` for any sweep dir, finished or not,
-and the notebook builds the same table. Columns: the record's (results/record.py `columns()`:
+and the notebook builds the same table. Columns: the record's (results/record/ `columns()`:
 every field of its dataclasses not marked json-only), one per
 swept key after `overrides` (results/swept.py; a key that is already a record column, such as
 `model`, is not repeated), then speedups against the baseline (results/baseline.py), break-even
@@ -98,7 +98,7 @@ def build_table(
             f"no readable result.json below {sweep_dir}; point the report at a sweep dir "
             "such as multirun/DATE/TIME"
         )
-    names = columns()  # the record's own (results/record.py): its fields not json-only
+    names = columns()  # the record's own (results/record/): its fields not json-only
     table = pd.DataFrame([{col: row.get(col) for col in names} for row in rows], columns=names)
     table["overrides"] = [" ".join(row.get("overrides") or []) or "defaults" for row in rows]
     points = [row.get("overrides") or [] for row in rows]

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nanogpt.results.record import Record
+from nanogpt.results.record.time_to_loss import TimeToLoss
 from nanogpt.results.stats import CONFIDENCE, NOT_SIGNIFICANT, RESAMPLES, SEED, interval
-from nanogpt.results.time_to_loss_part import TimeToLoss
 
 if TYPE_CHECKING:  # the table's type; pandas and scipy are imported where a table is compared
     import pandas as pd

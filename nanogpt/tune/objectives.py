@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 
-# The record's fields the search reads (nanogpt/results/record.py).
+# The record's fields the search reads (nanogpt/results/record/).
 RECORD_FIELDS = {
     "status": "status",
     "error": "error",

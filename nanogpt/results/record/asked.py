@@ -1,12 +1,12 @@
-"""The point as the user asked for it: the record's first part (results/record.py), filled by the
+"""The point as the user asked for it: the record's first part (results/record/), filled by the
 worker before anything is measured (point/worker.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nanogpt.results.fields import JSON_ONLY, json_only
 from nanogpt.results.identity import measured_config
+from nanogpt.results.record.fields import JSON_ONLY, json_only
 from nanogpt.spec import RunSpec
 
 

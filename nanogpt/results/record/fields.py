@@ -1,4 +1,4 @@
-"""How a field of the record (results/record.py) is marked: the metadata that decides where it
+"""How a field of the record (results/record/) is marked: the metadata that decides where it
 goes. One place for the markers, so that every part's dataclass, wherever it lives, uses them."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanogpt.results.fields import json_only
+from nanogpt.results.record.fields import json_only
 
 
 @dataclass

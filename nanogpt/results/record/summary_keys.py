@@ -1,6 +1,6 @@
 """The record's fields as the W&B run summary keys them: namespaced by the part each belongs to,
 as torchtitan names its metrics ("timing/step_ms_median", "rates/tokens_per_s", "point/status").
-summary.csv and result.json keep the flat names (results/record.py)."""
+summary.csv and result.json keep the flat names (results/record/)."""
 
 from __future__ import annotations
 
