@@ -260,12 +260,20 @@ def _table(base_runs, other_runs) -> pd.DataFrame:
     )
 
 
+def _spans(starts) -> list:
+    """ttl_run_times of runs started at `starts` (epoch s), each 0.5 s long."""
+    return [[t, t + 0.5] for t in starts]
+
+
+ALTERNATED = [_spans([0, 2, 4, 6, 8]), _spans([1, 3, 5, 7, 9])]  # run r of both before r + 1
+
+
 NOISY = [20.3, 19.6, 20.9, 19.9, 20.5]  # a few % apart, as runs with their own seeds are
 
 
 def test_identical_run_times_on_both_sides_are_not_significant():
     table = _table(NOISY, list(NOISY))
-    ttl.add_comparison(table, 0, 0.01)
+    ttl.add_comparison(table, 0, 0.01, ALTERNATED)
     assert table["ttl_verdict"].tolist() == ["baseline", "~"]
     assert table["ttl_p_value"].iloc[1] == pytest.approx(0.5)
     assert table["ttl_ratio"].iloc[1] == pytest.approx(1.0)
@@ -273,13 +281,36 @@ def test_identical_run_times_on_both_sides_are_not_significant():
 
 def test_run_times_20_percent_shorter_over_5_runs_are_faster_to_target():
     table = _table(NOISY, [0.8 * t for t in reversed(NOISY)])
-    ttl.add_comparison(table, 0, 0.01)
+    ttl.add_comparison(table, 0, 0.01, ALTERNATED)
     assert table["ttl_verdict"].iloc[1] == "faster to target"
     assert table["ttl_p_value"].iloc[1] < 0.001
     assert table["ttl_ratio_ci_low"].iloc[1] < 0.8 < table["ttl_ratio_ci_high"].iloc[1]
     fewer = _table(NOISY, [16.0, 16.1, None, None, None])  # 2 reached: a p-value, no verdict
-    ttl.add_comparison(fewer, 0, 0.01)
+    ttl.add_comparison(fewer, 0, 0.01, ALTERNATED)
     assert pd.isna(fewer["ttl_verdict"].iloc[1]) and fewer["ttl_p_value"].iloc[1] < 0.01
+
+
+def test_interleaved_runs_read_as_alternated_and_back_to_back_ones_as_blocked():
+    """Judged from the runs' wall-clock spans, never a flag: run r of both points before run
+    r + 1 is alternated (side by side too, as parallel slots run them); a point's runs back to
+    back, or only partly interleaved, are blocked, and the verdict says so."""
+    assert ttl.alternated(*ALTERNATED) is True
+    side_by_side = [_spans([0, 10, 20]), _spans([0.1, 10.2, 20.1])]
+    assert ttl.alternated(*side_by_side) is True
+    back_to_back = [_spans([0, 1, 2, 3, 4]), _spans([5, 6, 7, 8, 9])]  # the basic launcher
+    assert ttl.alternated(*back_to_back) is False
+    assert ttl.alternated(_spans([0, 1, 3]), _spans([2, 4, 5])) is False  # runs 1, 2 of A first
+    assert ttl.alternated(None, _spans([0, 1])) is None  # a record before ttl_run_times
+    faster = [0.8 * t for t in reversed(NOISY)]
+    for times, order, verdict in (
+        (ALTERNATED, "alternated", "faster to target"),
+        (back_to_back, ttl.BLOCKED, f"faster to target; {ttl.BLOCKED}"),
+        (None, ttl.UNKNOWN_ORDER, f"faster to target; {ttl.UNKNOWN_ORDER}"),
+    ):
+        table = _table(NOISY, faster)
+        ttl.add_comparison(table, 0, 0.01, times)
+        assert pd.isna(table["ttl_run_order"].iloc[0]) and table["ttl_run_order"].iloc[1] == order
+        assert table["ttl_verdict"].tolist() == ["baseline", verdict]
 
 
 # --- bad input -----------------------------------------------------------------------------
@@ -331,6 +362,12 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep):
     assert first[0]["val_loss"] != second[0]["val_loss"]  # own seed each: another init
     missed = read_result(sweep_dir / "1" / "result.json")
     assert missed["time_to_loss_s"] is None and missed["ttl_note"].startswith("0 of 2 reached")
+    # Hydra's basic launcher runs a point's runs back to back (point/job.py): each run's span
+    # is recorded, and the pair reads as blocked
+    spans = [*reached["ttl_run_times"], *missed["ttl_run_times"]]
+    assert all(start < end for start, end in spans)
+    assert [s for s, _ in spans] == sorted(s for s, _ in spans)
+    assert ttl.alternated(reached["ttl_run_times"], missed["ttl_run_times"]) is False
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])
     _the_loss_plot_draws_every_run(read_summary(sweep_dir), [reached, missed])

@@ -91,6 +91,7 @@ def train_to_target(
     first, stretches = [], []  # first steps' s; (steps, s) between evaluations
     reached_at = None
     synchronize(device)
+    started_at = time.time()  # the run's wall-clock span: did compared points' runs alternate?
     clock = time.perf_counter()
     evals = [{"step": 0, "train_s": 0.0, "val_loss": evaluate()}]  # before any step, untimed
     check_first_loss(bench.target_loss, evals[0]["val_loss"])
@@ -126,6 +127,7 @@ def train_to_target(
             break
         if over:
             break
+    part.ttl_run_times = [[started_at, time.time()]]
     _fill(part, record, first, stretches, evals, reached_at, eval_s, spec)
 
 

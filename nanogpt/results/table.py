@@ -114,7 +114,8 @@ def build_table(
         raise ReportError(str(err)) from None
     sweep = Sweep(table, steps, keys, "", unreadable)
     compare.add_speedups(table, sweep.series(), choice.position)
-    ttl.add_comparison(table, choice.position, ttl_alpha)  # points with a target loss
+    run_times = [row.get("ttl_run_times") for row in rows]  # json-only: from the records
+    ttl.add_comparison(table, choice.position, ttl_alpha, run_times)  # points with a target
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)
     reasons = [row.get("graph_break_reasons") for row in rows]  # json-only: from the records
     table["compile_verdict"] = compare.compile_verdict(table, reasons)

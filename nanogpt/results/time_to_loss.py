@@ -15,7 +15,11 @@ its own seed, and its figures are statistics over them (docs/time_to_loss.md):
   (scipy.stats.ttest_ind, equal_var=False, alternative="less"), as modded-nanogpt's records
   ask for p < 0.01; "faster to target" below report.ttl_alpha, "~" otherwise, and no verdict
   unless both points have at least MIN_RUNS runs that reached; `ttl_ratio`, this point's mean
-  time over the baseline's, with a seeded bootstrap interval over the runs.
+  time over the baseline's, with a seeded bootstrap interval over the runs;
+- whether the two points' runs alternated (`ttl_run_order`), judged from each run's wall-clock
+  span (ttl_run_times): run r of both started before run r + 1 of either. Where they did not, a
+  drift of the machine's speed over the sweep falls on one side only, and the verdict says so
+  ("runs blocked (each point's runs back to back)", BLOCKED).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ METHOD = "t-interval of the mean of all runs' times (scipy.stats.t, N - 1 df), 9
 OLYMPIC_FROM = 5  # runs from which the fastest and the slowest are dropped
 MIN_RUNS = 3  # runs that reached, on each side, before a verdict
 FASTER = "faster to target"
+ALTERNATED, BLOCKED = "alternated", "runs blocked (each point's runs back to back)"
+UNKNOWN_ORDER = "run order unknown"  # a record written before ttl_run_times
 
 
 def olympic_mean(times: list[float]) -> float:
@@ -82,6 +88,26 @@ def verdict(base: list[float], other: list[float], alpha: float) -> str | None:
     return FASTER if p is not None and p < alpha else NOT_SIGNIFICANT
 
 
+def alternated(base: list | None, other: list | None) -> bool | None:
+    """Whether two points' runs alternated, from their wall-clock spans ([start, end] a run,
+    ttl_run_times): round r (each point's r-th run to start) all started before any run of
+    round r + 1, so run r of every point ran before run r + 1 (side by side counts: parallel
+    slots). None where a side's times are unknown or a side has a single run."""
+    if not base or not other or any(t is None for t in [*base, *other]):
+        return None
+    a, b = sorted(t[0] for t in base), sorted(t[0] for t in other)
+    rounds = min(len(a), len(b))
+    if rounds < 2:
+        return None
+    return all(max(a[r], b[r]) < min(a[r + 1], b[r + 1]) for r in range(rounds - 1))
+
+
+def run_order(base: list | None, other: list | None) -> str:
+    """ALTERNATED, BLOCKED or UNKNOWN_ORDER: what `alternated` read from the runs' times."""
+    order = alternated(base, other)
+    return UNKNOWN_ORDER if order is None else ALTERNATED if order else BLOCKED
+
+
 def ratio(base: list[float], other: list[float]) -> tuple[float, float, float]:
     """other's mean time over base's, with a seeded 95 % bootstrap interval over the runs."""
     rng = np.random.default_rng(SEED)
@@ -113,6 +139,7 @@ def pool(records: list[Record]) -> Record:
         ttl_steps_per_run=[p.ttl_steps for p in parts],
         ttl_best_loss_per_run=[p.ttl_best_loss for p in parts],
         ttl_evals=[p.ttl_evals for p in parts],
+        ttl_run_times=[(p.ttl_run_times or [None])[0] for p in parts],
     )
     if pooled.ttl_steps is not None and records[0].setup.tokens_per_step:
         pooled.ttl_tokens = pooled.ttl_steps * records[0].setup.tokens_per_step
@@ -137,9 +164,13 @@ def same_target(table: pd.DataFrame, base: int, i: int) -> bool:
     return table["ttl_target_loss"].iloc[base] == table["ttl_target_loss"].iloc[i]
 
 
-def add_comparison(table: pd.DataFrame, base: int | None, alpha: float) -> None:
-    """ttl_ratio (with its interval), ttl_p_value and ttl_verdict of each row against the
-    baseline row's runs (to the same target), in place; nothing when no row has a target."""
+def add_comparison(
+    table: pd.DataFrame, base: int | None, alpha: float, run_times: list | None = None
+) -> None:
+    """ttl_ratio (with its interval), ttl_p_value, ttl_run_order and ttl_verdict of each row
+    against the baseline row's runs (to the same target), in place; nothing when no row has a
+    target. `run_times`: each row's ttl_run_times (json-only: from the records); a verdict
+    whose runs did not alternate says so ("~; runs blocked (...)")."""
     import pandas as pd  # the table's process reads tables; a job process does not
 
     if "ttl_s_per_run" not in table or table["ttl_target_loss"].isna().all():
@@ -147,7 +178,8 @@ def add_comparison(table: pd.DataFrame, base: int | None, alpha: float) -> None:
     alpha = ALPHA if alpha is None else alpha  # a sweep saved before report.ttl_alpha
     n = len(table)
     ratios, lows, highs = [None] * n, [None] * n, [None] * n
-    pvalues, verdicts = [None] * n, [None] * n
+    pvalues, verdicts, orders = [None] * n, [None] * n, [None] * n
+    times = run_times or [None] * n
     ok = table["status"] == "ok"
     if base is not None and ok.iloc[base]:
         runs_base = _reached(table["ttl_s_per_run"].iloc[base])
@@ -155,10 +187,15 @@ def add_comparison(table: pd.DataFrame, base: int | None, alpha: float) -> None:
             runs = _reached(table["ttl_s_per_run"].iloc[i])
             if i == base:
                 verdicts[i] = "baseline"
-            elif ok.iloc[i] and runs and runs_base and same_target(table, base, i):
+            elif ok.iloc[i] and same_target(table, base, i):
+                orders[i] = run_order(times[base], times[i])
+                if not (runs and runs_base):
+                    continue
                 ratios[i], lows[i], highs[i] = ratio(runs_base, runs)
                 pvalues[i] = p_value(runs_base, runs)
                 verdicts[i] = verdict(runs_base, runs, alpha)
+                if verdicts[i] is not None and orders[i] != ALTERNATED:
+                    verdicts[i] = f"{verdicts[i]}; {orders[i]}"
     for name, values in (
         ("ttl_ratio", ratios),
         ("ttl_ratio_ci_low", lows),
@@ -166,4 +203,5 @@ def add_comparison(table: pd.DataFrame, base: int | None, alpha: float) -> None:
         ("ttl_p_value", pvalues),
     ):
         table[name] = pd.Series(values, index=table.index, dtype="float64")
+    table["ttl_run_order"] = orders
     table["ttl_verdict"] = verdicts

@@ -35,3 +35,6 @@ class TimeToLoss:
     # Every evaluation: {step, train_s, val_loss}, the first at step 0 (before any step), a list
     # per run in a pooled record
     ttl_evals: list | None = json_only()
+    # Each run's wall-clock span, [start, end] in epoch s (its step-0 evaluation to its last),
+    # a pair per run: the table reads from them whether compared points' runs alternated
+    ttl_run_times: list | None = json_only()
