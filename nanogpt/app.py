@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nanogpt.configs import CONF_DIR, register_presets
 from nanogpt.errors import ConfigError
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
-from nanogpt.results.baseline import ambiguity, names_baseline
+from nanogpt.results.baseline import BaselineError, named_point
 from nanogpt.spec import RunSpec
 from nanogpt.validate import check
 
@@ -65,7 +65,7 @@ def _on_cuda(device: str) -> bool:
     """Whether bench.device means a CUDA GPU (auto: one is available)."""
     if device != "auto":
         return device.startswith("cuda")
-    import torch  # here only: a sweep on a named device starts without torch (validate.py)
+    import torch  # here only: a sweep on a named device starts without torch (validate/)
 
     return torch.cuda.is_available()
 
@@ -158,10 +158,12 @@ def job_gpus(cfg: DictConfig) -> int | None:
     if "gpus_per_node" not in launcher or launcher.get("gres") or launcher.get("gpus_per_task"):
         return launcher.get("gpus_per_node")
     asked, nproc, device = launcher.gpus_per_node, int(cfg.dist.nproc), str(cfg.bench.device)
+    # the point measures on a GPU: a CUDA device, or auto unless no GPU is asked for (auto then
+    # measures on the node's CPU, with no GPU to match)
+    on_gpu = device.startswith("cuda") or (device == "auto" and asked != 0)
     if asked is None:
-        return nproc if device.startswith("cuda") or device == "auto" else None
-    # auto with no GPU asked measures on the node's CPU: no GPU to match
-    if (device.startswith("cuda") or (device == "auto" and asked > 0)) and asked < nproc:
+        return nproc if on_gpu else None
+    if on_gpu and asked < nproc:
         key = "hydra.launcher.gpus_per_node"
         raise ConfigError(
             key,
@@ -197,16 +199,18 @@ def check_points(
             raise ConfigError(_point(number, points), str(err)) from None
         except (CompactHydraException, OmegaConfBaseException) as err:
             raise ConfigError(_point(number, points), hydra_error_line(err)) from None
-    named = [point for point in points if baseline and names_baseline(point, baseline)]
-    if baseline and not named:
+    if not baseline:
+        return
+    try:
+        found = named_point(baseline, points, points)
+    except BaselineError as err:
+        raise ConfigError("report.baseline", err.problem, err.fix) from None
+    if found is None:
         raise ConfigError(
             "report.baseline",
             f"'{baseline}' is in none of the sweep's {len(points)} points",
             "use one point's overrides, e.g. perf.dtype=fp32",
         )
-    several = ambiguity(named, points, baseline) if baseline else None
-    if several:
-        raise ConfigError("report.baseline", *several)
 
 
 def _point(number: int, points: list[list[str]]) -> str:

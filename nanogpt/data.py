@@ -18,7 +18,7 @@ val.bin beside it. A source opened with split="val" reads only those tokens; "tr
 A batch is `(x, y)`: two int64 tensors of shape (batch_size, block_size) on the target device,
 where `y` is `x` shifted left by one token: the model at position t predicts token t + 1.
 
-`check_data` validates a DataConfig without building anything heavy (validate.py runs it before
+`check_data` validates a DataConfig without building anything heavy (validate/ runs it before
 any model exists, in the sweep's own process, which does without torch: torch is imported where
 a source is built); `open_source` runs it too, then builds the source.
 """

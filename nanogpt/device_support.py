@@ -1,8 +1,8 @@
 """What a device can run, asked without importing torch where the answer needs none.
 
-The precision and attention rules live here once: validate.py turns a reason into a one-line
+The precision and attention rules live here once: validate/ turns a reason into a one-line
 config error, hardware/calibration.py skips a dtype that has one, and the trainer runs what they
-allow. A sweep's own process checks every point before it measures any (validate.py), and for a
+allow. A sweep's own process checks every point before it measures any (validate/), and for a
 point on the CPU nothing here imports torch: that process then starts without it (seconds on
 two cores), leaving torch to the processes that measure. A CUDA or MPS device is asked through
 torch, imported then.

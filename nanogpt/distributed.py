@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 # torch is imported by the methods that use it, not here: a sweep's own process reads World
-# from its environment and, for a single-rank point on the CPU, never needs torch (validate.py).
+# from its environment and, for a single-rank point on the CPU, never needs torch (validate/).
 
 
 @dataclass(frozen=True)

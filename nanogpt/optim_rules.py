@@ -22,7 +22,7 @@ The learning rate and weight decay of each role, unless optimizer.roles.<role> s
                                 scalars at 0.005 (nanochat's residual gains: scalar_lr 0.5 x
                                 0.01), not decayed (nanoGPT never decays a 1-D tensor)
 
-Below them, the optimizer's keys checked (`check_optimizer`, which validate.py runs). A sweep's
+Below them, the optimizer's keys checked (`check_optimizer`, which validate/ runs). A sweep's
 own process checks every point before it measures any: these rules import no torch, so a CPU
 point is checked without it. Muon's availability is read from the installed torch's version
 (torch.optim.Muon arrived in torch 2.9); an optimizer.build class is imported, torch with it.
@@ -152,7 +152,7 @@ def muon_missing(version: str | None = None) -> str | None:
     return None
 
 
-# The optimizer's keys, checked before any model is built (validate.py runs them): one
+# The optimizer's keys, checked before any model is built (validate/ runs them): one
 # ConfigError line each, naming the key and the fix.
 
 

@@ -2,7 +2,7 @@
 
 An entry point: with the other entry points (calibrate, report, callbacks) and nanogpt/app.py,
 the only modules that know Hydra. Hydra composes the config from conf/ against the schema in
-nanogpt/spec.py; from here on the library sees a plain RunSpec, and nanogpt/launch runs the
+nanogpt/spec/; from here on the library sees a plain RunSpec, and nanogpt/launch runs the
 point (ARCHITECTURE.md follows one point through the layers).
 
 Data parallelism (nanogpt/distributed.py): under `torchrun --nproc_per_node=N -m nanogpt.run`,

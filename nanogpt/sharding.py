@@ -14,7 +14,7 @@ would only gather them again at once (one needless all-gather a step each).
 
 Mixed precision is FSDP2's own policy: parameters gathered in the compute dtype (bf16 for
 perf.dtype=bf16), gradients reduced in fp32, the sharded master weights and the optimizer in
-fp32. (fp16 would also need a sharded gradient scaler; validate.py refuses it with fsdp2.)
+fp32. (fp16 would also need a sharded gradient scaler; validate/ refuses it with fsdp2.)
 
 Order with the other transformations, the one torchtitan documents for its parallelize
 functions (float8, then activation checkpointing, then torch.compile, then FSDP):
@@ -26,7 +26,7 @@ functions (float8, then activation checkpointing, then torch.compile, then FSDP)
      traces torch.utils.checkpoint as one region it recomputes in backward); each compiled
      graph is one FSDP unit and the all-gathers and reduce-scatters run between graphs, where
      FSDP2's hooks can overlap them with compute. CUDA-graph compile modes are refused with
-     fsdp2 (validate.py): a graph replays fixed addresses, FSDP2 gathers into fresh buffers;
+     fsdp2 (validate/): a graph replays fixed addresses, FSDP2 gathers into fresh buffers;
   4. fully_shard on each block, then on the root.
 """
 

@@ -1,6 +1,6 @@
 """The documentation: a README read in two minutes, and the reference in docs/ complete.
 
-Every key of the schema (nanogpt/spec.py), every field of the record and every column of a
+Every key of the schema (nanogpt/spec/), every field of the record and every column of a
 real sweep table is named in docs/; every preset too. A key or a column added without its line
 fails here.
 """

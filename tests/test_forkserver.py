@@ -50,7 +50,7 @@ def test_an_exception_that_ends_the_wait_kills_the_point_first(tmp_path):
 
 @pytest.mark.slow
 def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
-    """The sweep's process composes, checks (validate.py, device_support.py), launches and
+    """The sweep's process composes, checks (validate/, device_support.py), launches and
     tabulates; torch is the fork server's and its children's. Importing it would cost the
     process seconds of its start on two cores, every sweep."""
     marker = tmp_path / "torch_in_sweep_process"

@@ -124,7 +124,7 @@ def test_sizes_take_the_smallest_and_other_keys_the_first_listed():
 def test_a_given_baseline_wins_and_one_that_names_no_ok_point_is_an_error():
     table = points({"dtype": "fp32"}, {"dtype": "bf16"})
     assert chosen(table, "dtype=bf16")["dtype"] == "bf16"
-    with pytest.raises(baseline.BaselineError, match="report.baseline='dtype=fp8'"):
+    with pytest.raises(baseline.BaselineError, match="baseline: 'dtype=fp8' matches no ok"):
         baseline.choose(table, "dtype=fp8")
 
 

@@ -8,7 +8,7 @@ dtype. MFU against it (`mfu_achievable`) answers "how far from what this machine
 do"; `mfu`, against `peak_tflops`, still answers "how far from the spec sheet" (peaks.py).
 
 Which dtypes: fp32, bf16 and fp16 wherever the device runs them natively; tf32 only on CUDA GPUs
-of compute capability 8.0+ (device_support.precision_unavailable, the rule validate.py applies
+of compute capability 8.0+ (device_support.precision_unavailable, the rule validate/ applies
 to runs).
 
 The result is cached per machine in one JSON file (see `cache_path`), keyed by the device type

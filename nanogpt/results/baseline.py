@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nanogpt.results.swept import (
+    override_key,
     parse_override,
     parse_value,
     point_values,
@@ -79,7 +80,11 @@ KNOBS = (
 
 
 class BaselineError(ValueError):
-    pass
+    """A baseline text that names no point, or several: one line, the problem and the fix."""
+
+    def __init__(self, problem: str, fix: str):
+        self.problem, self.fix = problem, fix
+        super().__init__(f"report.baseline: {problem}; {fix}")
 
 
 @dataclass(frozen=True)
@@ -92,16 +97,12 @@ def choose(table: pd.DataFrame, text: str | None = None) -> Choice:
     """The baseline row's position and the reason, by the module's rule (or `text`)."""
     ok = table[table["status"] == "ok"]
     if text:
-        named = ok[[names_baseline(overrides, text) for overrides in ok["overrides"]]]
-        several = ambiguity(list(named["overrides"]), list(table["overrides"]), text)
-        if several:
-            raise BaselineError("report.baseline: {}; {}".format(*several))
-        if named.empty:
+        found = named_point(text, list(ok["overrides"]), list(table["overrides"]))
+        if found is None:
             raise BaselineError(
-                f"report.baseline='{text}' matches no ok point; use text from one of the "
-                "overrides in the table"
+                f"'{text}' matches no ok point", "use text from one of the overrides in the table"
             )
-        return Choice(table.index.get_loc(named.index[0]), f"given: report.baseline='{text}'")
+        return Choice(table.index.get_loc(ok.index[found]), f"given: report.baseline='{text}'")
     if ok.empty:
         return Choice(None, "no point is ok")
     reasons = []
@@ -176,15 +177,23 @@ def _equal(a, b) -> bool:
     return repr(a) == repr(b) or (str(a).lower() == str(b).lower())
 
 
-def ambiguity(named: list[list[str]], points: list[list[str]], baseline: str):
-    """(problem, fix) when a baseline text names several of a sweep's points, else None. Each
-    point named is shown by the overrides that vary across `points` (all of them: a list of
-    overrides each), as the table names it."""
+def named_point(baseline: str, candidates: list, points: list) -> int | None:
+    """The position among `candidates` (each a point's overrides: a list, or a table's cell)
+    of the point the baseline text names; None when it names none. One that names several is
+    refused (BaselineError), each point named shown by the overrides that vary across
+    `points` (the whole sweep), as the table names it. The one lookup of the sweep's check
+    (app.check_points) and the table's (choose)."""
+    named = [i for i, overrides in enumerate(candidates) if names_baseline(overrides, baseline)]
     if len(named) < 2:
-        return None
+        return named[0] if named else None
+    raise BaselineError(*_ambiguity([candidates[i] for i in named], points, baseline))
+
+
+def _ambiguity(named: list, points: list, baseline: str) -> tuple[str, str]:
+    """(problem, fix) for a baseline text that names several of a sweep's points."""
     varies = set(swept_keys([_without_baseline(point) for point in points]))
     shown = [
-        " ".join(o for o in _without_baseline(point) if _key(o) in varies) or "defaults"
+        " ".join(o for o in _without_baseline(point) if override_key(o) in varies) or "defaults"
         for point in named
     ]
     listed = "; ".join(shown[:4]) + ("; ..." if len(shown) > 4 else "")
@@ -192,8 +201,3 @@ def ambiguity(named: list[list[str]], points: list[list[str]], baseline: str):
         f"'{baseline}' names {len(named)} points ({listed})",
         f"name one whole, e.g. report.baseline='{shown[0]}'",
     )
-
-
-def _key(override: str) -> str | None:
-    parsed = parse_override(override)
-    return parsed[0] if parsed else None

@@ -13,7 +13,7 @@ import pandas as pd
 from nanogpt.results import derive, stats
 from nanogpt.results.bottleneck import fastest_line
 from nanogpt.results.display import number
-from nanogpt.results.swept import parse_override, point_key, split_overrides
+from nanogpt.results.swept import override_key, point_key, split_overrides
 
 COMPILE = "perf.compile"
 
@@ -112,13 +112,8 @@ def _compile_rows(table: pd.DataFrame):
 
 def _without_compile(overrides: str) -> str:
     """The point's key (swept.point_key) without its perf.compile override: its eager twin's."""
-    kept = [o for o in split_overrides(overrides) if _key_of(o) != COMPILE]
+    kept = [o for o in split_overrides(overrides) if override_key(o) != COMPILE]
     return point_key(kept)
-
-
-def _key_of(override: str) -> str | None:
-    parsed = parse_override(override)
-    return parsed[0] if parsed else None
 
 
 def compare_sweeps(

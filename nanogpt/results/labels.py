@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nanogpt.results.swept import parse_override, split_overrides, swept_keys
+from nanogpt.results.swept import override_key, split_overrides, swept_keys
 
 
 def point_labels(table: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
@@ -13,7 +13,7 @@ def point_labels(table: pd.DataFrame, drop: tuple[str, ...] = ()) -> list[str]:
     none (the caller shows it as "defaults")."""
     points = [overrides_of(text) for text in table["overrides"]]
     keys = set(swept_keys(points)) - {key.lstrip("+") for key in drop}
-    return [" ".join(o for o in point if _key(o) in keys) for point in points]
+    return [" ".join(o for o in point if override_key(o) in keys) for point in points]
 
 
 def overrides_of(text) -> list[str]:
@@ -25,8 +25,3 @@ def parse_overrides(text: str) -> dict[str, str]:
     """key -> value text of an overrides cell (keys without Hydra's `+`)."""
     pairs = (item.partition("=") for item in overrides_of(text) if "=" in item)
     return {key.lstrip("+"): value for key, _, value in pairs}
-
-
-def _key(override: str) -> str | None:
-    parsed = parse_override(override)
-    return parsed[0] if parsed else None

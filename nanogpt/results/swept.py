@@ -30,6 +30,12 @@ def parse_override(text: str) -> tuple[str, object] | None:
     return key.lstrip("+"), parse_value(value)
 
 
+def override_key(text: str) -> str | None:
+    """The key one override sets (without `+`), None for a deletion or text without '='."""
+    parsed = parse_override(text)
+    return parsed[0] if parsed else None
+
+
 def parse_value(text: str):
     """A value of Hydra's override grammar, typed (see the module docstring)."""
     value, rest = _value(text.strip(), 0)

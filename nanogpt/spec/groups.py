@@ -1,99 +1,29 @@
-"""The run specification: plain dataclasses, one per config group.
+"""The spec's config groups: a plain dataclass each (model, optimizer, perf, data, bench, ...).
 
-Hydra registers these as structured-config schemas (see nanogpt/app.py), so a wrong type or an
-unknown key fails at composition. Library code takes a `RunSpec` and never imports Hydra.
-Choices are Enums, not `Literal`: omegaconf 2.3 (kept by hydra-core 1.3) validates Enums only.
+Hydra registers them as structured-config schemas (nanogpt/app.py), so a wrong type or an
+unknown key fails at composition; conf/<group>/*.yaml give them values. RunSpec (the package's
+__init__) holds one of each.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class Dtype(enum.Enum):
-    fp32 = "fp32"  # true fp32: TF32 tensor-core math stays off
-    tf32 = "tf32"  # fp32 storage, TF32 matmuls/convolutions on Ampere+
-    bf16 = "bf16"  # autocast to bfloat16
-    fp16 = "fp16"  # autocast to float16, with a GradScaler
-
-
-class Attention(enum.Enum):
-    auto = "auto"  # let scaled_dot_product_attention choose
-    flash = "flash"
-    efficient = "efficient"
-    cudnn = "cudnn"
-    math = "math"
-    manual = "manual"  # the materialised softmax(QK^T)V path, as in the original GPT-2 code
-
-
-class OptimizerImpl(enum.Enum):
-    auto = "auto"
-    fused = "fused"
-    foreach = "foreach"
-    for_loop = "for_loop"
-
-
-class Schedule(enum.Enum):
-    """optimizer.schedule: the rate's shape over bench.max_steps (nanogpt/lr_schedule.py)."""
-
-    constant = "constant"  # the base rate every step (after optimizer.warmup_steps, if any)
-    cosine = "cosine"  # half a cosine from the base rate down to 0 at the horizon
-    wsd = "wsd"  # warmup-stable-decay: flat, then linear to 0 over the last decay_frac
-
-
-class DataKind(enum.Enum):
-    synthetic = "synthetic"
-    tokens = "tokens"
-    text = "text"
-
-
-class Tokenizer(enum.Enum):
-    """data.tokenizer: how data=text turns characters into ids (nanogpt/tokenize.py)."""
-
-    gpt2 = "gpt2"  # tiktoken's GPT-2 BPE (50257 ids)
-    char = "char"  # one id per character: the sorted set of the text's characters (nanoGPT's
-    # shakespeare_char), so a small model reaches a meaningful loss in seconds on a CPU
-
-
-class Exclusive(enum.Enum):
-    """bench.exclusive: what becomes of a point measured beside other processes
-    (measure/contention.py)."""
-
-    warn = "warn"  # flag it contended and say so
-    fail = "fail"  # fail it (status error), its figures kept
-    off = "off"  # do not look
-
-
-class LoggerMode(enum.Enum):
-    auto = "auto"
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
-
-
-class Fp8(enum.Enum):
-    """torchao's float8 training recipes (Float8LinearRecipeName), or none."""
-
-    none = "none"
-    tensorwise = "tensorwise"  # one scale per tensor, cuBLAS kernel
-    rowwise = "rowwise"  # one scale per row, CUTLASS kernel
-    rowwise_with_gw_hp = "rowwise_with_gw_hp"  # rowwise, the weight gradient kept in bf16
-
-
-class Loss(enum.Enum):
-    full = "full"  # the whole [B*T, vocab] logits, then cross-entropy (nanoGPT)
-    chunked = "chunked"  # head + cross-entropy over chunks of tokens: never the full logits
-
-
-class Strategy(enum.Enum):
-    ddp = "ddp"  # a whole replica per rank, gradients all-reduced
-    fsdp2 = "fsdp2"  # parameters, gradients and optimizer state sharded (fully_shard)
-
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+from nanogpt.spec.choices import (
+    Attention,
+    DataKind,
+    Dtype,
+    Exclusive,
+    Fp8,
+    LoggerMode,
+    Loss,
+    Objective,
+    OptimizerImpl,
+    Schedule,
+    Strategy,
+    Tokenizer,
+)
 
 
 @dataclass
@@ -259,16 +189,6 @@ class CostConfig:
     usd_per_kwh: float | None = None  # energy's price, added where energy is known
 
 
-class Objective(enum.Enum):
-    """What a search optimises (nanogpt/tune/objectives.py: each figure's direction and source)."""
-
-    tokens_per_s = "tokens_per_s"  # maximised
-    usd_per_1m_tokens = "usd_per_1m_tokens"  # minimised; needs cost.usd_per_hour or usd_per_kwh
-    j_per_token = "j_per_token"  # minimised; needs an energy counter
-    peak_memory_gib = "peak_memory_gib"  # minimised; with another: a Pareto front
-    time_to_loss = "time_to_loss"  # minimised: time_to_loss_s; needs bench.target_loss
-
-
 @dataclass
 class TuneConfig:
     """The search's keys a point also reads (hydra/sweeper=tune, docs/tune.md)."""
@@ -278,61 +198,3 @@ class TuneConfig:
     tokens_per_step: int | None = None
     # What run.main returns (one: a float, several: a tuple) and the tune sweeper optimises.
     objective: list[Objective] = field(default_factory=lambda: [Objective.tokens_per_s])
-
-
-@dataclass
-class RunSpec:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    perf: PerfConfig = field(default_factory=PerfConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    bench: BenchConfig = field(default_factory=BenchConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    logger: LoggerConfig = field(default_factory=LoggerConfig)
-    dist: DistConfig = field(default_factory=DistConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
-    cost: CostConfig = field(default_factory=CostConfig)
-    tune: TuneConfig = field(default_factory=TuneConfig)
-
-
-def spec_to_dict(spec: RunSpec) -> dict[str, Any]:
-    """JSON-ready dict: Enums become their values."""
-    return _plain(dataclasses.asdict(spec))
-
-
-def spec_from_dict(raw: dict[str, Any]) -> RunSpec:
-    """Inverse of spec_to_dict (used to hand a spec to a child process)."""
-    groups = {}
-    for f in dataclasses.fields(RunSpec):
-        cls = f.default_factory
-        defaults = cls()
-        values = dict(raw.get(f.name, {}))
-        for sub in dataclasses.fields(cls):
-            default = getattr(defaults, sub.name)
-            if dataclasses.is_dataclass(default) and sub.name in values:
-                values[sub.name] = _nested(type(default), values[sub.name])
-            elif isinstance(default, enum.Enum) and sub.name in values:
-                values[sub.name] = type(default)(values[sub.name])
-            elif default and isinstance(default, list) and isinstance(default[0], enum.Enum):
-                values[sub.name] = [type(default[0])(v) for v in values.get(sub.name, default)]
-        groups[f.name] = cls(**values)
-    return RunSpec(**groups)
-
-
-def _nested(cls, raw: dict) -> Any:
-    """A nested dataclass (optimizer.roles and its roles) from its dict."""
-    values = dict(raw)
-    for sub in dataclasses.fields(cls):
-        if sub.name in values and dataclasses.is_dataclass(getattr(cls(), sub.name)):
-            values[sub.name] = _nested(type(getattr(cls(), sub.name)), values[sub.name])
-    return cls(**values)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
