@@ -16,6 +16,7 @@ from nanogpt.measure.compile_health import CompileProbe
 from nanogpt.measure.loop import measure
 from nanogpt.results import compare, derive, table
 from nanogpt.results.derive import Ceilings, Peak
+from nanogpt.results.figures import derive_point
 from nanogpt.results.store import write_record
 from nanogpt.spec import Exclusive, ModelConfig, RunSpec
 
@@ -52,6 +53,7 @@ def _measured(tmp_path: Path, compiled: bool):
     ceilings = Ceilings(Peak(None, "unknown"))
     record = measure(spec, torch.device("cpu"), World(), ceilings, tmp_path, [])
     assert record.status == "ok", record.error
+    record = derive_point([record], spec.bench.measure_s)  # as the worker does
     record.asked.overrides = [f"perf.compile={str(compiled).lower()}"]  # the worker's part
     return record
 
@@ -168,11 +170,18 @@ def test_a_recompile_inside_the_measured_window_is_counted_there_and_makes_it_un
 
 def test_a_pooled_point_keeps_the_recompiles_inside_every_repeats_window():
     """bench.repeats: the first repeat's part, its recompiles_in_window summed over repeats (a
-    recompile in the second repeat's window is not lost to the first's clean one)."""
-    from nanogpt.results import repeats
-    from nanogpt.results.record import Record
+    recompile in the second repeat's window is not lost to the first's clean one), and the
+    point unsteady for it."""
+    from nanogpt.results.record import Record, Setup, Timing
     from nanogpt.results.record.compile import CompilePart
 
-    parts = [CompilePart(graph_breaks=2, recompiles_in_window=n) for n in (0, 1)]
-    pooled = repeats._compile_of([Record(compile=part) for part in parts])
-    assert pooled.graph_breaks == 2 and pooled.recompiles_in_window == 1
+    def run(recompiles: int) -> Record:
+        timing = Timing(step_ms_measured=[[10.0] * 9], measured_steps=9, measured_s=1.0)
+        setup = Setup(device="cpu", tokens_per_step=32, world_size=1, flops_per_token=1000)
+        part = CompilePart(graph_breaks=2, recompiles_in_window=recompiles)
+        return Record(status="ok", setup=setup, timing=timing, compile=part)
+
+    pooled = derive_point([run(0), run(1)], floor_s=0.0)
+    assert pooled.compile.graph_breaks == 2 and pooled.compile.recompiles_in_window == 1
+    assert pooled.timing.steady is False and pooled.timing.unsteady_reasons == ["recompile"]
+    assert pooled.timing.steady_note == "run 2 of 2: 1 recompile(s) during the measured steps"

@@ -27,6 +27,7 @@ from nanogpt.hardware.calibration import calibrate, ceilings_for_run
 from nanogpt.hardware.env import device_name
 from nanogpt.measure.loop import measure
 from nanogpt.measure.timing import StepTimer
+from nanogpt.results.figures import derive_point
 from nanogpt.results.record import Record
 from nanogpt.results.store import read_result
 from nanogpt.spec import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
@@ -67,7 +68,10 @@ def spec_with(bench: dict | None = None, **perf) -> RunSpec:
 
 
 def measured(spec: RunSpec, out_dir) -> Record:
-    return measure(spec, GPU, World(), ceilings_for_run(GPU, spec.perf.dtype, None), out_dir, [])
+    """Measured in this process, its figures derived as the worker derives them."""
+    ceilings = ceilings_for_run(GPU, spec.perf.dtype, None)
+    record = measure(spec, GPU, World(), ceilings, out_dir, [])
+    return derive_point([record], spec.bench.measure_s) if record.status == "ok" else record
 
 
 def timed_matmuls(device: torch.device, steps: int = 20) -> tuple[list[float], float]:

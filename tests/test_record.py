@@ -276,29 +276,27 @@ def test_no_counter_is_null_energy_with_the_reason(tmp_path):
     assert "advanced 0 times" in probe.energy.energy_source
 
 
-@pytest.mark.slow  # the real loop records its env (git rev-parse)
 def test_a_pooled_point_is_steady_only_if_every_repeat_was_and_shows_the_worst_drift():
-    from nanogpt.results import repeats
+    """Steadiness is judged run by run on each run's own steps (figures.derive_point): a drift
+    inside the third run alone makes the point unsteady, and shows as that run's."""
+    from nanogpt.results.figures import derive_point
 
-    def run(steady: bool, drift: float) -> Record:
-        timing = Timing(
-            step_ms_median=10.0,
-            step_ms_measured=[[10.0] * 8],
-            measured_steps=8,
-            steady=steady,
-            unsteady_reasons=None if steady else ["drift"],
-            drift_pct=drift,
-            drift_ci_low=drift - 1,
-            drift_ci_high=drift + 1,
-        )
+    def run(last_third_ms: float) -> Record:
+        steps = [10.0 + 0.01 * (i % 3) for i in range(20)] + [last_third_ms] * 10
+        timing = Timing(step_ms_measured=[steps], measured_steps=len(steps), measured_s=30.0)
         setup = Setup(device="cpu", tokens_per_step=32, world_size=1, flops_per_token=1000)
         return Record(status="ok", asked=Asked(dtype="fp32"), setup=setup, timing=timing)
 
-    pooled = repeats.pool([run(True, 0.5), run(True, -0.2), run(False, 6.0)])
+    pooled = derive_point([run(10.01), run(10.01), run(11.0)], floor_s=1.0)
     timing = pooled.timing
     assert timing.steady is False and timing.unsteady_reasons == ["drift"]
-    assert (timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high) == (6.0, 5.0, 7.0)
-    assert repeats.pool([run(True, 0.5), run(True, -0.2)]).timing.steady is True
+    assert 9 < timing.drift_pct < 11 and timing.drift_ci_low > 0
+    assert timing.steady_note.startswith("run 3 of 3: the last third")
+    assert len(timing.step_ms_median_per_repeat) == 3 and timing.repeats == 3
+    steady = derive_point([run(10.01), run(10.01)], floor_s=1.0).timing
+    assert steady.steady is True and steady.unsteady_reasons == []
+    # the same window judged alone is what a single run's record says
+    assert derive_point([run(11.0)], floor_s=1.0).timing.steady_note.startswith("the last")
 
 
 @pytest.mark.slow  # finish_record's environment() asks git for the commit
@@ -313,7 +311,7 @@ def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
     from nanogpt.measure.loop import measure
     from nanogpt.point.handoff import Handoff, Job
     from nanogpt.point.worker import finish_record
-    from nanogpt.results import repeats
+    from nanogpt.results.figures import derive_point
 
     from .conftest import with_micro
 
@@ -330,11 +328,12 @@ def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
 
     def measured() -> Record:  # as the job process reads it back from the measuring child
         record = finish_record(measure(*on_cpu, ceilings, tmp_path, []), handoff)
+        record = derive_point([record], spec.bench.measure_s)  # as the worker does
         return Record.from_dict(json.loads(json.dumps(record.to_dict(steps=True))))
 
     runs = [measured() for _ in range(2)]
     assert all(run.status == "ok" for run in runs)
-    pooled = repeats.pool(runs)
+    pooled = derive_point(runs, spec.bench.measure_s)  # as the job process does
     # the pool divides by the ceilings the runs stored, whole: matmul_emulated included
     assert Ceilings.from_dict(pooled.rates.ceilings) == ceilings
     assert pooled.rates.ceilings["matmul_emulated"] == emulated

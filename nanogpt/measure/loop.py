@@ -156,11 +156,10 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         bar.close()
         for key, value in probe.result().items():
             setattr(record.memory, key, value)
-    _derive(spec, trainer, ceilings, record, log)
+    _collect(trainer, ceilings, record, log)
     count_optimizer_state(spec, trainer, record.optimizer)  # the state the steps created
     # After the measured steps and their memory peaks: the profiled steps enter no statistic.
     run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
-    record.optimizer.optimizer_step_frac = derive.optimizer_step_frac(record.diagnosis)
 
 
 def _graph_mode(spec: RunSpec) -> str | None:
@@ -279,28 +278,15 @@ def _measured_steps(spec, trainer: Trainer, record: Record, log, bar, emit) -> N
         timing.scaler_skipped_steps = int(trainer.skipped_steps.item()) - skipped_before
 
 
-def _derive(spec, trainer: Trainer, ceilings, record: Record, log: StepLog) -> None:
-    """Statistics over measured steps only, then the derived figures (results/derive.py)."""
+def _collect(trainer: Trainer, ceilings, record: Record, log: StepLog) -> None:
+    """The measured steps as the point's figures are derived from them (results/figures.py,
+    in one place for one run and for a pool of repeats), and what they are divided by."""
     timing = record.timing
     # Every rank's step times; the job's step is the slowest rank's (distributed.py).
     per_rank = trainer.world.gather(log.measured("step_ms"))
     timing.step_ms_per_rank = per_rank
     timing.step_ms_median_per_rank = [stats.summarize(times)["median"] for times in per_rank]
-    steps = slowest_per_step(per_rank)
-    timing.set_stats(stats.summarize(steps))
-    timing.step_ms_ci_low, timing.step_ms_ci_high = stats.median_ci([steps])
-    timing.ci_method = stats.METHOD
-    timing.repeats = 1
-    timing.step_ms_measured = [steps]
-    timing.step_ms_median_per_repeat = [timing.step_ms_median]
+    timing.step_ms_measured = [slowest_per_step(per_rank)]
     timing.data_ms_median = stats.summarize(log.measured("data_ms"))["median"]
     timing.step_timer = StepTimer(trainer.device).clock
-    on_accelerator, recompiles = trainer.device.type != "cpu", record.compile.recompiles_in_window
-    steadiness = derive.steadiness(
-        steps, timing.measured_s, spec.bench.measure_s, on_accelerator, recompiles
-    )
-    timing.steady, timing.steady_note = steadiness.steady, steadiness.note
-    timing.unsteady_reasons = list(steadiness.reasons)
-    if steadiness.drift is not None:
-        timing.drift_pct, timing.drift_ci_low, timing.drift_ci_high = steadiness.drift
-    record.rates = derive.rates(record, ceilings)
+    record.rates.ceilings = ceilings.to_dict()  # as the worker resolved them, whole

@@ -22,7 +22,8 @@ from nanogpt.point import forkserver, placement
 from nanogpt.point.handoff import Handoff, Job
 from nanogpt.point.process import run_child
 from nanogpt.reporters import wandb_point
-from nanogpt.results import repeats, store
+from nanogpt.results import store
+from nanogpt.results.figures import derive_point
 from nanogpt.results.identity import point_id_of
 from nanogpt.results.record import Record
 from nanogpt.spec import RunSpec
@@ -63,7 +64,7 @@ def run_point(spec: RunSpec, job: Job) -> str:
             break  # a failed repeat is the point's record
     record = measured[-1]
     if len(measured) > 1 and record.status == "ok":
-        record = repeats.pool(measured)
+        record = derive_point(measured, spec.bench.measure_s)  # the pool's figures
     record.wall_s = time.perf_counter() - started
     record.setup.co_running = beside.end()
     store.write_record(job.job_dir, record)

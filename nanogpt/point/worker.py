@@ -36,6 +36,7 @@ from nanogpt.point import placement
 from nanogpt.point.handoff import Handoff, write_answer
 from nanogpt.point.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.reporters import wandb_sink
+from nanogpt.results.figures import derive_point
 from nanogpt.results.record import MaxBatch, Record
 from nanogpt.results.record.asked import Asked
 
@@ -119,6 +120,8 @@ def _measure_here(handoff: Handoff, world: World) -> Record:
     if not world.is_main:
         return record  # the record is rank 0's
     finish_record(record, handoff)
+    if record.status == "ok":  # one run's figures, here: its W&B run is given them
+        record = derive_point([record], spec.bench.measure_s)
     for sink in sinks:
         sink.finish(record.to_dict())
     return record

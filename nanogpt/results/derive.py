@@ -103,8 +103,8 @@ def window_rates(setup: Setup, step_ms: float, ceilings: Ceilings) -> dict[str, 
 def rates(record: Record, ceilings: Ceilings) -> Rates:
     """A point's derived figures, from its record and the ceilings it is divided by.
 
-    The one derivation: the measured loop calls it on a single run's record, results/repeats.py
-    on the pooled record, so a figure cannot be derived two ways. Everything it reads is in the
+    The one derivation: results/figures.derive_point calls it on a single run's record and on
+    a pool of repeats alike, so a figure cannot be derived two ways. Everything it reads is in the
     record: the step clock (Timing: median, interval, first step, wall-clock step, measured
     steps), the model (Setup), the energy, and what was asked (compile, activation
     checkpointing, dtype, fp8)."""
@@ -120,7 +120,7 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
         peak_source=peak.source,
         peak_dtype=asked.dtype,
         mfu=achieved / peak.flops if peak.flops else None,
-        ceilings=ceilings.to_dict(),  # what it was divided by, whole (repeats.pool reads it)
+        ceilings=ceilings.to_dict(),  # what it was divided by, whole (a pool reads it)
     )
     # (a user's model has no recompute count: its hfu stays null, measure/byo.py)
     if peak.flops and asked.activation_checkpointing and setup.flops_per_token_hw is not None:

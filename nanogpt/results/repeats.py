@@ -1,17 +1,19 @@
 """One record from a point measured several times (bench.repeats), each in a fresh process.
 
 A process hides part of the noise: its allocator state, its compiled code, the clocks it ran
-at. Repeats show it. The pooled record keeps each repeat's median (step_ms_median_per_repeat)
-and its measured steps (step_ms_measured, a list per repeat); its step time is the median of
-the repeats' medians, with a hierarchical bootstrap interval (results/stats.py), and every
-derived figure is recomputed from the pooled record by the one function the loop calls,
-results/derive.rates(record, ceilings), with the ceilings the first repeat stored
-(rates.ceilings: the peak, the calibration, matmul_emulated, as the measuring child resolved
-them). The wall-clock step is the repeats' windows' wall time
-over their steps. Peaks of memory are the largest of any repeat; energy is summed over all
-measured steps; a point is `contended` if any repeat was, and steady only if every repeat was
-(the drift shown is the repeat's that drifted most). The rest (the model's figures, the first
-step, the profile, the diagnosis) is the first repeat's. steps.csv keeps every repeat's rows,
+at. Repeats show it. `pool` aggregates the runs' raw parts, part by part (POOLED names the
+rule of each part that is not simply the first run's); results/figures.derive_point then
+derives every figure of the pool as it does one run's: the step statistics over all the
+steps, the point's step as the median of the runs' medians with a hierarchical bootstrap
+interval (results/stats.py), steadiness run by run, and the rates with the ceilings the runs
+stored (rates.ceilings: the peak, the calibration, matmul_emulated, as the measuring child
+resolved them).
+
+Timing keeps every run's measured steps (step_ms_measured, a list per run), their count and
+the windows' wall time over them; a point is `contended` if any run was. Peaks of memory are
+the largest of any run; energy is summed over all measured steps; recompiles inside the
+measured steps are summed. The rest (the model's figures, the first step, the profile, the
+diagnosis, the optimizer's roles) is the first run's. steps.csv keeps every run's rows,
 numbered.
 """
 
@@ -19,111 +21,85 @@ from __future__ import annotations
 
 import dataclasses
 
-from nanogpt.results import derive, stats, time_to_loss
-from nanogpt.results.record import Record
+from nanogpt.results import time_to_loss
+from nanogpt.results.record import PARTS, Record
 
 
 def pool(records: list[Record]) -> Record:
+    """The runs' raw parts aggregated (figures.derive_point derives the rest)."""
     first = records[0]
     if first.time_to_loss.ttl_target_loss is not None:  # runs to a target: no step series
         return time_to_loss.pool(records)
     pooled = dataclasses.replace(first, steps=[])
     for number, record in enumerate(records, 1):
         pooled.steps += [{**row, "repeat": number} for row in record.steps]
-    series = [steps for record in records for steps in record.timing.step_ms_measured or []]
-    timing = dataclasses.replace(first.timing, repeats=len(records), step_ms_measured=series)
-    timing.set_stats(stats.summarize([ms for steps in series for ms in steps]))
-    timing.step_ms_median = stats.point_figure(series)  # the median of the repeats' medians
-    timing.step_ms_median_per_repeat = [r.timing.step_ms_median for r in records]
-    timing.step_ms_ci_low, timing.step_ms_ci_high = stats.median_ci(series)
-    timing.measured_steps = sum(r.timing.measured_steps or 0 for r in records)
-    timing.loss_last = records[-1].timing.loss_last
-    _any_contended(timing, records)
-    _steady_in_every_repeat(timing, records)
-    walls = [(r.timing.step_ms_wall, r.timing.measured_steps) for r in records]
-    if all(wall and steps for wall, steps in walls):  # the windows' wall time over their steps
-        timing.step_ms_wall = sum(w * n for w, n in walls) / sum(n for _, n in walls)
-    pooled.timing = timing
-    pooled.memory = _largest_peaks(records)
-    pooled.energy = _summed_energy(records)
-    pooled.compile = _compile_of(records)
-    pooled.rates = derive.rates(pooled, _ceilings(first))
+    for name in PARTS:
+        rule = POOLED.get(name)
+        parts = [getattr(r, name) for r in records]
+        setattr(pooled, name, rule(parts) if rule else dataclasses.replace(parts[0]))
     return pooled
 
 
-def _ceilings(record: Record) -> derive.Ceilings:
-    """The ceilings every repeat was divided by, as the measuring child resolved and stored them
-    (rates.ceilings); a record without them (written before they were stored, or by hand): its
-    peak alone, as its rates name it."""
-    if record.rates.ceilings:
-        return derive.Ceilings.from_dict(record.rates.ceilings)
-    tflops = record.rates.peak_tflops
-    peak = {"peak_flops": tflops * 1e12 if tflops else None}
-    return derive.Ceilings.from_dict({**peak, "peak_source": record.rates.peak_source})
+def _timing(parts: list):
+    """Every run's measured steps, their count and wall-clock step; contended if any was."""
+    timing = dataclasses.replace(parts[0])
+    timing.step_ms_measured = [steps for t in parts for steps in t.step_ms_measured or []]
+    timing.measured_steps = sum(t.measured_steps or 0 for t in parts)
+    timing.measured_s = sum(t.measured_s or 0.0 for t in parts)
+    timing.loss_last = parts[-1].loss_last
+    walls = [(t.step_ms_wall, t.measured_steps) for t in parts]
+    if all(wall and steps for wall, steps in walls):  # the windows' wall time over their steps
+        timing.step_ms_wall = sum(w * n for w, n in walls) / sum(n for _, n in walls)
+    seen = [
+        f"repeat {i + 1} of {len(parts)}: {t.contention}"
+        for i, t in enumerate(parts)
+        if t.contended
+    ]
+    if seen:
+        timing.contended, timing.contention = True, "; ".join(seen)
+    return timing
 
 
-def _compile_of(records: list[Record]):
+def _compile(parts: list):
     """The first repeat's compile part (each repeat compiles the same model alike; the first
     with the coldest cache), with the recompiles inside every repeat's measured steps summed."""
-    part = dataclasses.replace(records[0].compile)
-    in_window = [r.compile.recompiles_in_window for r in records]
+    part = dataclasses.replace(parts[0])
+    in_window = [p.recompiles_in_window for p in parts]
     if None not in in_window:
         part.recompiles_in_window = sum(in_window)
     return part
 
 
-def _largest_peaks(records: list[Record]):
-    memory = dataclasses.replace(records[0].memory)
+def _memory(parts: list):
+    """The largest peak of any run, each kind of peak on its own."""
+    memory = dataclasses.replace(parts[0])
     for field in (
         "mem_peak_allocated_bytes",
         "mem_peak_reserved_bytes",
         "mem_nvml_used_bytes",
+        "mem_peak_rss_bytes",
         "mem_warmup_peak_allocated_bytes",
         "mem_warmup_peak_reserved_bytes",
         "mem_warmup_peak_rss_bytes",
     ):
-        values = [getattr(r.memory, field) for r in records if getattr(r.memory, field)]
+        values = [getattr(m, field) for m in parts if getattr(m, field)]
         setattr(memory, field, max(values) if values else None)
-    memory.mem_peak_rss_bytes = max(r.memory.mem_peak_rss_bytes or 0 for r in records) or None
     # which window the largest allocated peak came from (measured, or warmup's CUDA graphs)
-    top = max(records, key=lambda r: r.memory.mem_peak_allocated_bytes or 0)
-    memory.mem_peak_allocated_from = top.memory.mem_peak_allocated_from
+    top = max(parts, key=lambda m: m.mem_peak_allocated_bytes or 0)
+    memory.mem_peak_allocated_from = top.mem_peak_allocated_from
     return memory
 
 
-def _steady_in_every_repeat(timing, records: list[Record]) -> None:
-    """Steady only when every repeat was (null when any could not tell); every repeat's reasons;
-    the drift of the repeat that drifted most, with its interval and note: a drift in repeat 3
-    shows as one in repeat 1 does."""
-    flags = [r.timing.steady for r in records]
-    timing.steady = None if any(flag is None for flag in flags) else all(flags)
-    reasons = [code for r in records for code in r.timing.unsteady_reasons or []]
-    timing.unsteady_reasons = list(dict.fromkeys(reasons)) or records[0].timing.unsteady_reasons
-    drifted = [r.timing for r in records if r.timing.drift_pct is not None]
-    if drifted:
-        worst = max(drifted, key=lambda t: abs(t.drift_pct))
-        timing.drift_pct, timing.drift_ci_low = worst.drift_pct, worst.drift_ci_low
-        timing.drift_ci_high = worst.drift_ci_high
-    notes = [r.timing.steady_note for r in records if r.timing.steady is False]
-    timing.steady_note = notes[0] if notes else records[0].timing.steady_note
-
-
-def _any_contended(timing, records: list[Record]) -> None:
-    """Contended when any repeat shared the device (measure/contention.py); what each saw."""
-    seen = [
-        f"repeat {i + 1} of {len(records)}: {r.timing.contention}"
-        for i, r in enumerate(records)
-        if r.timing.contended
-    ]
-    if seen:
-        timing.contended, timing.contention = True, "; ".join(seen)
-
-
-def _summed_energy(records: list[Record]):
-    energy = dataclasses.replace(records[0].energy)
-    if all(r.energy.energy_j for r in records):
-        energy.energy_j = sum(r.energy.energy_j for r in records)
-        energy.energy_s = sum(r.energy.energy_s for r in records)
+def _energy(parts: list):
+    """Joules over every run's measured steps (null unless every run counted them)."""
+    energy = dataclasses.replace(parts[0])
+    if all(e.energy_j for e in parts):
+        energy.energy_j = sum(e.energy_j for e in parts)
+        energy.energy_s = sum(e.energy_s for e in parts)
     else:
         energy.energy_j = None
     return energy
+
+
+# How each part of a pool is aggregated; a part not named here is the first run's.
+POOLED = {"timing": _timing, "memory": _memory, "energy": _energy, "compile": _compile}

@@ -6,7 +6,8 @@ This package is the record's whole schema, one module a part where a part has a 
 
   Asked     the point as the user asked for it (its overrides and the spec's main choices;
             results/record/asked.py)
-  Setup     (measured.py) the model on its device: parameter and FLOP counts, tokens per step, the estimate
+  Setup     the model on its device: parameter and FLOP counts, tokens per step, the estimate
+            (this part and the six below it: measured.py)
   Timing    the step clock: first step, measured-step statistics, per-rank medians, losses
   Memory    the allocator peaks, NVML, the process's peak RSS (and how it was read)
   Energy    joules over the measured steps (NVML or RAPL), the power limit
@@ -108,7 +109,7 @@ class Record:
     memory: Memory = field(default_factory=Memory)
     energy: Energy = field(default_factory=Energy)  # measure/energy.py
     clocks: Clocks = field(default_factory=Clocks)  # measure/energy.py (the same NVML samples)
-    rates: Rates = field(default_factory=Rates)  # results/derive.py, called by the loop
+    rates: Rates = field(default_factory=Rates)  # results/figures.derive_point (ceilings: the loop)
     profile: Profile = field(default_factory=Profile)
     diagnosis: Diagnosis = field(default_factory=Diagnosis)  # measure/diagnose.py, judged there
     optimizer: OptimizerPart = field(default_factory=OptimizerPart)  # measure/setup.py

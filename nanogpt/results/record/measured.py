@@ -58,7 +58,7 @@ class Timing:
     measured_steps: int | None = None
     measured_s: float | None = None  # wall time of the measured phase, window reads included
     stopped_by_budget: bool | None = None
-    steady: bool | None = None  # results/derive.steadiness
+    steady: bool | None = None  # derive.steadiness, run by run (results/figures.py)
     unsteady_reasons: list | None = None  # codes: "short" (window), "drift" (step time moved)
     steady_note: str | None = None  # the same in words, with the figures
     drift_pct: float | None = None  # last third's median step vs the first third's, in %
