@@ -33,7 +33,7 @@ from nanogpt.point.job import point_status, skipped_since
 from nanogpt.point.placement import CORUN_ENV
 from nanogpt.reporters import wandb_sink, wandb_view
 from nanogpt.results import table as sweep_table
-from nanogpt.tune import answer
+from nanogpt.tune.publish import publish, settings_of
 
 
 def away_from_the_sweep() -> bool:
@@ -172,30 +172,13 @@ class SweepReport(Callback):
             os._exit(interrupted_exit())  # no second traceback from Hydra or the interpreter
 
     def _publish(self, config: DictConfig):
-        """Build, write and print the sweep's table; say how many points a resume kept."""
+        """Build, write and print the sweep's table (tune/publish.py); say how many points a
+        resume kept."""
         sweep_dir = Path(config.hydra.sweep.dir)
-        report, cost = config.report, config.cost
-        search = answer.read(sweep_dir)  # hydra/sweeper=tune: its finalists, then its answer
-        sweep = sweep_table.publish(
-            sweep_dir,
-            baseline=report.baseline,
-            memory_budget_gib=report.memory_budget_gib,
-            usd_per_hour=cost.usd_per_hour,
-            usd_per_kwh=cost.usd_per_kwh,
-            ttl_alpha=report.ttl_alpha,
-            only=answer.finalists(search) if search else None,
-        )
-        if report.plots:
-            from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for
-
-            for path in write_plots(sweep_dir, sweep.table):
-                print(f"plot: {path}")
         skipped = skipped_since(sweep_dir, self.started) if self.started else 0
-        if skipped:
-            print(
-                f"resume: skipped {skipped} point(s) with an ok record from an earlier run "
-                "(bench.rerun=true measures them again)"
-            )
-        for line in answer.closing_lines(search) if search else []:
-            print(line)  # a search closes with its answer
+        notes = [
+            f"resume: skipped {skipped} point(s) with an ok record from an earlier run "
+            "(bench.rerun=true measures them again)"
+        ]
+        sweep = publish(sweep_dir, settings_of(config), notes if skipped else [])
         return sweep_dir, sweep.table

@@ -31,18 +31,12 @@ from nanogpt import logs
 from nanogpt.results import compare
 from nanogpt.results.display import to_markdown
 from nanogpt.results.labels import point_labels
-from nanogpt.results.table import ReportError, build_table, publish
-from nanogpt.tune import answer
+from nanogpt.results.table import ReportError, build_table
+from nanogpt.tune import publish
 
-# The saved config's keys this entry point takes its defaults from: (section, key) -> its flag.
-SETTINGS = {
-    ("report", "baseline"): "baseline",
-    ("report", "plots"): "plots",
-    ("report", "memory_budget_gib"): "memory_budget_gib",
-    ("report", "ttl_alpha"): "ttl_alpha",
-    ("cost", "usd_per_hour"): "usd_per_hour",
-    ("cost", "usd_per_kwh"): "usd_per_kwh",
-}
+# The saved config's keys this entry point takes its defaults from, (section, key) -> its
+# flag: the settings every entry point publishes a table with (tune/publish.py)
+SETTINGS = publish.SETTINGS
 SAVED_CONFIGS = ("multirun.yaml", ".hydra/config.yaml", "*/.hydra/config.yaml")
 
 # Sweep against sweep, each point's interval must cover the noise between processes: on the 2-core
@@ -98,20 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = saved_settings(args.sweep_dir)
             given = {flag: getattr(args, flag) for flag in SETTINGS.values()}
             settings.update({k: v for k, v in given.items() if v is not None})
-            plots = settings.pop("plots")
-            search = answer.read(args.sweep_dir)  # a search's: its finalists, then its answer
-            sweep = publish(
-                args.sweep_dir,
-                **{**settings, "baseline": settings["baseline"] or None},
-                only=answer.finalists(search) if search else None,
-            )
-            if plots:
-                from nanogpt.reporters.plots import write_plots  # matplotlib only when asked for
-
-                for path in write_plots(args.sweep_dir, sweep.table):
-                    print(f"plot: {path}")
-            for line in answer.closing_lines(search) if search else []:
-                print(line)
+            publish.publish(args.sweep_dir, settings)  # as the multirun's end publishes it
             return 0
         return _compare(args.compare, args.sweep_dir, args.fail_if_slower, args.markdown)
     except ReportError as err:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -24,13 +25,16 @@ optuna = pytest.importorskip("optuna")
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
+from nanogpt import report
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
 from nanogpt.results.store import read_result
-from nanogpt.tune import fit, ladder, objectives, quality, space
+from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality, space
 from nanogpt.tune.objectives import objective_of
+from nanogpt.tune.sweeper import Search
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
 
@@ -245,6 +249,66 @@ def test_quality_verdict_uses_the_baselines_spread_as_the_floor():
     assert quality.verdict([5.0, 5.0], 5.03, min_rel=0.005)["flagged"]
 
 
+def _kept(runs: list) -> dict:
+    """A target point's record as the search keeps it (tune/jobs.kept), from its runs' times."""
+    reached = [t for t in runs if t is not None]
+    record = {
+        "status": "ok",
+        "time_to_loss_s": sum(reached) / len(reached) if len(reached) == len(runs) else None,
+        "ttl_s_per_run": runs,
+        "ttl_note": f"{len(reached)} of {len(runs)} reached",
+    }
+    return jobs.kept(record, Path("job"), ["time_to_loss"], {})
+
+
+def test_with_a_target_the_quality_guard_is_time_to_loss_against_the_baselines_runs():
+    """The guard where bench.target_loss is set: a finalist whose runs did not all reach, or
+    that the baseline's runs beat to the target at p < alpha, is flagged; as fast or faster is
+    not. The short loss comparison is not run (its seeds and steps are absent)."""
+    base = [20.3, 19.6, 20.9, 19.9, 20.5]
+    finalists = {
+        "same": base[::-1],
+        "faster": [0.8 * t for t in base],
+        "slower": [1.2 * t for t in base],
+        "missed": [20.0, None, 19.0, None, 21.0],
+    }
+    entries = [
+        ladder.Entry(key=k, overrides=[k], rung="repeats", record=_kept(runs))
+        for k, runs in finalists.items()
+    ]
+    guard = quality.to_target(_kept(base), entries, alpha=0.01, target=2.5)
+    assert guard["checked"] and "seeds" not in guard
+    flagged = {key: v["flagged"] for key, v in guard["verdicts"].items()}
+    assert flagged == {"same": False, "faster": False, "slower": True, "missed": True}
+    assert guard["verdicts"]["slower"]["p_value"] < 0.01
+    assert "3 of 5 reached" in guard["verdicts"]["missed"]["note"]
+    unreached = quality.to_target(_kept([None, None]), entries, alpha=0.01, target=2.5)
+    assert not unreached["checked"] and "the baseline did not reach" in unreached["note"]
+    text = answer.markdown(_answer_of(guard, entries))  # tune.md says each finalist's verdict
+    assert "FLAGGED" in text and "baseline sooner p=" in text
+
+
+def _answer_of(guard: dict, entries: list) -> dict:
+    for e in entries:
+        e.values = [e.record["time_to_loss"] or 1.0]
+    return {
+        "objectives": ["time_to_loss"],
+        "directions": ["minimize"],
+        "space": {},
+        "fixed": [],
+        "grid_size": None,
+        "budget": {"bytes": None, "source": "unknown"},
+        "memory_margin": 0.1,
+        "probes": [],
+        "full": [],
+        "repeats": [e.__dict__ for e in entries],
+        "refused": {},
+        "quality": guard,
+        "best": None,
+        "search_wall_s": 1.0,
+    }
+
+
 # --- the real search -------------------------------------------------------------------------
 
 
@@ -310,7 +374,7 @@ SLOW_SECOND_CANDIDATE = (
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_a_search_in_one_line_and_the_same_command_resumes_it(tmp_path):
+def test_ctrl_c_stops_a_search_in_one_line_and_the_same_command_resumes_it(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     args = [
         "-m",
@@ -370,6 +434,22 @@ def test_ctrl_c_stops_a_search_in_one_line_and_the_same_command_resumes_it(tmp_p
     )
     assert objective_of(_spec(), sweep_dir / job) == record["tokens_per_s"]
     assert math.isnan(objective_of(_spec(), tmp_path / "no_such_job"))
+    _ctrl_c_prints_the_table_nanogpt_report_prints(sweep_dir, capsys)
+
+
+def _ctrl_c_prints_the_table_nanogpt_report_prints(sweep_dir, capsys):
+    """A search's Ctrl-C publishes as every entry point does (tune/publish.py): with the
+    search's settings (its multirun.yaml), its finalists alone, then its answer."""
+    search = Search()
+    search.config = OmegaConf.load(sweep_dir / "multirun.yaml")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        search._stop()
+    assert stopped.value.code == 130
+    on_ctrl_c = capsys.readouterr().out
+    assert report.main([str(sweep_dir)]) == 0
+    assert capsys.readouterr().out == on_ctrl_c
+    assert "every rung's" in on_ctrl_c and "best (best.yaml): " in on_ctrl_c
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from nanogpt.errors import ConfigError
 from nanogpt.files import write_atomic
 from nanogpt.tune import ladder
 from nanogpt.tune.ladder import pareto_front
@@ -169,7 +170,7 @@ def markdown(s: dict) -> str:
             f"{'no: ' + refused if refused else 'yes'} |"
         )
     lines += ["", f"Quality: {quality.get('note') or 'checked'}"]
-    if quality.get("checked"):
+    if quality.get("checked") and "seeds" in quality:  # the short comparison (no target)
         lines.append(
             f" over {quality['steps']} steps at seeds {quality['seeds']}; baseline "
             f"`{' '.join(quality['baseline']) or 'the configured defaults'}`; the noise floor is "
@@ -257,6 +258,18 @@ def closing_lines(s: dict) -> list[str]:
     else:
         lines = [f"best: none recommended; {TUNE_MD} says why for each finalist"]
     return lines + [f"search: {line[2:]}" for line in cost_lines(s)]
+
+
+def none_feasible(probes: list, sweep_dir: Path) -> ConfigError:
+    """The search's error when no candidate fits or runs: their reasons, and where they are."""
+    reasons = sorted({e.reason or "no figure" for e in probes})
+    return ConfigError(
+        "hydra.sweeper.params",
+        f"no candidate of {len(probes)} fits or runs ({'; '.join(reasons)[:300]})",
+        "widen the space (smaller perf.batch_size, perf.activation_checkpointing=true, "
+        "perf.loss=chunked) or raise bench.max_batch_memory_gib; every trial is in "
+        f"{sweep_dir / TUNE_MD}",
+    )
 
 
 def read(sweep_dir: Path) -> dict | None:

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nanogpt.errors import ConfigError
 from nanogpt.results import derive, store
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ RECORD_FIELDS = {
     "repeats": "repeats",
     "device": "device",
     "time_to_loss": "time_to_loss_s",
+    "ttl_s_per_run": "ttl_s_per_run",  # the quality guard's test with a target (tune/quality)
+    "ttl_note": "ttl_note",
 }
 
 # name -> "maximize" | "minimize"
@@ -115,6 +118,14 @@ def needs(
             "(docs/time_to_loss.md)"
         )
     return None
+
+
+def check(names: list[str], prices: dict, target_loss: float | None) -> None:
+    """Every objective computable with these settings, else a ConfigError naming the key."""
+    for name in names:
+        why = needs(name, **prices, target_loss=target_loss)
+        if why:
+            raise ConfigError("tune.objective", f"{name} cannot be computed", why)
 
 
 def objective_of(spec: RunSpec, job_dir: Path) -> float | tuple[float, ...]:

@@ -44,9 +44,9 @@ from nanogpt.configs import runs_here
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.results import store
-from nanogpt.results import table as sweep_table
 from nanogpt.results.swept import point_key  # a candidate's identity: its overrides, sorted
 from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality, space
+from nanogpt.tune.publish import publish, settings_of
 from nanogpt.tune.space import as_overrides, merged, values_of
 
 log = logging.getLogger(__name__)
@@ -72,17 +72,11 @@ class Search:
         baseline: Any = None,
         quality: Any = None,
     ) -> None:
-        self.params = dict(params or {})
-        self.n_trials = n_trials
-        self.time_limit_s = time_limit_s
-        self.seed = seed
-        self.probe = as_overrides(probe)
-        self.leaders = leaders
-        self.finalists = finalists
-        self.repeats = repeats
+        self.params, self.quality = dict(params or {}), dict(quality or {})
+        self.n_trials, self.time_limit_s, self.seed = n_trials, time_limit_s, seed
+        self.leaders, self.finalists, self.repeats = leaders, finalists, repeats
+        self.probe, self.baseline = as_overrides(probe), as_overrides(baseline)
         self.memory_margin = memory_margin
-        self.baseline = as_overrides(baseline)
-        self.quality = dict(quality or {})
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.doing = "the search's start"  # what a Ctrl-C interrupts, for its line
@@ -110,12 +104,10 @@ class Search:
         """Ctrl-C as the search asks, composes or launches a candidate (one in a measurement is
         recorded and stops the sweep in callbacks.SweepReport.on_job_end). Nothing is undone:
         the trial stays open (a resume asks it first). As a grid: the table, one line, 130."""
-        cfg = self.config
-        sweep_dir, report, cost = Path(cfg.hydra.sweep.dir), cfg.report, cfg.cost
+        sweep_dir = Path(self.config.hydra.sweep.dir)
         with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: no table (nanogpt.report)
-            if any(sweep_dir.glob(f"*/{store.RESULT_FILE}")):
-                prices = (cost.usd_per_hour, cost.usd_per_kwh)
-                sweep_table.publish(sweep_dir, report.baseline, report.memory_budget_gib, *prices)
+            if any(sweep_dir.glob(f"*/{store.RESULT_FILE}")):  # as the multirun's end does
+                publish(sweep_dir, settings_of(self.config))
         resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
         line = f"interrupted at {self.doing}; {resume} (the study and the ok points are kept)"
         print(line, file=sys.stderr)
@@ -129,14 +121,10 @@ class Search:
         fixed, dims, distributions = space.parse(parser, self.params, arguments)
         self.fixed, self.dims = fixed, dims
         self._refuse_what_every_candidate_shares()
-        names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
-        self.names = names
+        self.names = names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
         self.directions = [objectives.DIRECTIONS[n] for n in names]
         self.prices = {"usd_per_hour": cfg.cost.usd_per_hour, "usd_per_kwh": cfg.cost.usd_per_kwh}
-        for name in names:
-            why = objectives.needs(name, **self.prices, target_loss=cfg.bench.target_loss)
-            if why:
-                raise ConfigError("tune.objective", f"{name} cannot be computed", why)
+        objectives.check(names, self.prices, cfg.bench.target_loss)  # one line, before a trial
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
         self.jobs = jobs.JobNumbers(self.sweep_dir)
@@ -151,14 +139,7 @@ class Search:
         probes = self._probe_rung(distributions, ladder.grid_size(dims))
         if not any(e.feasible for e in probes):
             answer.write(self.sweep_dir, self._summary(probes, [], [], {}, dims))
-            reasons = sorted({e.reason or "no figure" for e in probes})
-            raise ConfigError(
-                "hydra.sweeper.params",
-                f"no candidate of {len(probes)} fits or runs ({'; '.join(reasons)[:300]})",
-                "widen the space (smaller perf.batch_size, perf.activation_checkpointing=true, "
-                "perf.loss=chunked) or raise bench.max_batch_memory_gib; every trial is in "
-                f"{self.sweep_dir / answer.TUNE_MD}",
-            )
+            raise answer.none_feasible(probes, self.sweep_dir)
         leaders = ladder.climbers(probes, self.directions, self.leaders)
         if self.finalists < len(leaders):
             full = [self._measure(e.overrides, "full", []) for e in leaders]
@@ -281,7 +262,13 @@ class Search:
 
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
-        """Each finalist's loss against the baseline's over the same seeded tokens."""
+        """Each finalist's loss against the baseline's over the same seeded tokens; with a
+        target, its runs' times to loss against the baseline's, run as often."""
+        bench, alpha = self.config.bench, self.config.report.ttl_alpha
+        if bench.target_loss is not None:
+            runs = [f"bench.repeats={self.repeats}"]
+            base = self._launch(merged(self.fixed, self.baseline, runs), "quality baseline")
+            return quality.to_target(base, finalists, alpha, bench.target_loss)
         kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
         steps, window = int(self.quality.get("steps", 30)), int(self.quality.get("window", 5))
 
@@ -297,11 +284,9 @@ class Search:
         return quality.check(self.quality, kind, self.baseline, finalists, loss)
 
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
+        rungs = {"probes": probes, "full": full, "repeated": repeated, "guard": guard}
         return answer.summarize(
-            probes=probes,
-            full=full,
-            repeated=repeated,
-            guard=guard,
+            **rungs,
             dims=dims,
             names=self.names,
             directions=self.directions,
