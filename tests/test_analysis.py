@@ -387,6 +387,9 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     assert f"{oom_dir.parent.name}/sweep: {oom_label} [oom]: RuntimeError: " in text
     assert f"{sweep_dir}: baseline: " in text and f"{oom_dir}: baseline: none" in text
     assert "only_in" in text  # the sweep-against-sweep section: these two share no point
+    # the time-to-loss section runs on throughput sweeps and says why it is empty (on a target
+    # sweep: test_time_to_loss.py)
+    assert "no point has a target loss (bench.target_loss)" in text
     verdicts = table["bottleneck"].dropna()  # the diagnosis section: each verdict and its hint
     assert len(verdicts) == 8 and all(f": {v}: " in text for v in verdicts)
     images = [

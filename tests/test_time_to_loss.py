@@ -22,9 +22,11 @@ from nanogpt.reporters.plot_parts import NoData
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
 from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.derive import Ceilings, Peak
+from nanogpt.results.labels import point_labels
 from nanogpt.results.record import Record
 from nanogpt.results.record.time_to_loss import TimeToLoss
 from nanogpt.results.store import read_result
+from nanogpt.results.table import build_table
 from nanogpt.results.tidy import read_summary
 from nanogpt.spec import DataConfig, LoggerConfig, LoggerMode
 from nanogpt.tokenize import char_vocab, tokenize_text
@@ -338,7 +340,7 @@ def test_a_target_with_one_run_is_refused_in_one_line():
 
 
 @needs_shared
-def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep):
+def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     """Two points, two runs each: a target the second evaluation reads (the first, before any
     step, reads about 4.17 = ln 65; after 2 steps at lr 1e-2 both seeds read below 3.92), and
     one no micro run reaches; each run its own seed, the table's figures from the runs."""
@@ -371,6 +373,35 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep):
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])
     _the_loss_plot_draws_every_run(read_summary(sweep_dir), [reached, missed])
+    _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch)
+
+
+def _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch):
+    """notebooks/sweep_analysis.ipynb on this target sweep (nbclient, as the README runs it):
+    its time-to-loss section prints each point's figure, interval, runs reached and p-value
+    from the package's table, and draws val_loss.png's curves (reporters/loss_plot.py)."""
+    from .test_analysis import run_notebook
+
+    monkeypatch.setenv("NANOGPT_SUMMARY", str(sweep_dir))
+    notebook, text = run_notebook()
+    table = build_table(sweep_dir).table
+    labels = point_labels(table)
+
+    def fig(value):
+        return "-" if pd.isna(value) else f"{value:.3g}"
+
+    for label, row in zip(labels, table.itertuples(), strict=True):
+        assert (
+            f"{label}: time to loss {row.ttl_target_loss:g}: {fig(row.time_to_loss_s)} s "
+            f"[{fig(row.ttl_ci_low)}, {fig(row.ttl_ci_high)}], reached "
+            f"{row.ttl_reached_runs}/{row.ttl_runs}, p={fig(row.ttl_p_value)}, "
+        ) in text, text
+    assert "reached 2/2" in text and "reached 0/2" in text
+    assert f"{sweep_dir}: validation loss against training time" in text
+    assert "no point measured tokens/s" in text  # the throughput sections say why they are empty
+    section = next(i for i, c in enumerate(notebook.cells) if "validation_loss(" in c.source)
+    outputs = notebook.cells[section].outputs
+    assert any("image/png" in o.get("data", {}) for o in outputs)
 
 
 def _the_loss_plot_draws_every_run(table, records):
