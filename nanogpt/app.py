@@ -110,15 +110,16 @@ def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
 
 
 def with_code_dir(spec: RunSpec) -> RunSpec:
-    """model.build's module is found where the command runs (`python -m` puts that directory
-    first on sys.path): the directory travels in the spec to every process that builds the
-    model (a forked child, a fresh interpreter, a parallel slot, a cluster node)."""
+    """model.build's and optimizer.build's modules are found where the command runs (`python
+    -m` puts that directory first on sys.path): the directory travels in the spec to every
+    process that builds them (a forked child, a fresh interpreter, a parallel slot, a cluster
+    node)."""
     model = spec.model
-    if not model.build:
+    if not model.build and not spec.optimizer.build:
         return spec
     if not model.code_dir:
         model = dataclasses.replace(model, code_dir=os.getcwd())
-    if model.chosen_by:  # model=auto chose a built-in GPT's shape, which model.build replaces
+    if model.build and model.chosen_by:  # model=auto chose a built-in GPT's shape, replaced
         target = str(model.build.get("_target_"))
         model = dataclasses.replace(model, name=target, chosen_by=None)
     return dataclasses.replace(spec, model=model)

@@ -10,8 +10,9 @@ group per role, and one object the trainer steps.
   setup_optimizer), called with optimizer.args; a list it returns is stepped as one (`Combined`).
 - optimizer.build: any class, named as Hydra names it ({_target_: torch.optim.Adagrad,
   _partial_: true, ...}), called with the role groups and its other keys. The spec carries the
-  node as plain values (library code imports no Hydra); the class is imported here as Hydra's
-  instantiate would import it (targets.import_target).
+  node as plain values (library code imports no Hydra); it is built as model.build is
+  (targets.instantiate: nested _target_ nodes first, their _args_, the module found in
+  model.code_dir), here only, in the measuring process.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 import torch
 
 from nanogpt.errors import ConfigError
-from nanogpt.optim_rules import BUILD_KEYS, ROLES, role_settings, stepped_by
+from nanogpt.optim_rules import ROLES, role_settings, stepped_by
 from nanogpt.spec import OptimizerConfig, OptimizerImpl
-from nanogpt.targets import import_target
+from nanogpt.targets import TargetError, instantiate
 
 # torch.optim's implementation switches: fused (one kernel for all params), foreach
 # (multi-tensor ops), for_loop (one param at a time). auto leaves torch to choose.
@@ -77,22 +78,25 @@ def build_optimizer(
     prefer_fused: bool = False,
     vocab_size: int | None = None,
     device_type: str = "cpu",
+    code_dir: str | None = None,
+    groups: list[dict] | None = None,
 ):
     """`prefer_fused`: with impl=auto, take the fused implementation. The trainer asks for it on
     CUDA, for every dtype: it is what GPU trainers run (nanoGPT's train.py), and with fp16 a
     non-fused optimizer makes GradScaler.step read found_inf to the host every step, a sync
     inside the measured loop; a fused one checks it on the device. With optimizer=muon the
-    flags are the AdamW part's: torch.optim.Muon has one implementation, a tensor at a time."""
+    flags are the AdamW part's: torch.optim.Muon has one implementation, a tensor at a time.
+    `groups`: the role groups (role_groups), when the caller has them already; `code_dir`:
+    where optimizer.build's module is found (model.code_dir)."""
     if cfg.name == "from_model":
         return from_model(model, cfg, device_type)
-    groups = role_groups(model, cfg, vocab_size or model.config.vocab_size)
+    if groups is None:
+        groups = role_groups(model, cfg, vocab_size or model.config.vocab_size)
     flags = IMPL_FLAGS[cfg.impl]
     if prefer_fused and cfg.impl is OptimizerImpl.auto:
         flags = IMPL_FLAGS[OptimizerImpl.fused]
     if cfg.build and cfg.build.get("_target_"):
-        kwargs = {k: v for k, v in cfg.build.items() if k not in BUILD_KEYS}
-        build = import_target(cfg.build["_target_"], "optimizer.build._target_")
-        return build(_torch_groups(groups), **kwargs)
+        return _built(cfg.build, _torch_groups(groups), code_dir)
     if cfg.name == "sgd":
         return torch.optim.SGD(_torch_groups(groups), lr=cfg.lr, momentum=cfg.momentum, **flags)
     adamw = [g for g in groups if g["stepped_by"] == "AdamW"]
@@ -108,6 +112,21 @@ def build_optimizer(
     if not adamw:
         return muon
     return Combined([muon, torch.optim.AdamW(_torch_groups(adamw), betas=betas, **flags)])
+
+
+def _built(build: dict, groups: list[dict], code_dir: str | None):
+    """optimizer.build made as Hydra would make it (a partial: its nested nodes built first),
+    then called with the parameter groups; what fails is one line naming the key."""
+    target = build["_target_"]
+    try:
+        made = instantiate({**build, "_partial_": True}, "optimizer.build", code_dir)
+        return made(groups)
+    except TargetError as err:
+        raise ConfigError(err.key, err.problem, "see docs/models.md") from None
+    except TypeError as err:
+        fix = "give optimizer.build the class's own arguments"
+        problem = f"{target}(...) refused its arguments: {err}"
+        raise ConfigError("optimizer.build", problem, fix) from None
 
 
 def from_model(model: torch.nn.Module, cfg: OptimizerConfig, device_type: str):

@@ -25,23 +25,21 @@ The learning rate and weight decay of each role, unless optimizer.roles.<role> s
 Below them, the optimizer's keys checked (`check_optimizer`, which validate/ runs). A sweep's
 own process checks every point before it measures any: these rules import no torch, so a CPU
 point is checked without it. Muon's availability is read from the installed torch's version
-(torch.optim.Muon arrived in torch 2.9); an optimizer.build class is imported, torch with it.
+(torch.optim.Muon arrived in torch 2.9); an optimizer.build class is found and its arguments
+read from its source, as model.build's are (targets.check_node), never imported here.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
-import inspect
 import re
 
 from nanogpt.errors import ConfigError
 from nanogpt.spec import OptimizerConfig, OptimizerImpl, RunSpec, Strategy
-from nanogpt.targets import TargetError, import_target, refuse_unknown
+from nanogpt.targets import check_node
 
 ROLES = ("matrices", "embeddings", "head", "scalars")
 ROLE_KEYS = ROLES[1:]  # optimizer.roles.<role>; the matrices' are optimizer.lr / weight_decay
-BUILD_KEYS = ("_target_", "_partial_")  # optimizer.build's Hydra keys, not the class's arguments
 
 # nanochat's setup_optimizer defaults for its AdamW groups at n_embd 768, and the scalars'.
 NANOCHAT_LR = {"embeddings": 0.2, "head": 0.004, "scalars": 0.5 * 0.01}
@@ -223,8 +221,9 @@ def check_from_model(spec: RunSpec) -> None:
 
 
 def check_build(spec: RunSpec) -> None:
-    """optimizer.build: a class to call with the parameter groups (nanogpt/optim.py), importable
-    here, and no second optimizer beside it."""
+    """optimizer.build: a class to call with the parameter groups (nanogpt/optim.py), there and
+    taking its keys (read from its source, not imported: targets.check_node; its module is
+    found where model.build's is, model.code_dir), and no second optimizer beside it."""
     opt, build = spec.optimizer, spec.optimizer.build
     if not build:
         return
@@ -239,10 +238,12 @@ def check_build(spec: RunSpec) -> None:
             "must be true: the runner calls the class with the parameter groups",
             "set it to true, or leave it out",
         )
-    nested = [k for k, v in build.items() if isinstance(v, dict) and "_target_" in v]
-    if nested:
+    if "_args_" in build:
         raise ConfigError(
-            f"optimizer.build.{nested[0]}", "is a nested _target_, not built here", "give values"
+            "optimizer.build._args_",
+            "the class's first positional argument is the parameter groups, which the runner "
+            "passes",
+            "give the class's other arguments by name (a nested node may take _args_)",
         )
     if opt.name == "muon":
         raise ConfigError(
@@ -257,22 +258,7 @@ def check_build(spec: RunSpec) -> None:
             "its own keys",
             "set optimizer.impl=auto and e.g. optimizer.build.foreach=true",
         )
-    try:
-        cls = import_target(target, "optimizer.build._target_")
-    except TargetError as err:
-        raise ConfigError(err.key, err.problem, "give an importable class path") from None
-    refuse_unknown("optimizer.build", build, BUILD_KEYS, _arguments(cls), target)
-
-
-def _arguments(cls) -> set[str] | None:
-    """The keyword arguments `cls` takes besides the parameters (None: any, **kwargs)."""
-    try:
-        params = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):  # no signature to read: the class will say
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params} - {"self", "params"}
+    check_node(build, "optimizer.build", spec.model.code_dir)
 
 
 def check_muon(spec: RunSpec) -> None:

@@ -45,9 +45,10 @@ def _search_path(code_dir: str | None) -> list[str]:
     return ([code_dir] if code_dir else []) + [p or "." for p in sys.path]
 
 
-def source_file(target: str, code_dir: str | None) -> Path | None:
-    """The source file of the longest module prefix of `target` that exists on the search path
-    (code_dir first), found without executing any module; None when no prefix is found."""
+def _locate(target: str, code_dir: str | None) -> tuple[str, Path | None, list[str]] | None:
+    """The longest module prefix of `target` on the search path (code_dir first), found without
+    executing any module: its name, its source file (None: built in, or a namespace package)
+    and the attribute names after it. None when no prefix is a module."""
     parts = target.split(".")
     found, locations = None, _search_path(code_dir)
     for cut in range(1, len(parts)):
@@ -58,12 +59,19 @@ def source_file(target: str, code_dir: str | None) -> Path | None:
             spec = importlib.util.find_spec(name) if cut == 1 and name in sys.modules else None
         if spec is None:
             break
-        if spec.origin and spec.origin not in ("built-in", "frozen"):
-            found = Path(spec.origin)
+        real = spec.origin and spec.origin not in ("built-in", "frozen")
+        found = (name, Path(spec.origin) if real else None, parts[cut:])
         if not spec.submodule_search_locations:
             break
         locations = list(spec.submodule_search_locations)
     return found
+
+
+def source_file(target: str, code_dir: str | None) -> Path | None:
+    """The source file of the longest module prefix of `target` that exists on the search path
+    (code_dir first), found without executing any module; None when no prefix is found."""
+    found = _locate(target, code_dir)
+    return found[1] if found else None
 
 
 def source_digest(target: str, code_dir: str | None) -> str | None:
@@ -127,20 +135,98 @@ def instantiate(node, key: str, code_dir: str | None = None):
         raise TargetError(key, f"{target}(...) refused its arguments: {err}") from None
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+BLOCKS = ast.If | ast.Try | ast.With | ast.For | ast.While  # statements that hold statements
+
+
+def _statements(body: list) -> list:
+    """A module's top-level statements, with those inside its top-level blocks (if, try,
+    with, for, while), where a name is bound for the module too."""
+    out = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, BLOCKS):
+            for block in ("body", "orelse", "finalbody"):
+                out += _statements(getattr(node, block, []))
+            for handler in getattr(node, "handlers", []):
+                out += _statements(handler.body)
+    return out
+
+
+def _dynamic(tree: ast.Module) -> bool:
+    """Whether the module may bind names that no statement names: `globals()`, `exec`,
+    `setattr` on a module, a module `__getattr__` (lazy attributes)."""
+    called = {
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    defined = {getattr(node, "name", None) for node in tree.body}
+    return bool(called & {"globals", "exec", "setattr"}) or "__getattr__" in defined
+
+
+def _binding(module: str, path: Path | None, name: str, code_dir: str | None, depth: int = 0):
+    """How a module's source binds `name` at its top level, read with ast (nothing runs): the
+    def or class itself (followed through `from m import name` into m), True where it binds it
+    some other way or may (an assignment, a compiled module, `import *`, `_dynamic`), False
+    where it does not."""
+    tree = _tree(path) if path is not None and path.suffix == ".py" and depth < 8 else None
+    if tree is None:
+        return True  # not read: say nothing against it
+    maybe = _dynamic(tree)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in _statements(tree.body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == name:
+                return node
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(name in {n.id for n in ast.walk(t) if isinstance(n, ast.Name)} for t in targets):
+                return True
+        elif isinstance(node, ast.Import):
+            if any((a.asname or a.name.partition(".")[0]) == name for a in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            source = ".".join(p for p in (base, node.module or "") if p)
+            for alias in node.names:
+                maybe |= alias.name == "*"
+                if (alias.asname or alias.name) == name:
+                    # the trailing dot asks whether alias.name is itself a module
+                    found = _locate(f"{source}.{alias.name}.", code_dir)
+                    if found is None or found[2] != [alias.name, ""]:
+                        return True  # a submodule, or a module not found from here: not read
+                    return _binding(found[0], found[1], alias.name, code_dir, depth + 1)
+    return True if maybe else False
+
+
+def definition(target: str, code_dir: str | None):
+    """What `target` names, read from its module's source without importing it: the def or
+    class (an ast node), True when it is there but not read so, False when the module is found
+    and does not define it, None when no module of it is found."""
+    found = _locate(target, code_dir)
+    if found is None:
+        return None
+    module, path, rest = found
+    if not rest:
+        return True  # the target is a module itself
+    bound = _binding(module, path, rest[0], code_dir)
+    return bound if len(rest) == 1 or bound is False else True
+
+
 def static_arguments(target: str, code_dir: str | None) -> set[str] | None:
     """The keyword arguments `target` takes, read from its source with `ast` (nothing runs):
     a function's parameters, a class's `__init__`'s, a dataclass's fields. None when they
     cannot be read so (a target defined elsewhere, **kwargs, an inherited `__init__`)."""
-    path = source_file(target, code_dir)
-    name = target.rpartition(".")[2]
-    if path is None or path.suffix != ".py" or path.stem == name:
-        return None
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return None
-    found = next((n for n in tree.body if getattr(n, "name", None) == name), None)
-    if isinstance(found, ast.FunctionDef):
+    found = definition(target, code_dir)
+    if isinstance(found, ast.FunctionDef | ast.AsyncFunctionDef):
         return _parameters(found)
     if not isinstance(found, ast.ClassDef):
         return None
@@ -161,20 +247,25 @@ def _parameters(func: ast.FunctionDef) -> set[str] | None:
 
 
 def check_node(node: dict, key: str, code_dir: str | None) -> None:
-    """A target node and the nodes inside it: the module is there, and each key is an
-    argument its source declares (read with ast where it can be: nanogpt/targets.py)."""
+    """A target node and the nodes inside it, without importing anything: the module is there,
+    it defines the name, and each key is an argument its source declares (read with ast where
+    it can be). model.build and optimizer.build are both checked so."""
     target = node.get("_target_")
     if target is not None:
-        if (
-            not isinstance(target, str)
-            or "." not in target
-            or source_file(target, code_dir) is None
-        ):
+        found = definition(target, code_dir) if isinstance(target, str) and "." in target else None
+        if found is None:
             module = str(target).rpartition(".")[0] or target
             raise ConfigError(
                 f"{key}._target_",
                 f"'{target}': no module {module} in {code_dir} or on sys.path",
                 "run from the directory that holds it, or set model.code_dir",
+            )
+        if found is False:
+            module, _, rest = _locate(target, code_dir)
+            raise ConfigError(
+                f"{key}._target_",
+                f"'{target}': module {module} has no {rest[0]}",
+                f"name a class or function that {module} defines",
             )
         refuse_unknown(key, node, HYDRA_KEYS, static_arguments(target, code_dir), target)
     for name, value in node.items():
@@ -185,7 +276,7 @@ def check_node(node: dict, key: str, code_dir: str | None) -> None:
 def refuse_unknown(key: str, names, hydra_keys, takes: set[str] | None, target: str) -> None:
     """One ConfigError line for the first of `names` (a node's keys, under config key `key`)
     that is neither one of Hydra's own keys nor an argument `target` takes (None: not known,
-    nothing refused). model.build's nodes and optimizer.build both check so."""
+    nothing refused)."""
     for name in names:
         if takes is not None and name not in (*hydra_keys, *takes):
             raise ConfigError(

@@ -7,6 +7,7 @@ points for real are tests/test_runs.py's cases (`muon`, `adagrad`)."""
 from __future__ import annotations
 
 import functools
+import sys
 
 import pytest
 import torch
@@ -154,6 +155,50 @@ def test_any_optimizer_class_by_build_target_as_typed():
     assert isinstance(optimizer, torch.optim.Adagrad) and optimizer.defaults["lr_decay"] == 0.01
     lrs = {g["lr"] for g in optimizer.param_groups}
     assert lrs == {spec.optimizer.lr} and len(optimizer.param_groups) == 3  # no untied head
+
+
+# A user's optimizer module, found where the command runs (model.code_dir): SGD whose momentum
+# is `scale.value`, `scale` a nested node with positional arguments.
+USER_OPTIMIZER = """
+import torch
+
+
+class Factor:
+    def __init__(self, value):
+        self.value = value
+
+
+class Scaled(torch.optim.SGD):
+    def __init__(self, params, lr=0.1, scale=None):
+        super().__init__(params, lr=lr, momentum=scale.value)
+"""
+
+
+def test_a_users_optimizer_is_checked_from_its_source_and_built_as_model_build_is(
+    tmp_path, monkeypatch
+):
+    """optimizer.build as model.build: the sweep's check reads the module's source and never
+    imports it; the measuring process builds the node with its nested _target_ and _args_,
+    the module found in code_dir (where the command ran)."""
+    name = f"user_optimizer_{abs(hash(str(tmp_path)))}"
+    (tmp_path / f"{name}.py").write_text(USER_OPTIMIZER)
+    monkeypatch.chdir(tmp_path)
+    build = [
+        f"optimizer.build._target_={name}.Scaled",
+        f"optimizer.build.scale._target_={name}.Factor",
+        "optimizer.build.scale._args_=[0.5]",
+    ]
+    spec = spec_of(*build)  # composed and checked, as the sweep's process does
+    assert name not in sys.modules and spec.model.code_dir == str(tmp_path)
+    monkeypatch.chdir("/")  # the measuring process may run anywhere: code_dir finds it
+    optimizer = build_optimizer(micro_gpt(), spec.optimizer, code_dir=spec.model.code_dir)
+    assert type(optimizer).__name__ == "Scaled"
+    assert {g["momentum"] for g in optimizer.param_groups} == {0.5}
+    monkeypatch.chdir(tmp_path)
+    line = sweep_refusal(*build, "optimizer.build.scael=2")
+    assert f"optimizer.build.scael: is no argument of {name}.Scaled" in line
+    line = sweep_refusal(f"optimizer.build._target_={name}.Scald")
+    assert f"optimizer.build._target_: '{name}.Scald': module {name} has no Scald" in line
 
 
 REFUSALS = {

@@ -24,7 +24,7 @@ from nanogpt.faults import Fault
 from nanogpt.lr_schedule import is_flat, lr_factor
 from nanogpt.measure.byo import build_user_model
 from nanogpt.model import GPT, GPTConfig
-from nanogpt.optim import build_optimizer, implementation
+from nanogpt.optim import build_optimizer, implementation, role_groups
 from nanogpt.sharding import apply_fsdp2, set_gradient_sync
 from nanogpt.spec import Attention, Dtype, Fp8, RunSpec, Schedule, Strategy
 
@@ -120,12 +120,18 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=perf.dtype is Dtype.fp16)
         # On CUDA, impl=auto is the fused optimizer for every dtype, as nanoGPT's train.py
         # runs: the points of a sweep then differ only in what the sweep varies.
+        # the parameters by role, a param group each, once: the optimizer is built from them
+        # and the record's roles (measure/setup.py) read them; none for the model's own optimizer
+        self.role_groups = []
+        if spec.optimizer.name != "from_model":
+            self.role_groups = role_groups(self.raw_model, spec.optimizer, spec.model.vocab_size)
         self.optimizer = build_optimizer(
             self.raw_model,
             spec.optimizer,
             prefer_fused=device.type == "cuda",
             device_type=device.type,
-            vocab_size=spec.model.vocab_size,  # the head's rows, as setup.py counts the roles
+            code_dir=spec.model.code_dir,
+            groups=self.role_groups,
         )
         self.optimizer_impl_used = implementation(self.optimizer)
         # optimizer.schedule: each group's own rate, as built, is its base (nanogpt/lr_schedule)

@@ -41,7 +41,7 @@ class ModelConfig:
     # docs/models.md): {_target_: mymod.GPT, its arguments, nested _target_ allowed}. Empty:
     # the built-in GPT of the keys above. block_size and vocab_size still shape the batches.
     build: dict[str, Any] = field(default_factory=dict)
-    code_dir: str | None = None  # where build's module is found (default: where the command ran)
+    code_dir: str | None = None  # where model.build and optimizer.build are found (default: cwd)
 
 
 @dataclass
