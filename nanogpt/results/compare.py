@@ -223,15 +223,17 @@ def recommend(
 
 
 def measured_peak(table: pd.DataFrame) -> tuple[pd.Series, str]:
-    """Peak bytes per row, the memory each point needs (results/derive.peak_memory: the larger
-    of warmup's and the measured steps' peaks; the CUDA allocator's, else the process's RSS),
-    and what they are."""
-    judged = [derive.peak_memory(row) for _, row in table.iterrows()]
-    peak = pd.Series([b for b, _ in judged], index=table.index, dtype="float64")
-    if any(which and which.startswith("cuda") for _, which in judged):
-        return peak, "peak CUDA allocated"
+    """Peak bytes per row, the memory each point needs as its record stores it
+    (`peak_memory_bytes`, `peak_memory_from`: results/derive.peak_memory's rule, applied once
+    when the record was made: the larger of warmup's and the measured steps' peaks, the CUDA
+    allocator's, else the process's RSS), and what they are. NaN where a record has none."""
+    missing = pd.Series(None, index=table.index, dtype=object)
+    peak = pd.to_numeric(table.get("peak_memory_bytes", missing), errors="coerce")
+    which = table.get("peak_memory_from", missing)
+    if any(isinstance(w, str) and w.startswith("cuda") for w in which):
+        return peak.astype("float64"), "peak CUDA allocated"
     # RSS also holds the interpreter, PyTorch's libraries and freed-but-cached heap pages.
-    return peak, "peak RSS"
+    return peak.astype("float64"), "peak RSS"
 
 
 def _best(
