@@ -230,6 +230,13 @@ def test_summary_has_a_typed_column_per_swept_key(tidy_sweep):
     assert parquet["grad_accum"].dtype.kind == "i" and parquet["compile"].dtype == bool
     assert parquet["optimizer.betas"].tolist() == table["optimizer.betas"].tolist()
     assert parquet["tokens_per_s"].tolist() == pytest.approx(table["tokens_per_s"].tolist())
+    # On disk, a column says where its figure lives: a record field as part.field, what was
+    # asked by its config path, a swept key by its own; read_summary gave the flat names back.
+    stored = pd.read_parquet(sweep_dir / SUMMARY_PARQUET)
+    assert {"point.status", "timing.step_ms_median", "rates.tokens_per_s"} <= set(stored)
+    assert {"perf.grad_accum", "perf.dtype", "optimizer.betas", "job_dir"} <= set(stored)
+    assert not {"status", "step_ms_median", "grad_accum", "dtype"} & set(stored)
+    assert stored["perf.grad_accum"].tolist() == parquet["grad_accum"].tolist()
 
 
 def test_point_id_is_a_column_and_labels_are_the_swept_keys(tidy_sweep):
@@ -252,7 +259,7 @@ def test_the_steps_table_is_long_and_keyed_by_point(tidy_sweep):
     assert not steps.duplicated(["job_dir", "repeat", "step"]).any()
     assert set(steps["job_dir"]) == set(summary["job_dir"])
     measured = steps[steps["phase"] == "measure"].groupby("job_dir")["step_ms_job"].median()
-    by_point = summary.set_index("job_dir")["step_ms_median"]
+    by_point = summary.set_index("job_dir")["timing.step_ms_median"]  # the file's own names
     assert measured.sort_index().tolist() == pytest.approx(by_point.sort_index().tolist())
     # Each point's own steps: reading its steps.csv gives the same rows.
     for job_dir in summary["job_dir"]:

@@ -5,7 +5,12 @@
   row is left out. List and dict cells (a swept `[1,2]`) are JSON, so `read_summary` gives them
   back as lists; booleans are True/False.
 - summary.parquet: the whole table with its types (every record field, the swept keys and
-  every figure that compares points; lists stay lists, integers stay integers).
+  every figure that compares points; lists stay lists, integers stay integers), its columns
+  named by where each figure lives (`parquet_names`): a record field as `part.field`
+  (`timing.step_ms_median`, `point.status`), a field of what was asked by its config path
+  (`perf.dtype`; one column where the sweep swept that key), the swept keys by config path,
+  the figures that compare points (speedup, p-values, verdicts) by their bare names.
+  `read_summary` gives the flat names back, so code reads one namespace whichever file.
 - steps.parquet: the long steps table (results/sweep_steps.py), keyed by job_dir, repeat, step.
 Each is written atomically (temp file + rename). docs/record.md lists the headline columns.
 """
@@ -68,6 +73,46 @@ HEADLINE = (
 )
 
 
+def parquet_names(columns) -> dict[str, str]:
+    """summary.parquet's name of each flat column (module docstring); a column that is no
+    record field (a swept key, a figure that compares points) keeps its name."""
+    from nanogpt.results.record import TOP, flat_fields
+    from nanogpt.results.record.fields import CONFIG
+
+    fields = {name: (part, f) for name, part, f in flat_fields()}
+    names = {}
+    for column in columns:
+        if column not in fields:
+            names[column] = column
+            continue
+        part, f = fields[column]
+        if part == "asked":
+            names[column] = f.metadata.get(CONFIG, column)
+        else:
+            names[column] = f"{'point' if part == TOP else part}.{column}"
+    return names
+
+
+def _nested(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with summary.parquet's names; an asked copy of a swept key's column dropped."""
+    names = parquet_names(table.columns)
+    copies = [c for c, n in names.items() if n != c and n in table.columns]
+    return table.drop(columns=copies).rename(columns=names)
+
+
+def _flat(table: pd.DataFrame) -> pd.DataFrame:
+    """summary.parquet's table with the flat names; an asked field kept only as its swept
+    key's column comes back as a copy of it."""
+    from nanogpt.results.record import columns
+
+    flat = {nested: name for name, nested in parquet_names(columns()).items()}
+    out = table.rename(columns={c: flat[c] for c in table.columns if c in flat})
+    for nested, name in flat.items():
+        if name not in out and nested in table.columns:  # the swept key's column
+            out[name] = table[nested]
+    return out
+
+
 def headline(table: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
     """summary.csv's table: the swept keys' columns, then HEADLINE's; none empty in every row
     (a swept key's column always stays)."""
@@ -99,7 +144,7 @@ def read_summary(path: str | Path) -> pd.DataFrame:
     if path.is_dir():
         path = path / SUMMARY_PARQUET
     if path.suffix == ".parquet":
-        return _from_arrow(pd.read_parquet(path))
+        return _flat(_from_arrow(pd.read_parquet(path)))
     table = pd.read_csv(path)
     for column in table.columns:
         if table[column].dtype == object or pd.api.types.is_string_dtype(table[column]):
@@ -154,6 +199,6 @@ def write(
     """summary.csv (the headline), summary.parquet (everything), steps.parquet and summary.md,
     each atomically."""
     write_atomic(sweep_dir / SUMMARY_CSV, to_csv(headline(table, swept)))
-    write_atomic(sweep_dir / SUMMARY_PARQUET, to_parquet(table))
+    write_atomic(sweep_dir / SUMMARY_PARQUET, to_parquet(_nested(table)))
     write_atomic(sweep_dir / STEPS_PARQUET, to_parquet(steps))
     write_atomic(sweep_dir / SUMMARY_MD, markdown)

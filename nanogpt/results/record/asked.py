@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanogpt.results.identity import measured_config
-from nanogpt.results.record.fields import JSON_ONLY, json_only
+from nanogpt.results.record.fields import JSON_ONLY, config_key, json_only
 from nanogpt.spec import RunSpec
 
 
@@ -17,24 +17,26 @@ class Asked:
     point_id: str | None = None  # the point's identity: a digest of measured_config
     overrides: list[str] = field(default_factory=list)  # summary.csv: as text, space-separated
     overrides_str: str = field(default="defaults", metadata={JSON_ONLY: True})
-    model: str | None = None
+    model: str | None = config_key("model.name")
     model_chosen_by: str | None = None  # model=auto: which model the device got, and why
-    dtype: str | None = None
-    compile: bool | None = None
-    compile_mode: str | None = None
-    attention: str | None = None
-    activation_checkpointing: bool | None = None
-    fp8: str | None = None  # torchao float8 recipe, or none
-    loss_kind: str | None = None  # full | chunked (perf.loss); loss_first/loss_last: values
-    loss_chunk: int | None = None  # tokens per chunk (loss=chunked only)
-    dist_strategy: str | None = None  # ddp | fsdp2 (with more than one rank)
-    reshard_after_forward: bool | None = None  # fsdp2 only
+    dtype: str | None = config_key("perf.dtype")
+    compile: bool | None = config_key("perf.compile")
+    compile_mode: str | None = config_key("perf.compile_mode")
+    attention: str | None = config_key("perf.attention")
+    activation_checkpointing: bool | None = config_key("perf.activation_checkpointing")
+    fp8: str | None = config_key("perf.fp8")  # torchao float8 recipe, or none
+    loss_kind: str | None = config_key(
+        "perf.loss"
+    )  # full | chunked (perf.loss); loss_first/loss_last: values
+    loss_chunk: int | None = config_key("perf.loss_chunk")  # tokens per chunk (loss=chunked only)
+    dist_strategy: str | None = config_key("dist.strategy")  # ddp | fsdp2 (with more than one rank)
+    reshard_after_forward: bool | None = config_key("dist.reshard_after_forward")  # fsdp2 only
     optimizer: str | None = None  # adamw | sgd | muon, or optimizer.build's class
-    optimizer_impl: str | None = None
-    batch_size: int | None = None
-    block_size: int | None = None
-    grad_accum: int | None = None
-    warmup_steps: int | None = None
+    optimizer_impl: str | None = config_key("optimizer.impl")
+    batch_size: int | None = config_key("perf.batch_size")
+    block_size: int | None = config_key("model.block_size")
+    grad_accum: int | None = config_key("perf.grad_accum")
+    warmup_steps: int | None = config_key("bench.warmup_steps")
     job_dir: str | None = None
     measured_config: dict | None = json_only()  # the resolved keys it measures (identity.py)
 

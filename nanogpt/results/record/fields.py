@@ -9,9 +9,18 @@ from dataclasses import field
 # column of summary.csv: nested values (dicts, per-step lists) and text the table repeats.
 JSON_ONLY = "json_only"
 STEPS = "steps"  # marks Record.steps: steps.csv's rows, no field of result.json
+# An asked field that is a config key: its column in summary.parquet is the key's path
+# (`perf.dtype`), the name a user types and a sweep's swept column carries (results/tidy.py).
+CONFIG = "config"
 
 
 def json_only(**kwargs):
     """A record field kept out of summary.csv (`columns()`): result.json and W&B only."""
     kwargs.setdefault("default", None)
     return field(metadata={JSON_ONLY: True}, **kwargs)
+
+
+def config_key(path: str, **kwargs):
+    """An asked field holding the config key at `path` (its summary.parquet column)."""
+    kwargs.setdefault("default", None)
+    return field(metadata={CONFIG: path}, **kwargs)
