@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
-from nanogpt.measure import byo
+from nanogpt.measure import byo, byo_figures
 from nanogpt.spec import Attention, Loss, ModelConfig, PerfConfig, RunSpec
 from nanogpt.validate import check_model_build
 
@@ -73,7 +73,7 @@ def test_the_contracts_three_returns_give_the_loss(tmp_path, returns):
     idx = torch.randint(0, 64, (2, 16))
     _, loss = model(idx, idx)
     assert loss.dim() == 0 and loss.requires_grad
-    assert byo.flops_of(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)), model)[
+    assert byo_figures.flops_of(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)), model)[
         "flops_source"
     ].startswith("counted")
 
@@ -94,10 +94,10 @@ def test_init_weights_and_the_flops_hook_are_used(tmp_path):
     spec = _spec(tmp_path, "hooked", HOOKED)
     model = byo.build_user_model(spec)
     assert torch.all(model.inner.head.weight == 0.5)
-    assert byo.flops_of(spec, model) == {
+    assert byo_figures.flops_of(spec, model) == {
         "n_params_flops": model.get_num_params(),
         "flops_per_token": 1016,
-        "flops_per_token_counted": pytest.approx(byo._counted(spec)),
+        "flops_per_token_counted": pytest.approx(byo_figures._counted(spec)),
         "flops_source": "hook: flops_per_token(seq_len)",
     }
     assert model.blocks_name == "layers"
@@ -184,7 +184,7 @@ def test_a_model_that_cannot_run_on_meta_is_6n_with_attention_not_counted(tmp_pa
     source = TINY.replace("{RETURN}", "loss if loss.item() < 1e9 else loss")
     spec = _spec(tmp_path, "no_meta", source)
     model = byo.build_user_model(spec)
-    figures = byo.flops_of(spec, model)
+    figures = byo_figures.flops_of(spec, model)
     assert figures["flops_per_token"] == 6 * model.get_num_params()
     assert figures["flops_per_token_counted"] is None
     assert figures["flops_source"].startswith(
@@ -284,6 +284,6 @@ def test_nanochats_estimate_flops_hook_is_used(tmp_path):
         + "\n    def estimate_flops(self):\n        return 4242.4\n"
     )
     spec = _spec(tmp_path, "nanochat_like", source)
-    figures = byo.flops_of(spec, byo.build_user_model(spec))
+    figures = byo_figures.flops_of(spec, byo.build_user_model(spec))
     assert figures["flops_per_token"] == 4242
     assert figures["flops_source"] == "hook: estimate_flops()"

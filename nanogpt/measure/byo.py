@@ -3,33 +3,27 @@ is measured, never in the sweep's process (its module may touch CUDA at import).
 
 The contract is nanoGPT's: `model(idx, targets)`, both [B, T] token ids, returns a scalar loss,
 `(logits, loss)` or an object with `.loss`; a transformers PreTrainedModel is called as
-`model(input_ids=idx, labels=idx)` (it shifts the labels itself). Hooks used when present:
-`init_weights()` after construction; FLOPs per token from `flops_per_token(seq_len)` or
-nanochat's `estimate_flops()`. `UserModel` wraps the model in that contract, so the trainer,
-the optimizer's roles, FSDP2 and the diagnosis see what they see of the built-in GPT: a forward
-returning `(logits, loss)`, `blocks` (the ModuleList of transformer blocks, found: nanoGPT's
-`transformer.h`, a transformers model's `layers`), `config.n_embd` and `get_num_params`.
-
-Figures stay honest: FLOPs per token from a hook, else counted by FlopCounterMode on a copy
-built on the meta device, else 6N with attention not counted (`flops_source` says which); the
-memory estimate has parameters, gradients and optimizer state exact and the activations null
-with the reason (the built-in GPT's formula is never applied to another model).
+`model(input_ids=idx, labels=idx, shift_labels=targets)` (below: the same next-token loss over
+the same T targets as the built-in GPT's). `init_weights()` is called after construction when
+the model has it. `UserModel` wraps the model in that contract, so the trainer, the optimizer's
+roles, FSDP2 and the diagnosis see what they see of the built-in GPT: a forward returning
+`(logits, loss)`, `blocks` (the ModuleList of transformer blocks, found: nanoGPT's
+`transformer.h`, a transformers model's `model.layers`), `config.n_embd` and `get_num_params`.
+Its FLOPs and memory figures: measure/byo_figures.py.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
-from nanogpt.optim import role_counts
-from nanogpt.optim_rules import STATE_SLOTS, estimated_state
 from nanogpt.spec import Attention, Loss, RunSpec, Strategy
 from nanogpt.targets import TargetError, instantiate
 
@@ -44,6 +38,10 @@ class UserModel(nn.Module):
         self.inner = inner
         self.target = target
         self.hf = _is_transformers(inner)
+        self.hf_shifts = self.hf and _takes_shift_labels(inner)
+        # No cache for a training step: nothing is generated, and the cache object made each
+        # step breaks Dynamo's graph. (byo_figures' meta copy keeps it: see _counted there.)
+        self.hf_cache = False
         found = find_blocks(inner)
         self.blocks_name = found[0] if found else None
         # Not registered a second time as a submodule (state_dict, modules() see them once).
@@ -59,8 +57,18 @@ class UserModel(nn.Module):
         return self._blocks
 
     def forward(self, idx, targets):
-        if self.hf:
-            out = self.inner(input_ids=idx, labels=idx)
+        if self.hf_shifts:
+            # transformers shifts `labels` itself (logits at t against labels at t+1), so
+            # labels=targets would shift them twice. shift_labels are the already-shifted
+            # targets: every one of the T positions scored against the next token, as the
+            # built-in GPT scores them. (labels must be given for the loss to be computed.)
+            out = self.inner(
+                input_ids=idx, labels=idx, shift_labels=targets, use_cache=self.hf_cache
+            )
+        elif self.hf:
+            # An older loss without shift_labels: labels=idx, shifted by the model, scores the
+            # first T-1 positions (the last target is not in the batch's ids).
+            out = self.inner(input_ids=idx, labels=idx, use_cache=self.hf_cache)
         else:
             out = self.inner(idx, targets)
         return None, _loss_of(out, self.target)
@@ -176,6 +184,15 @@ def _is_transformers(model: nn.Module) -> bool:
     )
 
 
+def _takes_shift_labels(model: nn.Module) -> bool:
+    """Whether the transformers model's loss takes already-shifted labels (its ForCausalLMLoss
+    has since transformers 4.50; the forward passes its keyword arguments on to it)."""
+    try:
+        return "shift_labels" in inspect.signature(model.loss_function).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
 def _loss_of(out, target: str) -> torch.Tensor:
     """The loss in what the model returned: a tensor, (logits, loss) or an object with .loss."""
     if isinstance(out, torch.Tensor):
@@ -212,98 +229,3 @@ def _shape_of(out) -> str:
     if isinstance(out, torch.Tensor):
         return f"a tensor of shape {tuple(out.shape)}"
     return f"a {type(out).__name__}"
-
-
-def flops_of(spec: RunSpec, model: UserModel) -> dict:
-    """FLOPs per token of one forward+backward and where the figure came from."""
-    inner, seq = model.inner, spec.model.block_size
-    counted, source = None, None
-    try:
-        counted = _counted(spec)
-    except Exception as err:  # noqa: BLE001 - a model that cannot run on meta: say so, go on
-        counted_note = f"not counted on meta ({type(err).__name__}: {str(err)[:120]})"
-    else:
-        counted_note = None
-    if callable(getattr(inner, "flops_per_token", None)):
-        per_token, source = inner.flops_per_token(seq), "hook: flops_per_token(seq_len)"
-    elif callable(getattr(inner, "estimate_flops", None)):
-        per_token, source = inner.estimate_flops(), "hook: estimate_flops()"
-    elif counted:
-        per_token, source = counted, "counted: FlopCounterMode, one step on a meta copy"
-    else:
-        per_token = 6 * model.get_num_params()
-        source = "6N, N = every parameter; attention not counted"
-        if counted_note:
-            source += f"; {counted_note}"
-    return {
-        "n_params_flops": model.get_num_params(),
-        "flops_per_token": int(round(per_token)),
-        "flops_per_token_counted": counted,
-        "flops_source": source,
-    }
-
-
-def _counted(spec: RunSpec) -> float | None:
-    """One forward+backward of a sequence, counted on a copy built on the meta device (shapes
-    only: no memory, no compute, no weights initialised)."""
-    seq = spec.model.block_size
-    with torch.device("meta"):
-        copy = UserModel(
-            instantiate(spec.model.build, "model.build", spec.model.code_dir),
-            spec.model.vocab_size,
-            str(spec.model.build["_target_"]),
-        )
-        idx = torch.zeros(1, seq, dtype=torch.long)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        _, loss = copy(idx, idx)
-        loss.backward()
-    total = counter.get_total_flops()
-    return total / seq if total else None
-
-
-def memory_of(
-    spec: RunSpec, model: UserModel, world_size: int, strategy: str, optimizer=None
-) -> dict:
-    """Parameters, gradients and optimizer state, exact from the model's own tensors (this
-    rank's share under FSDP2); activations unknown, so no total. optimizer=from_model: the
-    state from the classes the model's method made (`optimizer`), null for a class unknown."""
-    shards = world_size if strategy == "fsdp2" else 1
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    if spec.optimizer.name == "from_model":
-        state, rule = _own_state(optimizer)
-        by_role = {}
-    else:
-        by_role, rule = estimated_state(spec.optimizer, role_counts(model, spec.model.vocab_size))
-        state = sum(by_role.values())
-    return {
-        "weights": weights // shards,
-        "gradients": grads // shards,
-        "optimizer_state": None if state is None else state // shards,
-        "optimizer_state_rule": rule,
-        "activations": None,
-        "total": None,
-        "optimizer_state_by_role": {role: b // shards for role, b in by_role.items()},
-        "note": (
-            f"activations not estimated: {model.target} is not the built-in GPT, whose formula "
-            "does not apply; the total is unknown (the measured peak is in the record's memory)"
-        ),
-    }
-
-
-def _own_state(optimizer) -> tuple[int | None, str]:
-    """The state bytes the model's own optimizer(s) will keep, from each part's class
-    (optim_rules.STATE_SLOTS: fp32 slots a parameter); None when a class is not in the table."""
-    parts = getattr(optimizer, "parts", [optimizer])
-    total, rules = 0, []
-    for part in parts:
-        name = type(part).__name__
-        slots = STATE_SLOTS.get(name)
-        if name == "SGD":
-            slots = int(any(g.get("momentum") for g in part.param_groups))
-        if slots is None:
-            return None, f"{name} is not in the table of optimizer state (optim_rules.py)"
-        rules.append(f"{name} {4 * slots}")
-        total += sum(4 * slots * p.numel() for g in part.param_groups for p in g["params"])
-    return total, "bytes a parameter: " + ", ".join(dict.fromkeys(rules))

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nanogpt.measure import byo, flops
+from nanogpt.measure import byo_figures, flops
 from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import Trainer
-from nanogpt.optim import role_groups, state_bytes, stepped_classes
+from nanogpt.optim import state_bytes, stepped_classes
 from nanogpt.optim_rules import estimated_state
 from nanogpt.results.record import Setup
 from nanogpt.results.record.optimizer import OptimizerPart
@@ -21,9 +21,15 @@ from nanogpt.spec import RunSpec
 def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
     model, perf = trainer.raw_model, spec.perf
     strategy = "fsdp2" if trainer.fsdp else "ddp"
-    if spec.model.build:  # the user's model: its own figures, or none (measure/byo.py)
-        counts = {**byo.flops_of(spec, model), "flops_per_token_hw": None, "flops_formula": None}
-        estimate = byo.memory_of(spec, model, trainer.world.size, strategy, trainer.optimizer)
+    if spec.model.build:  # the user's model: its own figures, or none (measure/byo_figures.py)
+        counts = {
+            **byo_figures.flops_of(spec, model),
+            "flops_per_token_hw": None,
+            "flops_formula": None,
+        }
+        estimate = byo_figures.memory_of(
+            spec, model, trainer.world.size, strategy, trainer.optimizer
+        )
     else:
         counts = flops.model_flops(model)
         counts["flops_per_token_counted"] = flops.counted_flops_per_token(model.config)
@@ -61,7 +67,7 @@ def describe_optimizer(spec: RunSpec, trainer: Trainer, estimate: dict) -> Optim
                 f"{len(trainer.optimizer.param_groups)} param groups"
             ),
         )
-    groups = role_groups(trainer.raw_model, opt, spec.model.vocab_size)
+    groups = trainer.role_groups
     by_role = estimate.get("optimizer_state_by_role", {})
     roles = {
         g["role"]: {
@@ -83,7 +89,7 @@ def describe_optimizer(spec: RunSpec, trainer: Trainer, estimate: dict) -> Optim
             f"optimizer.impl={opt.impl.value} applies to the AdamW part"
         )
     return OptimizerPart(
-        optimizer_stepped=" + ".join(dict.fromkeys(g["stepped_by"] for g in groups)),
+        optimizer_stepped=stepped_classes(trainer.optimizer),
         optimizer_roles=roles,
         optimizer_state_rule=estimated_state(opt, {})[1],
         muon_adjust_lr_fn=opt.adjust_lr_fn if muon else None,
@@ -99,7 +105,7 @@ def count_optimizer_state(spec: RunSpec, trainer: Trainer, part: OptimizerPart) 
         part.optimizer_state_bytes = state_bytes(trainer.optimizer, params)
         return
     total = 0
-    for g in role_groups(trainer.raw_model, spec.optimizer, spec.model.vocab_size):
+    for g in trainer.role_groups:
         counted = state_bytes(trainer.optimizer, g["params"])
         part.optimizer_roles[g["role"]]["state_bytes"] = counted
         total += counted

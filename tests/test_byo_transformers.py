@@ -1,0 +1,129 @@
+"""A transformers causal LM as the user's model (model.build, docs/models.md "A transformers
+causal LM"): built from its config (no weights downloaded), called as transformers models are
+(`input_ids=`, `labels=`), its blocks found, its FLOPs counted, and one point measured compiled
+with activation checkpointing. Skipped where transformers is not installed (the optional extra
+`transformers`, which `make setup` installs)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanogpt.measure import byo, byo_figures
+
+from .conftest import REPO, with_micro
+
+# Not imported at collection: importing transformers takes seconds, and every xdist worker
+# collects every file.
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (pip install -e '.[transformers]')",
+)
+
+# docs/models.md's command, key for key (test_the_docs_run_this below holds them together):
+# a Llama of 2 layers, 32 wide, grouped-query attention, sized by the runner's own keys.
+LLAMA = [
+    "model.build._target_=transformers.AutoModelForCausalLM.from_config",
+    "model.build.config._target_=transformers.LlamaConfig",
+    "model.build.config.vocab_size=${model.vocab_size}",
+    "model.build.config.max_position_embeddings=${model.block_size}",
+    "model.build.config.hidden_size=32",
+    "model.build.config.intermediate_size=64",
+    "model.build.config.num_hidden_layers=2",
+    "model.build.config.num_attention_heads=4",
+    "model.build.config.num_key_value_heads=2",
+    "model.block_size=16",
+    "model.vocab_size=256",
+    "perf.activation_checkpointing=true",
+]
+# GPT-2's architecture, whose blocks sit where nanoGPT's do (transformer.h).
+GPT2 = [
+    "model.build._target_=transformers.AutoModelForCausalLM.from_config",
+    "model.build.config._target_=transformers.GPT2Config",
+    "model.build.config.vocab_size=${model.vocab_size}",
+    "model.build.config.n_positions=${model.block_size}",
+    "model.build.config.n_embd=32",
+    "model.build.config.n_layer=2",
+    "model.build.config.n_head=4",
+    "model.block_size=16",
+    "model.vocab_size=256",
+    "perf.activation_checkpointing=true",
+]
+
+
+def spec_of(overrides: list[str], *more: str):
+    """The point composed by Hydra from conf/ and checked, as a sweep composes and checks it
+    (the check finds transformers' file without importing it)."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.app import to_spec
+    from nanogpt.configs import CONF_DIR
+    from nanogpt.validate import check
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        spec = to_spec(compose("config", overrides=with_micro([*overrides, *more])))
+    check(spec)
+    return spec
+
+
+def test_the_docs_run_this():
+    text = (REPO / "docs" / "models.md").read_text().replace("'", "")
+    assert all(override in text for override in LLAMA), [o for o in LLAMA if o not in text]
+
+
+@needs_transformers
+@pytest.mark.parametrize("overrides, blocks", [(LLAMA, "model.layers"), (GPT2, "transformer.h")])
+def test_a_transformers_model_keeps_the_contract(overrides, blocks):
+    spec = spec_of(overrides)
+    model = byo.build_user_model(spec)
+    assert model.hf and model.hf_shifts  # a PreTrainedModel whose loss takes shift_labels
+    assert model.blocks_name == blocks and len(model.blocks) == 2  # found without being named
+    assert model.config.n_embd == 32
+    torch.manual_seed(0)
+    idx = torch.randint(0, 256, (2, 16))
+    targets = torch.randint(0, 256, (2, 16))  # not idx shifted: a second shift would show
+    model.eval()  # GPT-2's dropout: the two forwards below see the same function
+    _, loss = model(idx, targets)
+    # The built-in GPT's loss: each of the T positions scored against its target, once shifted
+    # (labels=targets would be shifted again by transformers; labels=idx alone drops the last).
+    logits = model.inner(input_ids=idx, use_cache=False).logits
+    expected = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    torch.testing.assert_close(loss, expected)
+    # activation checkpointing wraps each block's forward; backward recomputes through it
+    assert all(isinstance(b.forward, functools.partial) for b in model.blocks)
+    loss.backward()
+    assert all(p.grad is not None for p in model.blocks[1].parameters())
+    figures = byo_figures.flops_of(spec, model)
+    assert figures["flops_source"] == "counted: FlopCounterMode, one step on a meta copy"
+    assert figures["flops_per_token"] == round(figures["flops_per_token_counted"]) > 0
+    assert figures["flops_per_token"] != 6 * model.get_num_params()  # attention counted
+
+
+@needs_transformers
+@pytest.mark.slow  # Inductor's compile of a Llama: tens of seconds on 2 cores, compile workers
+def test_a_transformers_model_is_measured_compiled_with_checkpointed_blocks(tmp_path):
+    """The runner's measured loop, in this process: the docs' Llama compiled whole with each
+    block checkpointed. Called without a cache (use_cache=False), Dynamo captures it in one
+    graph: no break, no recompile (a DynamicCache made each step broke it 5 times)."""
+    from nanogpt.distributed import World
+    from nanogpt.measure.loop import measure
+    from nanogpt.results.derive import Ceilings, Peak
+
+    spec = spec_of(LLAMA, "perf.compile=true")
+    ceilings = Ceilings(Peak(None, "unknown"))
+    record = measure(spec, torch.device("cpu"), World(), ceilings, tmp_path, [])
+    assert record.status == "ok", record.error
+    assert record.asked.model == "transformers.AutoModelForCausalLM.from_config"
+    setup = record.setup
+    assert setup.model_wrapping.startswith("compile(")
+    assert setup.flops_source.startswith("counted: FlopCounterMode")
+    assert setup.mem_estimate["weights"] == 4 * setup.n_params
+    part = record.compile
+    assert part.compile_note is None, part.compile_note
+    assert (part.graph_breaks, part.recompiles, part.recompiles_in_window) == (0, 0, 0)
+    assert part.graphs >= 1 and part.compile_s_counted > 0
+    assert record.timing.measured_steps == 4 and record.timing.loss_last > 0
