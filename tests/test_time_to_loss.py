@@ -223,6 +223,9 @@ def test_the_measured_loop_hands_every_evaluation_to_its_sinks(text_file):
         for e in evals
     ]
     assert [w["step"] for w in sink.windows] == [0, 2, 4]
+    # a target run's record lists its optimizer's roles, as a throughput run's does
+    roles = record.optimizer.optimizer_roles
+    assert record.optimizer.optimizer_stepped and roles and roles["matrices"]["n_params"] > 0
 
 
 # --- a point's runs, and a point against the baseline --------------------------------------

@@ -80,6 +80,7 @@ def measure(
             _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
         else:  # time to a target loss instead of the throughput window (docs/time_to_loss.md)
             record.setup = describe_setup(spec, trainer)
+            record.optimizer = describe_optimizer(spec, trainer, record.setup.mem_estimate)
             compiles = CompileProbe(spec.perf.compile)
             compiles.start()
             train_to_target(spec, trainer, record, sinks=sinks)
