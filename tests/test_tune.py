@@ -96,6 +96,28 @@ def test_numeric_choices_are_ordered_for_the_sampler_and_read_back_as_values():
     assert isinstance(distributions["perf.batch_size"], categorical)
 
 
+def test_a_new_search_starts_with_every_value_of_every_choice_once_and_no_repeat():
+    """TPE's own random start left values untried and drew one candidate twice (seed 0 over
+    this space); the first candidates are a Latin square over the choices instead."""
+    parser = OverridesParser.create()
+    params = {
+        "perf.batch_size": "choice(1,2,4,8)",
+        "perf.attention": "choice(auto,math,manual)",
+        "perf.loss": "choice(full,chunked)",
+        "optimizer.impl": "choice(for_loop,foreach)",
+        "optimizer.lr": "interval(1e-4,1e-2)",
+    }
+    _, dims, distributions = space.parse(parser, params, [])
+    for seed in range(5):
+        design = space.initial_design(dims, distributions, seed)
+        points = [space.values_of(p, dims) for p in design]
+        assert len(points) == 4 and len({tuple(p.values()) for p in points}) == 4
+        for key in ("perf.batch_size", "perf.attention", "perf.loss", "optimizer.impl"):
+            assert {p[key] for p in points} == set(dims[key]), (seed, key)
+        assert all("optimizer.lr" not in p for p in points)  # an interval: the sampler's
+    assert design == space.initial_design(dims, distributions, 4)  # the seed decides it
+
+
 def test_the_estimate_prunes_what_cannot_fit_and_grows_with_the_batch():
     small, big = _spec("perf.batch_size=1"), _spec("perf.batch_size=64")
     assert fit.estimate_bytes(big) > fit.estimate_bytes(small)

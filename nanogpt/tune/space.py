@@ -11,10 +11,17 @@ A choice of three or more numbers (micro-batch 1, 2, 4, 8) is ordered: Optuna se
 position of the value in ascending order as an integer, so TPE can learn that "larger was
 better" and try the next size up, which an unordered (categorical) choice cannot tell it.
 `values_of` turns a trial's params back into the values. Other choices are categorical.
+
+A new search's first candidates are `initial_design`'s: every value of every choice tried at
+least once, no candidate twice, before the sampler models anything. TPE's own start is random
+draws, which with a few trials leave values untried (seed 0 over micro-batch x attention x loss
+x optimizer implementation drew one point twice and `for_loop` never), and TPE models each
+dimension from the values it has seen.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import optuna
@@ -92,3 +99,31 @@ def values_of(params: dict, dims: dict) -> dict[str, Any]:
         key: dims[key][value] if dims.get(key) is not None and isinstance(value, int) else value
         for key, value in params.items()
     }
+
+
+def initial_design(dims: dict, distributions: dict, seed: int) -> list[dict]:
+    """The first candidates of a search, as Optuna params (an ordered choice by its position):
+    as many as the largest choice has values, every choice's values each in ceil(n / k) or
+    floor(n / k) of them (a Latin square over the choices: each column its values repeated to
+    length n, shuffled with `seed`), so that no value goes untried and no candidate repeats.
+    Continuous dimensions (an interval) are left to the sampler."""
+    rng = random.Random(seed)
+    choices = {}
+    for key, values in dims.items():
+        if values is None:
+            continue
+        distribution = distributions[key]
+        if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+            choices[key] = list(distribution.choices)
+        else:  # an ordered choice: its positions
+            choices[key] = list(range(len(values)))
+    if not choices:
+        return []
+    n = max(len(values) for values in choices.values())
+    columns = {}
+    for key, values in choices.items():
+        rng.shuffle(values)  # which values get the extra places when k does not divide n
+        column = (values * -(-n // len(values)))[:n]
+        rng.shuffle(column)
+        columns[key] = column
+    return [{key: column[i] for key, column in columns.items()} for i in range(n)]

@@ -188,6 +188,9 @@ class Search:
 
     def _probe_rung(self, distributions: dict, grid: int | None) -> list[ladder.Entry]:
         study = self._study()
+        if not study.trials:  # a new search: first every value of every choice (space.py)
+            for params in space.initial_design(self.dims, distributions, self.seed):
+                study.enqueue_trial(params)
         wanted = self.n_trials if grid is None else min(self.n_trials, grid)
         entries: dict[str, ladder.Entry] = {}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
