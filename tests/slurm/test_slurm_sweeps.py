@@ -150,15 +150,24 @@ def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_
     assert len(read_summary(sweep_dir)) == 1
 
 
-def test_dist_nproc_2_is_two_slurm_tasks_of_one_job(slurm_sweep):
-    proc, sweep_dir = slurm_sweep("dist.nproc=2")
+def test_dist_nproc_2_is_two_slurm_tasks_of_one_job_on_a_users_own_model(slurm_sweep, tmp_path):
+    """dist.nproc=2: two SLURM tasks of one job, each a rank. The model is the user's
+    (model.build): its module, in the directory the sweep runs from, is found by the tasks SLURM
+    starts on the node (sys.path) and built by each rank, never by the sweep's own process."""
+    from tests.test_byo import BUILD, MODERN_GPT
+
+    (tmp_path / "modern_gpt.py").write_text(MODERN_GPT)
+    proc, sweep_dir = slurm_sweep(*BUILD, "dist.nproc=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (record,) = records(sweep_dir).values()
     assert record["status"] == "ok" and record["world_size"] == 2
     assert len(record["step_ms_median_per_rank"]) == 2
+    assert record["model"] == "modern_gpt.GPT" and record["flops_source"].startswith("counted")
     logs = sorted(sweep_dir.glob(".submitit/*/*_log.out"))
     assert len(logs) == 2  # one log per SLURM task: rank 0 and rank 1
     assert "torch.distributed.run" not in (sweep_dir / "0" / "run.log").read_text()
+    importers = (tmp_path / "modern_gpt.py.imported").read_text().split()
+    assert len(set(importers)) == 2  # the two ranks; a third would be the sweep's process
 
 
 def test_the_sweep_killed_then_run_again_keeps_its_finished_points(slurm_start, tmp_path):
