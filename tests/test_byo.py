@@ -145,3 +145,37 @@ def test_a_target_that_is_not_there_stops_the_sweep_before_anything(tmp_path):
         len(lines) == 1 and "model.build._target_: 'nosuch.GPT': no module nosuch in " in (lines[0])
     ), lines
     assert not sweep_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_search_over_the_users_own_argument(sweep, tmp_path):
+    """hydra/sweeper=tune over an argument of the user's constructor (docs/tune.md's rungs kept
+    as short as tests/test_tune.py keeps them): the answer names a value of it, every record is
+    the user's model, built from the depth the search chose, and identified by its source."""
+    (tmp_path / "modern_gpt.py").write_text(MODERN_GPT)
+    build = [o for o in BUILD if not o.startswith("model.build.config.n_layer=")]
+    proc, sweep_dir = sweep(
+        "hydra/sweeper=tune",
+        *build,
+        "model.build.config.n_layer=choice(1,2)",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.leaders=2",
+        "hydra.sweeper.finalists=1",
+        "hydra.sweeper.repeats=2",
+        "hydra.sweeper.probe=['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (best,) = [
+        line for line in (sweep_dir / "best.yaml").read_text().splitlines() if "n_layer" in line
+    ]
+    assert best.split("=")[-1].strip(" '\"") in ("1", "2"), best
+    records = [read_result(p) for p in sorted(sweep_dir.rglob("result.json"))]
+    assert records and all(r["status"] == "ok" for r in records)
+    depths = set()
+    for r in records:
+        model = r["measured_config"]["model"]
+        assert r["model"] == "modern_gpt.GPT" and model["build"]["_target_"] == "modern_gpt.GPT"
+        assert model["build_source"] == records[0]["measured_config"]["model"]["build_source"]
+        assert r["flops_source"].startswith("counted: FlopCounterMode")
+        depths.add(model["build"]["config"]["n_layer"])
+    assert depths == {1, 2}  # both candidates probed, each built at its own depth

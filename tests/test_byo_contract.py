@@ -12,7 +12,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
 from nanogpt.measure import byo, byo_figures
-from nanogpt.spec import Attention, Loss, ModelConfig, PerfConfig, RunSpec
+from nanogpt.spec import (
+    Attention,
+    DistConfig,
+    Loss,
+    ModelConfig,
+    PerfConfig,
+    RunSpec,
+    Strategy,
+)
 from nanogpt.validate import check_model_build
 
 
@@ -134,7 +142,7 @@ def test_a_module_that_fails_at_import_is_named_with_its_error(tmp_path):
     )
 
 
-def test_activation_checkpointing_wraps_the_blocks_found_or_is_refused(tmp_path):
+def test_checkpointing_wraps_the_blocks_found_and_fsdp2_without_them_is_refused(tmp_path):
     idx = torch.randint(0, 64, (2, 16))
     counted = {}
     for checkpointed in (False, True):
@@ -154,6 +162,16 @@ def test_activation_checkpointing_wraps_the_blocks_found_or_is_refused(tmp_path)
         ConfigError, match="^perf.activation_checkpointing: needs the model's blocks"
     ):
         byo.build_user_model(spec)
+    # FSDP2 shards block by block: without blocks, one line naming the key (where blocks are
+    # found it runs: tests/test_byo_fsdp2.py)
+    spec.perf, spec.dist = PerfConfig(), DistConfig(nproc=2, strategy=Strategy.fsdp2)
+    with pytest.raises(ConfigError) as err:
+        byo.build_user_model(spec)
+    assert str(err.value).startswith(
+        "dist.strategy: needs the model's blocks, and noblocks.Model has no ModuleList of blocks "
+        "(looked for transformer.h, "
+    )
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(

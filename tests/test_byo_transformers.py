@@ -108,7 +108,8 @@ def test_a_transformers_model_keeps_the_contract(overrides, blocks):
 def test_a_transformers_model_is_measured_compiled_with_checkpointed_blocks(tmp_path):
     """The runner's measured loop, in this process: the docs' Llama compiled whole with each
     block checkpointed. Called without a cache (use_cache=False), Dynamo captures it in one
-    graph: no break, no recompile (a DynamicCache made each step broke it 5 times)."""
+    graph: no break, no recompile (with transformers' default cache, each checkpointed layer's
+    write into it is a side effect compiled checkpointing refuses: 5 breaks, 2 recompiles)."""
     from nanogpt.distributed import World
     from nanogpt.measure.loop import measure
     from nanogpt.results.derive import Ceilings, Peak

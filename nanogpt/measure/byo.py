@@ -39,8 +39,9 @@ class UserModel(nn.Module):
         self.target = target
         self.hf = _is_transformers(inner)
         self.hf_shifts = self.hf and _takes_shift_labels(inner)
-        # No cache for a training step: nothing is generated, and the cache object made each
-        # step breaks Dynamo's graph. (byo_figures' meta copy keeps it: see _counted there.)
+        # No cache for a training step: nothing is generated, and a checkpointed layer's write
+        # into it is a side effect compiled checkpointing refuses (a graph break a layer).
+        # (byo_figures' meta copy keeps it: see _counted there.)
         self.hf_cache = False
         found = find_blocks(inner)
         self.blocks_name = found[0] if found else None
