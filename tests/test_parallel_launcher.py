@@ -103,7 +103,9 @@ def test_each_points_device_is_read_where_the_point_sets_it():
             ["perf.batch_size=2", "bench.device=cuda:1"],
             ["perf.batch_size=2", "+sweep=chunked_loss_cpu"],
         ]
-        assert launcher._devices(points) == ["auto", "cuda:1", "cpu"]
+        values = launcher._values(points)
+        assert [device for device, _, _ in values] == ["auto", "cuda:1", "cpu"]
+        assert [target for _, target, _ in values] == [None, None, None]  # no rounds
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from nanogpt.errors import ConfigError
 from nanogpt.measure.loop import measure
 from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import build_trainer
+from nanogpt.point import rounds
 from nanogpt.reporters.loss_plot import validation_loss
 from nanogpt.reporters.plot_parts import NoData
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
@@ -318,6 +319,28 @@ def test_interleaved_runs_read_as_alternated_and_back_to_back_ones_as_blocked():
         assert table["ttl_verdict"].tolist() == ["baseline", verdict]
 
 
+def test_a_rounds_resume_keeps_the_points_ok_runs_and_a_failed_run_ends_its_launch(tmp_path):
+    """point/rounds.py's files: run R of a point kept ok counts in any later launch (a resume)
+    and only for its own point; a run that was not ok ends the point's rounds of its launch."""
+    ok, failed = _run(10.0), Record(status="error", error="boom")
+    ok.asked.point_id = failed.asked.point_id = "p1"
+    rounds.save(tmp_path, 1, ok, "launch-a")
+    rounds.save(tmp_path, 2, failed, "launch-a")
+    kept = rounds.kept(tmp_path, 1, "p1")
+    assert kept.time_to_loss.ttl_s_per_run == [10.0] and kept.status == "ok"
+    assert rounds.kept(tmp_path, 1, "p2") is None  # another point's file
+    assert rounds.kept(tmp_path, 2, "p1") is None  # not ok: measured again
+    assert rounds.ended(tmp_path, "p1", "launch-a") and not rounds.ended(tmp_path, "p1", "b")
+    assert [r.status for r in rounds.runs(tmp_path, "p1", 2)] == ["ok"]
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as patch:
+        patch.setenv(rounds.ROUND_ENV, "2/5/launch-a")
+        assert rounds.current(2.5) == rounds.Round(2, 5, "launch-a")
+        assert rounds.current(None) is None  # no target: every run in the job
+        patch.setenv(rounds.ROUND_ENV, "")  # a slot outside rounds
+        assert rounds.current(2.5) is None
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 
@@ -346,8 +369,11 @@ def test_a_target_with_one_run_is_refused_in_one_line():
 def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     """Two points, two runs each: a target the second evaluation reads (the first, before any
     step, reads about 4.17 = ln 65; after 2 steps at lr 1e-2 both seeds read below 3.92), and
-    one no micro run reaches; each run its own seed, the table's figures from the runs."""
+    one no micro run reaches; each run its own seed, the table's figures from the runs. On
+    hydra/launcher=parallel (one slot) the runs are alternated: rounds (point/rounds.py)."""
     proc, sweep_dir = sweep(
+        "hydra/launcher=parallel",
+        "hydra.launcher.slots=1",
         "data=text",
         f"data.path={SHAKESPEARE}",
         "data.tokenizer=char",
@@ -367,12 +393,11 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     assert first[0]["val_loss"] != second[0]["val_loss"]  # own seed each: another init
     missed = read_result(sweep_dir / "1" / "result.json")
     assert missed["time_to_loss_s"] is None and missed["ttl_note"].startswith("0 of 2 reached")
-    # Hydra's basic launcher runs a point's runs back to back (point/job.py): each run's span
-    # is recorded, and the pair reads as blocked
-    spans = [*reached["ttl_run_times"], *missed["ttl_run_times"]]
-    assert all(start < end for start, end in spans)
-    assert [s for s, _ in spans] == sorted(s for s, _ in spans)
-    assert ttl.alternated(reached["ttl_run_times"], missed["ttl_run_times"]) is False
+    # Run r of both points before run r + 1, as each run's recorded span says
+    (a1, a2), (b1, b2) = reached["ttl_run_times"], missed["ttl_run_times"]
+    assert a1[0] < a1[1] < b1[0] < b1[1] < a2[0] < a2[1] < b2[0] < b2[1]
+    assert ttl.alternated(reached["ttl_run_times"], missed["ttl_run_times"]) is True
+    assert "parallel: time to loss: 2 rounds" in proc.stdout
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])
     _the_loss_plot_draws_every_run(read_summary(sweep_dir), [reached, missed])

@@ -19,6 +19,9 @@ Ctrl-C reaches every process of the terminal's group: each slot records its poin
 after any multirun, which then exits 130 (nanogpt/callbacks.py). SIGTERM to this process alone
 is passed on to the slots. A slot holds both signals until it can handle them (a Ctrl-C while
 it starts stops it before any point). A resumed sweep skips points with an ok record, as ever.
+
+A sweep whose every point has a target loss runs in rounds (point/rounds.py): round r enters
+every point's job to measure its run r alone, so compared points' runs alternate.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import os
 import queue
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -52,11 +56,13 @@ from omegaconf import OmegaConf, open_dict
 from nanogpt.configs import expose_checkout_plugins
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm, interrupted_exit
-from nanogpt.point import placement
+from nanogpt.point import placement, rounds
 from nanogpt.point.slots import check_counts, enter, gpus_for, host_cores, plan
 
 log = logging.getLogger(__name__)
 HELD = {signal.SIGINT, signal.SIGTERM}  # blocked in a slot until it handles them
+# What the launcher reads of each point: its device (the slots), its target and runs (rounds)
+POINT_KEYS = ("bench.device", "bench.target_loss", "bench.repeats")
 
 
 class ParallelLauncher(Launcher):
@@ -76,7 +82,8 @@ class ParallelLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        gpus = gpus_for(self._devices(job_overrides)) if self.use_gpus else []
+        values = self._values(job_overrides)
+        gpus = gpus_for([str(v[0] or "cpu") for v in values]) if self.use_gpus else []
         try:
             slots = plan(len(job_overrides), host_cores(), gpus, self.slots, self.cores_per_slot)
         except ConfigError as err:
@@ -91,28 +98,39 @@ class ParallelLauncher(Launcher):
         print(f"parallel: {len(slots)} slot(s): " + "; ".join(s.describe() for s in slots))
         for number, overrides in zip(numbers, job_overrides, strict=True):
             print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
+        points = list(zip(numbers, job_overrides, strict=True))
+        # Every point to a target loss: rounds (point/rounds.py), as many as the most runs a
+        # point has, run r of every point before run r + 1; else each point's runs back to back
+        count = 0 if any(v[1] is None for v in values) else max(int(v[2]) for v in values)
+        launch, work = f"{time.time():.0f}", [(n, o, None) for n, o in points]
+        if count:
+            work = [(n, o, f"{r}/{count}/{launch}") for r in range(1, count + 1) for n, o in points]
+            print(f"parallel: time to loss: {count} rounds, run r of every point before r + 1")
         sys.stdout.flush()
-        return self._run(slots, list(zip(numbers, job_overrides, strict=True)), notes)
+        return self._run(slots, work, notes)
 
-    def _devices(self, job_overrides: Sequence[Sequence[str]]) -> list[str]:
-        """Each point's bench.device: the sweep's own (its master config), unless the point's
-        overrides set it or choose a config group (one may set it, as a case does): such a
-        point is composed here to read it. Overrides given once, not swept, are the master's."""
+    def _values(self, job_overrides: Sequence[Sequence[str]]) -> list[tuple]:
+        """Each point's POINT_KEYS: the sweep's own (its master config), unless the point's
+        overrides set one or choose a config group (one may set it, as a case does): such a
+        point is composed here to read them. Overrides given once, not swept, are the master's."""
         given = set(self.config.hydra.overrides.task)
         parser = OverridesParser.create()
-        devices = []
+        found = []
         for overrides in job_overrides:
             own = parser.parse_overrides([o for o in overrides if o not in given])
             config = self.config
-            if any(o.key_or_group == "bench.device" or "." not in o.key_or_group for o in own):
+            if any(o.key_or_group in POINT_KEYS or "." not in o.key_or_group for o in own):
                 compose = self.hydra_context.config_loader.load_sweep_config
                 config = compose(self.config, list(overrides))
-            devices.append(str(OmegaConf.select(config, "bench.device", default="cpu")))
-        return devices
+            device, target = (OmegaConf.select(config, key) for key in POINT_KEYS[:2])
+            repeats = None if target is None else OmegaConf.select(config, POINT_KEYS[2])
+            found.append((device, target, repeats))
+        return found
 
     def _run(self, slots, work, notes: Path) -> list[JobReturn]:
         handle_sigterm()
-        returns: dict[int, JobReturn] = {}
+        returns: dict[int, JobReturn] = {}  # a point's last round's, with rounds
+        received = 0
         interrupted = False
         try:
             with _held():  # the slots start whole; a signal meanwhile is raised after
@@ -136,10 +154,11 @@ class ParallelLauncher(Launcher):
                     worker.start()
         except KeyboardInterrupt as signalled:  # the slots got Ctrl-C too: they run no point
             interrupted = self._stop(signalled, workers, stop)
-        while len(returns) < len(work) and any(w.is_alive() for w in workers):
+        while received < len(work) and any(w.is_alive() for w in workers):
             try:
                 number, plain = done.get(timeout=0.5)
                 returns[number] = job_return = _job_return(plain)
+                received += 1
                 if job_return.status == JobStatus.COMPLETED and plain["value"] == "interrupted":
                     stop.set()  # a point stopped by a signal to its slot: start no other
             except queue.Empty:
@@ -162,7 +181,8 @@ class ParallelLauncher(Launcher):
                 file=sys.stderr,
             )
             sys.exit(interrupted_exit())
-        return [returns[number] for number, _ in work if number in returns]
+        points = dict.fromkeys(number for number, *_ in work)  # a point once, rounds or not
+        return [returns[number] for number in points if number in returns]
 
     @staticmethod
     def _stop(signalled: KeyboardInterrupt, workers: list, stop) -> bool:
@@ -234,7 +254,8 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
         enter(slot)
         os.environ[placement.CORUN_ENV] = str(notes)
         while not stop.is_set() and (item := todo.get()) is not None:
-            number, overrides = item
+            number, overrides, round_ = item
+            os.environ[rounds.ROUND_ENV] = round_ or ""  # which run of its point it measures
             config = hydra_context.config_loader.load_sweep_config(master, list(overrides))
             with open_dict(config):
                 config.hydra.job.id = f"{os.getpid()}_{number}"

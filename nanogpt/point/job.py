@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nanogpt.distributed import World
 from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.point import forkserver, placement
+from nanogpt.point import forkserver, placement, rounds
 from nanogpt.point.handoff import Handoff, Job
 from nanogpt.point.process import run_child
 from nanogpt.reporters import wandb_point
@@ -48,24 +48,40 @@ def run_point(spec: RunSpec, job: Job) -> str:
             return "skipped"
     job.job_dir.mkdir(parents=True, exist_ok=True)
     (job.job_dir / SKIPPED_FILE).unlink(missing_ok=True)  # from an earlier run of the sweep
+    count = spec.bench.repeats
+    # hydra/launcher=parallel's round of a time-to-loss sweep: this job measures run R alone
+    round_ = rounds.current(spec.bench.target_loss)
+    if round_ and (round_.number > count or rounds.ended(job.job_dir, pid, round_.launch)):
+        return point_status(job.job_dir)  # its runs are done, or one was not ok
     # Measured again (a resume, bench.rerun): its new W&B runs supersede those in its dir.
-    job = dataclasses.replace(job, supersedes=wandb_point.earlier_runs(job.job_dir))
+    if round_ is None or round_.number == 1:  # (a later round's are this point's own runs)
+        job = dataclasses.replace(job, supersedes=wandb_point.earlier_runs(job.job_dir))
     handoff = Handoff("point", spec, job)
     beside = placement.Beside(job.name, job.job_dir.name)
     started = time.perf_counter()
     measured = []
-    count = spec.bench.repeats
-    for number in range(1, count + 1):  # each in a fresh process, unless bench.isolate=false
+    for number in [round_.number] if round_ else range(1, count + 1):  # each a fresh process
         repeat = dataclasses.replace(job, repeat=f"{number}/{count}") if count > 1 else job
+        keep = round_ and not spec.bench.rerun and rounds.kept(job.job_dir, number, pid)
         measured.append(
-            _measure_once(dataclasses.replace(handoff, spec=_seeded(spec, number), job=repeat))
+            keep
+            or _measure_once(dataclasses.replace(handoff, spec=_seeded(spec, number), job=repeat))
         )
+        if round_:  # kept for the point's last round, with this round's wall time
+            measured[-1].wall_s = measured[-1].wall_s if keep else time.perf_counter() - started
+            rounds.save(job.job_dir, number, measured[-1], round_.launch)
         if measured[-1].status != "ok":
             break  # a failed repeat is the point's record
+    if round_ and measured[-1].status == "ok":
+        if round_.number < count:
+            return "ok"  # the point's record is written at its last round
+        measured = rounds.runs(job.job_dir, pid, count) or measured
     record = measured[-1]
     if len(measured) > 1 and record.status == "ok":
         record = derive_point(measured, spec.bench.measure_s)  # the pool's figures
-    record.wall_s = time.perf_counter() - started
+    record.wall_s = (
+        sum(r.wall_s or 0 for r in measured) if round_ else time.perf_counter() - started
+    )
     record.setup.co_running = beside.end()
     store.write_record(job.job_dir, record)
     log.info(summary_line(record))
