@@ -39,10 +39,13 @@ class UserModel(nn.Module):
         self.target = target
         self.hf = _is_transformers(inner)
         self.hf_shifts = self.hf and _takes_shift_labels(inner)
-        # No cache for a training step: nothing is generated, and a checkpointed layer's write
-        # into it is a side effect compiled checkpointing refuses (a graph break a layer).
-        # (byo_figures' meta copy keeps it: see _counted there.)
-        self.hf_cache = False
+        # transformers' cache (use_cache): made each forward by default, though a training step
+        # generates nothing. Eager, it is kept: without one, transformers' mask code reads the
+        # position ids on the host (packed sequences?), a device sync every step. Compiled, it
+        # is dropped (build_user_model): Dynamo skips that read, and a checkpointed layer's
+        # write into the cache is a side effect compiled checkpointing refuses (a graph break a
+        # layer).
+        self.hf_cache = True
         found = find_blocks(inner)
         self.blocks_name = found[0] if found else None
         # Not registered a second time as a submodule (state_dict, modules() see them once).
@@ -101,6 +104,7 @@ def build_user_model(spec: RunSpec) -> UserModel:
     if callable(getattr(inner, "init_weights", None)):
         inner.init_weights()
     model = UserModel(inner, spec.model.vocab_size, target)
+    model.hf_cache = not spec.perf.compile
     refuse_knobs(spec, model)
     return model
 

@@ -61,7 +61,7 @@ def _counted(spec: RunSpec) -> float | None:
         )
         # A transformers model without a cache reads its position ids on the host (are
         # several sequences packed in a row?), which a meta tensor cannot answer; with its
-        # default cache it does not, and the cache adds no FLOPs.
+        # default cache it does not (byo.UserModel), and the cache adds no FLOPs.
         copy.hf_cache = True
         idx = torch.zeros(1, seq, dtype=torch.long)
     counter = FlopCounterMode(display=False)
