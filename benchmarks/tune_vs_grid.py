@@ -22,7 +22,9 @@ re-measured tokens/s of both, and last:
     tune/grid: best B, time T; a grid point W s (N steps, compute C %)
 
 B = the chosen configuration's tokens/s / the grid best's (medians over the rounds), T = the
-search's wall time / the grid's, W = the grid's wall time / its points.
+search's wall time / the grid's, W = the grid's wall time / its points. Before it, the ratio
+round by round and of the best rounds: on a shared machine a round can run at half speed, and
+a B within that spread is not resolved by `--rounds` rounds.
 
 Usage: python benchmarks/tune_vs_grid.py [--rounds 3] [--out DIR] [--steps N]
 """
@@ -237,6 +239,14 @@ def main() -> None:
     print(f"grid best: {', '.join(f'{x:,.0f}' for x in theirs)} tokens/s")
     ratio = statistics.median(ours) / statistics.median(theirs)
     spread = max(ours + theirs) / min(ours + theirs)
+    # each round's two runs share that moment's load: their ratio, round by round, shows how far
+    # the machine moves the figure (a process that shares its core with another session's runs
+    # near half speed), and the best of the rounds each side's speed when it ran alone
+    paired = [o / t for o, t in zip(ours, theirs, strict=True)]
+    print(
+        f"round by round: {', '.join(f'{p:.2f}' for p in paired)}; best of the rounds: "
+        f"{max(ours) / max(theirs):.2f}"
+    )
     print(
         f"best ratio {ratio:.2f} (goal >= {GOAL_BEST}); time ratio {tune_s / grid_s:.2f} "
         f"(goal <= {GOAL_TIME}), a grid point {point_s:.1f} s and a search point "
