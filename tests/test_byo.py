@@ -149,9 +149,10 @@ def test_a_target_that_is_not_there_stops_the_sweep_before_anything(tmp_path):
 
 @pytest.mark.slow
 def test_a_search_over_the_users_own_argument(sweep, tmp_path):
-    """hydra/sweeper=tune over an argument of the user's constructor (docs/tune.md's rungs kept
-    as short as tests/test_tune.py keeps them): the answer names a value of it, every record is
-    the user's model, built from the depth the search chose, and identified by its source."""
+    """hydra/sweeper=tune over an argument of the user's constructor (docs/tune.md's rungs, each
+    with one candidate after the probe, and test_tune.py's short probe): the answer names a
+    value of it, every record is the user's model, built at the depth its candidate asked, and
+    identified by its source."""
     (tmp_path / "modern_gpt.py").write_text(MODERN_GPT)
     build = [o for o in BUILD if not o.startswith("model.build.config.n_layer=")]
     proc, sweep_dir = sweep(
@@ -159,9 +160,9 @@ def test_a_search_over_the_users_own_argument(sweep, tmp_path):
         *build,
         "model.build.config.n_layer=choice(1,2)",
         "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.leaders=2",
+        "hydra.sweeper.leaders=1",
         "hydra.sweeper.finalists=1",
-        "hydra.sweeper.repeats=2",
+        "hydra.sweeper.repeats=1",
         "hydra.sweeper.probe=['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
