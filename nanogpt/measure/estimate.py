@@ -2,7 +2,7 @@
 state (by role: optim_rules), activations and logits, so a user can see where memory goes and
 what batch size fits, beside what measure/memory.py's probes saw. Its coefficients are fitted
 to an H100's measured peaks (below). A user's model (model.build) gets its own, exact parts
-only (measure/byo.py): this formula describes this GPT alone.
+only (measure/byo_figures.py): this formula describes this GPT alone.
 """
 
 from __future__ import annotations
