@@ -398,6 +398,7 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     assert a1[0] < a1[1] < b1[0] < b1[1] < a2[0] < a2[1] < b2[0] < b2[1]
     assert ttl.alternated(reached["ttl_run_times"], missed["ttl_run_times"]) is True
     assert "parallel: time to loss: 2 rounds" in proc.stdout
+    assert reached["co_running"] == missed["co_running"] == []  # one slot: none side by side
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])
     _the_loss_plot_draws_every_run(read_summary(sweep_dir), [reached, missed])

@@ -74,6 +74,7 @@ def run_point(spec: RunSpec, job: Job) -> str:
             break  # a failed repeat is the point's record
     if round_ and measured[-1].status == "ok":
         if round_.number < count:
+            beside.end()  # this round's note ends (a neighbour reads it); its record is later
             return "ok"  # the point's record is written at its last round
         measured = rounds.runs(job.job_dir, pid, count) or measured
     record = measured[-1]
