@@ -266,12 +266,13 @@ class Search:
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
         """Each finalist's loss against the baseline's over the same seeded tokens; with a
-        target, its runs' times to loss against the baseline's, run as often."""
-        bench, alpha = self.config.bench, self.config.report.ttl_alpha
-        if bench.target_loss is not None:
-            runs = [f"bench.repeats={self.repeats}"]
-            base = self._launch(merged(self.fixed, self.baseline, runs), "quality baseline")
-            return quality.to_target(base, finalists, alpha, bench.target_loss)
+        target, its runs' times to loss against the baseline's, run as often (a finalist's own
+        record where the baseline is one)."""
+        if (target := self.config.bench.target_loss) is not None:
+            same = [e.record for e in finalists if e.key == point_key(self.baseline)]
+            runs = merged(self.fixed, self.baseline, [f"bench.repeats={self.repeats}"])
+            base = same[0] if same else self._launch(runs, "quality baseline")
+            return quality.to_target(base, finalists, self.config.report.ttl_alpha, target)
         kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
         steps, window = int(self.quality.get("steps", 30)), int(self.quality.get("window", 5))
 
@@ -287,16 +288,10 @@ class Search:
         return quality.check(self.quality, kind, self.baseline, finalists, loss)
 
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
+        """The answer's data (tune/answer.summarize): the rungs, the search, its limits."""
         rungs = {"probes": probes, "full": full, "repeated": repeated, "guard": guard}
-        return answer.summarize(
-            **rungs,
-            dims=dims,
-            names=self.names,
-            directions=self.directions,
-            fixed=self.fixed,
-            budget=self.budget,
-            margin=self.memory_margin,
-            search_wall_s=time.time() - self.started,
-            n_trials=self.n_trials,
-            time_limit_s=self.time_limit_s,
-        )
+        search = {"names": self.names, "directions": self.directions, "fixed": self.fixed}
+        space = {"dims": dims, "budget": self.budget, "margin": self.memory_margin}
+        limits = {"n_trials": self.n_trials, "time_limit_s": self.time_limit_s}
+        wall = time.time() - self.started
+        return answer.summarize(**rungs, **search, **space, **limits, search_wall_s=wall)
