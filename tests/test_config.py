@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -17,7 +18,7 @@ from nanogpt.devices import resolve_device
 from nanogpt.errors import ConfigError
 from nanogpt.measure.flops import counted_head_share
 from nanogpt.model import GPTConfig
-from nanogpt.spec import Attention, Dtype, RunSpec, spec_from_dict, spec_to_dict
+from nanogpt.spec import Attention, Dtype, Objective, RunSpec, spec_from_dict, spec_to_dict
 from nanogpt.validate import check
 
 from .conftest import with_micro
@@ -114,8 +115,21 @@ def test_cross_field_checks_name_the_key(override, key):
 
 
 def test_spec_round_trips_through_json_dict():
-    spec = to_spec(composed("perf.dtype=fp16", "optimizer.impl=foreach"))
-    assert spec_from_dict(spec_to_dict(spec)) == spec
+    """Every kind of field comes back typed: an Enum, a nested dataclass (optimizer.roles and
+    a role), a list of Enums (tune.objective), a plain dict (optimizer.build)."""
+    spec = to_spec(
+        composed(
+            "perf.dtype=fp16",
+            "perf.attention=math",
+            "optimizer.roles.head.lr=0.5",
+            "tune.objective=[tokens_per_s,peak_memory_gib]",
+            "optimizer.build._target_=torch.optim.Adagrad",
+            "optimizer.build.foreach=true",
+        )
+    )
+    back = spec_from_dict(json.loads(json.dumps(spec_to_dict(spec))))
+    assert back == spec and back.optimizer.roles.head.lr == 0.5
+    assert back.tune.objective == [Objective.tokens_per_s, Objective.peak_memory_gib]
 
 
 @pytest.mark.parametrize(
