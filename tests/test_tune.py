@@ -31,6 +31,7 @@ from nanogpt import report
 from nanogpt.app import to_spec
 from nanogpt.configs import CONF_DIR
 from nanogpt.errors import ConfigError
+from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.store import read_result
 from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality, space
 from nanogpt.tune.objectives import objective_of
@@ -274,11 +275,15 @@ def test_quality_verdict_uses_the_baselines_spread_as_the_floor():
 def _kept(runs: list) -> dict:
     """A target point's record as the search keeps it (tune/jobs.kept), from its runs' times."""
     reached = [t for t in runs if t is not None]
+    every = len(reached) == len(runs)
+    low, high = ttl.t_interval(reached) if every else (None, None)
     record = {
         "status": "ok",
-        "time_to_loss_s": sum(reached) / len(reached) if len(reached) == len(runs) else None,
+        "time_to_loss_s": sum(reached) / len(reached) if every else None,
         "ttl_s_per_run": runs,
         "ttl_note": f"{len(reached)} of {len(runs)} reached",
+        "ttl_ci_low": low,
+        "ttl_ci_high": high,
     }
     return jobs.kept(record, Path("job"), ["time_to_loss"], {})
 
@@ -308,6 +313,8 @@ def test_with_a_target_the_quality_guard_is_time_to_loss_against_the_baselines_r
     assert not unreached["checked"] and "the baseline did not reach" in unreached["note"]
     text = answer.markdown(_answer_of(guard, entries))  # tune.md says each finalist's verdict
     assert "FLAGGED" in text and "baseline sooner p=" in text
+    # the answer's interval is the time to loss's (a target run has no tokens/s)
+    assert "| time to loss [" in text and "tokens/s" not in text
 
 
 def _answer_of(guard: dict, entries: list) -> dict:

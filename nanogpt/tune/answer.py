@@ -118,8 +118,11 @@ def _budget(budget: dict) -> str:
 
 
 def _interval(rec: dict) -> str:
+    """The point's 95 % interval: of its tokens/s, or with a target of its time to loss."""
+    if rec.get("ttl_ci_low") is not None:  # runs to a target loss (no tokens/s)
+        return f"time to loss [{rec['ttl_ci_low']:.4g}, {rec['ttl_ci_high']:.4g}] s"
     low, high = rec.get("tokens_per_s_ci_low"), rec.get("tokens_per_s_ci_high")
-    return f"[{_fmt(low)}, {_fmt(high)}]" if low is not None and high is not None else "-"
+    return f"tokens/s [{_fmt(low)}, {_fmt(high)}]" if None not in (low, high) else "-"
 
 
 def markdown(s: dict) -> str:
@@ -143,7 +146,7 @@ def markdown(s: dict) -> str:
     lines += [
         "## Ranking (finalists, each measured in fresh processes, pooled; 95 % interval)",
         "",
-        f"| rank | candidate | {' | '.join(names)} | tokens/s interval | repeats | peak GiB | "
+        f"| rank | candidate | {' | '.join(names)} | 95 % interval | repeats | peak GiB | "
         "bottleneck | quality | recommended |",
         "|---|---|" + "---|" * len(names) + "---|---|---|---|---|---|",
     ]
@@ -252,7 +255,7 @@ def closing_lines(s: dict) -> list[str]:
             for name, value in zip(s["objectives"], best["values"], strict=True)
         )
         lines = [
-            f"best ({BEST_YAML}): {' '.join(best_overrides(best))}: {figures}; tokens/s "
+            f"best ({BEST_YAML}): {' '.join(best_overrides(best))}: {figures}; "
             f"{_interval(rec)} over {rec.get('repeats') or 1} processes"
         ]
     else:

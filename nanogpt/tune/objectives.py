@@ -38,6 +38,8 @@ RECORD_FIELDS = {
     "time_to_loss": "time_to_loss_s",
     "ttl_s_per_run": "ttl_s_per_run",  # the quality guard's test with a target (tune/quality)
     "ttl_note": "ttl_note",
+    "ttl_ci_low": "ttl_ci_low",  # the answer's interval with a target (tune/answer.py)
+    "ttl_ci_high": "ttl_ci_high",
 }
 
 # name -> "maximize" | "minimize"
