@@ -12,15 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
 from nanogpt.measure import byo, byo_figures
-from nanogpt.spec import (
-    Attention,
-    DistConfig,
-    Loss,
-    ModelConfig,
-    PerfConfig,
-    RunSpec,
-    Strategy,
-)
+from nanogpt.spec import Attention, DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
 from nanogpt.validate import check_model_build
 
 
