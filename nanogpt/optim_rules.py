@@ -36,7 +36,7 @@ import re
 
 from nanogpt.errors import ConfigError
 from nanogpt.spec import OptimizerConfig, OptimizerImpl, RunSpec, Strategy
-from nanogpt.targets import check_node
+from nanogpt.targets import check_node, require_target
 
 ROLES = ("matrices", "embeddings", "head", "scalars")
 ROLE_KEYS = ROLES[1:]  # optimizer.roles.<role>; the matrices' are optimizer.lr / weight_decay
@@ -227,11 +227,7 @@ def check_build(spec: RunSpec) -> None:
     opt, build = spec.optimizer, spec.optimizer.build
     if not build:
         return
-    target = build.get("_target_")
-    if not target or not isinstance(target, str):
-        raise ConfigError(
-            "optimizer.build._target_", "is not set", "name a class: torch.optim.Adagrad"
-        )
+    require_target(build, "optimizer.build", "torch.optim.Adagrad")
     if build.get("_partial_", True) is not True:
         raise ConfigError(
             "optimizer.build._partial_",

@@ -246,6 +246,15 @@ def _parameters(func: ast.FunctionDef) -> set[str] | None:
     return {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} - {"self"}
 
 
+def require_target(node: dict, key: str, example: str) -> str:
+    """A build node's `_target_` (model.build, optimizer.build), refused in one line when it
+    is not named."""
+    target = node.get("_target_")
+    if not target or not isinstance(target, str):
+        raise ConfigError(f"{key}._target_", "is not set", f"name a class, e.g. {example}")
+    return target
+
+
 def check_node(node: dict, key: str, code_dir: str | None) -> None:
     """A target node and the nodes inside it, without importing anything: the module is there,
     it defines the name, and each key is an argument its source declares (read with ast where

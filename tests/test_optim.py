@@ -210,6 +210,9 @@ REFUSALS = {
     "optimizer.build._target_: 'torch.optim.Adagrab': module torch.optim has no Adagrab": [
         "optimizer.build._target_=torch.optim.Adagrab"
     ],
+    "optimizer.build._target_: is not set; name a class, e.g. torch.optim.Adagrad": [
+        "optimizer.build.lr_decay=0.01"
+    ],
     "optimizer.build.lr_dcay: is no argument of torch.optim.Adagrad": [
         "optimizer.build._target_=torch.optim.Adagrad",
         "optimizer.build.lr_dcay=0.01",

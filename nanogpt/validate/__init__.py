@@ -23,7 +23,7 @@ from nanogpt.optim_rules import check_optimizer
 from nanogpt.protocol import CUDA_GRAPH_MODES
 from nanogpt.spec import COMPILE_MODES, Dtype, RunSpec, Strategy
 from nanogpt.target_rules import check_target
-from nanogpt.targets import check_node
+from nanogpt.targets import check_node, require_target
 from nanogpt.validate.device import (
     check_cuda_graph_warmup,
     check_device,
@@ -139,11 +139,7 @@ def check_model_build(spec: RunSpec) -> None:
     build, code_dir = spec.model.build, spec.model.code_dir
     if not build:
         return
-    target = build.get("_target_")
-    if not target or not isinstance(target, str):
-        raise ConfigError(
-            "model.build._target_", "is not set", "name a class or factory, e.g. mymod.GPT"
-        )
+    require_target(build, "model.build", "mymod.GPT (or a factory)")
     check_node(build, "model.build", code_dir)
 
 
