@@ -10,7 +10,8 @@ Each round's run is kept in the job dir (RUNS_DIR/R.json, with the point's point
 launch it ran in) and the point's last round pools them into its result.json, as a job that ran
 them all would; until then the point has no result.json. So a resumed sweep measures what is
 missing: a kept ok run of the same point counts, and a run that was not ok ends the point's
-later rounds of the same launch only (that run's record is the point's, as in a job).
+later rounds of the same launch only (that run's record is the point's, as in a job). The
+pooled record's co_running is its last round's neighbours.
 """
 
 from __future__ import annotations
