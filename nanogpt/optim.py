@@ -237,8 +237,13 @@ def state_bytes(optimizer, params: list) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
-def role_counts(model: torch.nn.Module, vocab_size: int) -> dict[str, int]:
-    """Parameters by role (elements, not tensors): what the memory estimate counts state for."""
+def role_counts(
+    model: torch.nn.Module, vocab_size: int, groups: list[dict] | None = None
+) -> dict[str, int]:
+    """Parameters by role (elements, not tensors): what the memory estimate counts state for.
+    `groups`: the role groups already made (the trainer's), read instead of sorting again."""
+    if groups is not None:
+        return {g["role"]: sum(p.numel() for p in g["params"]) for g in groups}
     return {
         role: sum(p.numel() for p in params)
         for role, params in parameter_roles(model, vocab_size).items()

@@ -12,10 +12,13 @@ from nanogpt.optim_rules import estimated_state
 from nanogpt.spec import RunSpec
 
 
-def estimate_of(spec: RunSpec, model, world_size: int, strategy: str) -> dict:
+def estimate_of(
+    spec: RunSpec, model, world_size: int, strategy: str, groups: list[dict] | None = None
+) -> dict:
     """estimate_memory for a point: its spec's shapes and settings, `model` (a GPT, possibly on
-    the meta device) for the exact parameter counts. The one place a spec becomes the estimate's
-    arguments: the measured point (measure/setup.py) and the search's pruning (tune/fit.py)."""
+    the meta device) for the exact parameter counts (by role: `groups`, the trainer's role
+    groups, where there are some). The one place a spec becomes the estimate's arguments: the
+    measured point (measure/setup.py) and the search's pruning (tune/fit.py)."""
     perf = spec.perf
     return estimate_memory(
         n_params=model.get_num_params(non_embedding=False),
@@ -27,7 +30,7 @@ def estimate_of(spec: RunSpec, model, world_size: int, strategy: str) -> dict:
         batch_size=perf.batch_size,
         optimizer=spec.optimizer.name,
         optimizer_state_by_role=estimated_state(
-            spec.optimizer, role_counts(model, spec.model.vocab_size)
+            spec.optimizer, role_counts(model, spec.model.vocab_size, groups)
         )[0],
         dtype=perf.dtype.value,
         attention=perf.attention.value,

@@ -34,7 +34,7 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
         counts = flops.model_flops(model)
         counts["flops_per_token_counted"] = flops.counted_flops_per_token(model.config)
         counts["flops_formula"], counts["flops_source"] = flops.FORMULA, "formula"
-        estimate = estimate_of(spec, model, trainer.world.size, strategy)
+        estimate = estimate_of(spec, model, trainer.world.size, strategy, trainer.role_groups)
     fp8 = trainer.fp8_layers
     return Setup(
         device=str(trainer.device),
