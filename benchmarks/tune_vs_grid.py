@@ -233,6 +233,13 @@ def main() -> None:
         f"({figure:,.0f} tokens/s)"
     )
 
+    # the runner flags a point measured while other processes used the CPU (`contended`): its
+    # figure is then partly the other processes' doing, and so is any ranking of such points
+    busy = [r for r in records(grid_dir) + records(tune_dir) if r.get("contended")]
+    print(
+        f"contended: {len(busy)} of {grid_points + tune_points} points measured beside other "
+        "processes (the grid's and the search's)"
+    )
     print(f"load average {os.getloadavg()[0]:.2f}; re-measuring both, {opts.rounds} rounds")
     ours, theirs = remeasure(chosen, best, opts.rounds, work, window)
     print(f"chosen: {', '.join(f'{x:,.0f}' for x in ours)} tokens/s")
