@@ -21,7 +21,7 @@ from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import build_trainer
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import Combined, build_optimizer, parameter_roles, role_groups, state_bytes
-from nanogpt.results.identity import measured_config
+from nanogpt.results.identity import measured_config, point_id_of
 from nanogpt.spec import RunSpec
 
 from .conftest import sweep_refusal, with_micro
@@ -199,6 +199,10 @@ def test_a_users_optimizer_is_checked_from_its_source_and_built_as_model_build_i
     assert f"optimizer.build.scael: is no argument of {name}.Scaled" in line
     line = sweep_refusal(f"optimizer.build._target_={name}.Scald")
     assert f"optimizer.build._target_: '{name}.Scald': module {name} has no Scald" in line
+    # the point is the optimizer's code too: its source changed, a resume measures it again
+    before = point_id_of(spec)
+    (tmp_path / f"{name}.py").write_text(USER_OPTIMIZER + "\n# tuned\n")
+    assert point_id_of(spec) != before and point_id_of(spec) == point_id_of(spec_of(*build))
 
 
 REFUSALS = {

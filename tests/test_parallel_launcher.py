@@ -254,3 +254,36 @@ def test_ctrl_c_records_the_running_points_starts_no_other_and_builds_the_table(
     assert sorted(read_summary(sweep_dir)["status"]) == ["interrupted"] * 2
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive  # no slot, fork server or measuring process left behind
+
+
+@pytest.mark.slow
+@linux_only
+def test_a_point_stopped_by_sigterm_to_its_slot_stops_the_sweep(tmp_path):
+    """SIGTERM to one slot alone (an OOM killer's or an operator's): its point is recorded
+    `interrupted` and no slot starts another point, as after Ctrl-C. (Before, the slot went on
+    to the next point: the check read the job's return value, which is the objective.)"""
+    sweep_dir = tmp_path / "sweep"
+    timed = ["bench.measure_steps=100000", "bench.time_budget_s=20", "perf.batch_size=1,2"]
+    args = ["-m", PARALLEL, "hydra.launcher.slots=1", *with_micro(timed)]
+    command = [sys.executable, "-m", "nanogpt.run", *args, f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        log = sweep_dir / "0" / "run.log"
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and b"measure step" in log.read_bytes()):
+            assert time.monotonic() < deadline, "the first point never measured"
+            time.sleep(0.1)
+        (slot,) = [
+            p for p in psutil.Process(proc.pid).children() if "spawn" in " ".join(p.cmdline())
+        ]
+        slot.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, err[-2000:]
+    found = records(sweep_dir)
+    assert [r["status"] for r in found.values()] == ["interrupted"]  # point 1 never started
+    assert not (sweep_dir / "1").exists()

@@ -248,8 +248,9 @@ def test_pareto_front_and_climbers():
 
 def test_objectives_read_the_record_and_name_what_they_need():
     record = {"status": "ok", "tokens_per_s": 1000.0, "mem_peak_rss_bytes": 2**30}
+    record.update(peak_memory_bytes=2**31, peak_memory_from="rss warmup")  # as stored
     assert objectives.value(record, "tokens_per_s") == 1000.0
-    assert objectives.value(record, "peak_memory_gib") == 1.0
+    assert objectives.value(record, "peak_memory_gib") == 2.0  # the stored peak, not re-ruled
     assert objectives.value(record, "usd_per_1m_tokens", usd_per_hour=3.6) == pytest.approx(1.0)
     assert objectives.value(record, "j_per_token") is None  # no energy counter: unknown
     assert objectives.value({**record, "status": "oom"}, "tokens_per_s") is None

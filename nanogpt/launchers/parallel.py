@@ -57,6 +57,7 @@ from nanogpt.configs import expose_checkout_plugins
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm, interrupted_exit
 from nanogpt.point import placement, rounds
+from nanogpt.point.job import point_status
 from nanogpt.point.slots import check_counts, enter, gpus_for, host_cores, plan
 
 log = logging.getLogger(__name__)
@@ -157,10 +158,8 @@ class ParallelLauncher(Launcher):
         while received < len(work) and any(w.is_alive() for w in workers):
             try:
                 number, plain = done.get(timeout=0.5)
-                returns[number] = job_return = _job_return(plain)
+                returns[number] = _job_return(plain)
                 received += 1
-                if job_return.status == JobStatus.COMPLETED and plain["value"] == "interrupted":
-                    stop.set()  # a point stopped by a signal to its slot: start no other
             except queue.Empty:
                 continue
             except KeyboardInterrupt as signalled:  # Ctrl-C (the slots got it too) or SIGTERM
@@ -269,6 +268,9 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
                 job_subdir_key="hydra.sweep.subdir",
             )
             done.put((number, _plain(job_return)))
+            job_dir = Path(config.hydra.sweep.dir) / str(config.hydra.sweep.subdir)
+            if point_status(job_dir) == "interrupted":  # a signal to this slot: the sweep
+                stop.set()  # stops, no slot starts another point
     except KeyboardInterrupt:  # between points: nothing to record
         pass
     done.close()

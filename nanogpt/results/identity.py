@@ -13,8 +13,9 @@ another one, so a resume with one more of them skips the points already recorded
   bench.exclusive               what to do when another process shared the device, not what
   data.cache_dir                where the tokenized text is cached
   model.chosen_by               model=auto's explanation, not a setting
-  model.code_dir                where model.build's module was found (its source is in:
-                                model.build_source, the sha256 of the target's file)
+  model.code_dir                where model.build's and optimizer.build's modules were found
+                                (their source is in: model.build_source and
+                                optimizer.build_source, the sha256 of each target's file)
 
 `hardware` stays in: a record's mfu and mfu_achievable are divided by the peak and the
 calibration resolved when it was measured, and resolving them again for a kept record would
@@ -69,11 +70,11 @@ def measured_config(spec: RunSpec) -> dict:
         for key in keys:
             if measured[group].get(key) == defaults[group][key]:
                 del measured[group][key]
-    build = spec.model.build
-    if build.get("_target_"):
-        # The user's model is its code too: a changed source file is another point.
-        target = str(build["_target_"])
-        measured["model"]["build_source"] = source_digest(target, spec.model.code_dir)
+    # A user's model or optimizer is its code too: a changed source file is another point.
+    for group, build in (("model", spec.model.build), ("optimizer", spec.optimizer.build)):
+        if (build or {}).get("_target_"):
+            target = str(build["_target_"])
+            measured[group]["build_source"] = source_digest(target, spec.model.code_dir)
     return measured
 
 

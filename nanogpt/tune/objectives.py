@@ -27,8 +27,8 @@ RECORD_FIELDS = {
     "tokens_per_s_ci_low": "tokens_per_s_ci_low",
     "tokens_per_s_ci_high": "tokens_per_s_ci_high",
     "j_per_token": "j_per_token",
-    "peak_cuda": "mem_peak_allocated_bytes",
-    "peak_rss": "mem_peak_rss_bytes",
+    "peak": "peak_memory_bytes",  # the memory the point needs (results/derive.peak_memory)
+    "peak_from": "peak_memory_from",  # which peak that is: "cuda ...", "rss ..."
     "estimate": "mem_estimate_bytes",
     "bottleneck": "bottleneck",
     "hint": "bottleneck_hint",
@@ -58,17 +58,18 @@ def field(record: dict, name: str):
 
 
 def peak_memory_gib(record: dict) -> float | None:
-    """The peak memory the point needs (results/derive.peak_memory: the larger of warmup's
-    and the measured steps' peaks; the CUDA allocator's where there is one, else the RSS)."""
-    peak, _ = derive.peak_memory(record)
+    """The peak memory the point needs, as its record stores it (derive.peak_memory's rule,
+    applied once when the record was made: the larger of warmup's and the measured steps'
+    peaks; the CUDA allocator's where there is one, else the RSS)."""
+    peak = field(record, "peak")
     return None if peak is None else peak / GIB
 
 
 def footprint_bytes(record: dict) -> int | None:
     """What the point's training takes, to hold against a memory budget: the CUDA peak it
-    needs (derive.peak_memory) where there is one, else the analytic estimate (a CPU
+    needs (its stored peak_memory_bytes) where there is one, else the analytic estimate (a CPU
     process's RSS also holds the interpreter and torch, which no batch size changes)."""
-    peak, which = derive.peak_memory(record)
+    peak, which = field(record, "peak"), field(record, "peak_from")
     return peak if which and which.startswith("cuda") else field(record, "estimate")
 
 
