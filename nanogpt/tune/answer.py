@@ -20,6 +20,7 @@ import yaml
 
 from nanogpt.errors import ConfigError
 from nanogpt.files import write_atomic
+from nanogpt.results.display import number
 from nanogpt.tune import ladder
 from nanogpt.tune.ladder import pareto_front
 
@@ -120,7 +121,7 @@ def _budget(budget: dict) -> str:
 def _interval(rec: dict) -> str:
     """The point's 95 % interval: of its tokens/s, or with a target of its time to loss."""
     if rec.get("ttl_ci_low") is not None:  # runs to a target loss (no tokens/s)
-        return f"time to loss [{rec['ttl_ci_low']:.4g}, {rec['ttl_ci_high']:.4g}] s"
+        return f"time to loss [{number(rec['ttl_ci_low'])}, {number(rec['ttl_ci_high'])}] s"
     low, high = rec.get("tokens_per_s_ci_low"), rec.get("tokens_per_s_ci_high")
     return f"tokens/s [{_fmt(low)}, {_fmt(high)}]" if None not in (low, high) else "-"
 
@@ -167,7 +168,7 @@ def markdown(s: dict) -> str:
         refused = s["refused"].get(e["key"])
         lines.append(
             f"| {rank} | `{e['key']}` | "
-            + " | ".join(_fmt(x, ",.4g") for x in e["values"])
+            + " | ".join(number(x, 4) for x in e["values"])
             + f" | {_interval(rec)} | {rec.get('repeats') or 1} | "
             f"{_fmt(rec.get('peak_memory_gib'), '.2f')} | {_bottleneck(rec)} | {q} | "
             f"{'no: ' + refused if refused else 'yes'} |"
@@ -203,7 +204,7 @@ def _bottleneck(rec: dict) -> str:
 
 def _outcome(e: dict) -> str:
     if e["values"] is not None and not e["reason"]:
-        return ", ".join(_fmt(v, ",.4g") for v in e["values"])
+        return ", ".join(number(v, 4) for v in e["values"])
     return e["reason"] or "no figure"
 
 
@@ -251,7 +252,7 @@ def closing_lines(s: dict) -> list[str]:
     if best:
         rec = best["record"]
         figures = ", ".join(
-            f"{name} {_fmt(value, ',.4g')}"
+            f"{name} {number(value, 4)}"
             for name, value in zip(s["objectives"], best["values"], strict=True)
         )
         lines = [
