@@ -3,7 +3,8 @@
 The time_to_loss_cpu preset's two points (a 4-layer 64-wide char-level GPT on tinyshakespeare,
 AdamW 3e-3 against Muon 0.02, to validation loss 2.5), N runs each, alternated: run r of every
 point before run r + 1, so a change in the machine's load over the benchmark falls on both
-points alike (a sweep runs a point's repeats back to back). Each run is the real path of a
+points alike (as the preset's own sweep does on hydra/launcher=parallel's rounds; Hydra's basic
+launcher runs a point's repeats back to back). Each run is the real path of a
 sweep's run (point/job.run_point: a forked process, the record written to its own job dir),
 with its own seed (bench.seed + r - 1, as a sweep's repeats); the runs of a point are then
 pooled and compared by the functions the sweep table calls (results/time_to_loss.py).
