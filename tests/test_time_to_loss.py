@@ -399,6 +399,11 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     assert ttl.alternated(reached["ttl_run_times"], missed["ttl_run_times"]) is True
     assert "parallel: time to loss: 2 rounds" in proc.stdout
     assert reached["co_running"] == missed["co_running"] == []  # one slot: none side by side
+    # The console's table shows what a target sweep has: no steps (steady), no tokens/s
+    # (speedup) and nobody beside a point get no column of dashes
+    header = (sweep_dir / "summary.md").read_text().splitlines()[2]
+    assert "to_target_s" in header and "runs" in header
+    assert not {"steady", "speedup", "beside", "step_ms"} & {c.strip() for c in header.split("|")}
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])
     _the_loss_plot_draws_every_run(read_summary(sweep_dir), [reached, missed])

@@ -61,18 +61,22 @@ SHOWN = (
 
 def shown(table: pd.DataFrame, names: list[str] | None = None) -> pd.DataFrame:
     """The table as text cells: the point (`names`, else what the sweep varies), the SHOWN
-    columns that any row fills, steadiness, how many points ran beside it (parallel
-    launcher) and the speedup."""
+    columns that any row fills, how many points ran beside it (when any did: the parallel
+    launcher), steadiness and the speedup (when any row has them)."""
     out = pd.DataFrame(index=table.index)
     out["point"] = [label or "defaults" for label in names or point_labels(table)]
     for column, label, fmt in SHOWN:
         if column in table and table[column].notna().any():
             out[label] = [fmt(v) if pd.notna(v) else "-" for v in table[column]]
-    out["steady"] = [steady_text(row) + contended_text(row) for _, row in table.iterrows()]
-    if "co_running" in table and table["co_running"].map(lambda v: isinstance(v, list)).any():
+    rows = [row for _, row in table.iterrows()]
+    steady = [steady_text(row) + contended_text(row) for row in rows]
+    if "co_running" in table and table["co_running"].map(lambda v: bool(v)).any():
         beside = [len(v) if isinstance(v, list) else "-" for v in table["co_running"]]
-        out.insert(2, "beside", beside)
-    out["speedup"] = [speedup_text(row) for _, row in table.iterrows()]
+        out.insert(2, "beside", beside)  # the parallel launcher ran points side by side
+    speedup = [speedup_text(row) for row in rows]
+    for label, cells in (("steady", steady), ("speedup", speedup)):
+        if any(cell != "-" for cell in cells):  # a time-to-loss sweep has neither
+            out[label] = cells
     return out
 
 
