@@ -155,7 +155,7 @@ def test_checkpointing_wraps_the_blocks_found_and_fsdp2_without_them_is_refused(
     ):
         byo.build_user_model(spec)
     # FSDP2 shards block by block: without blocks, one line naming the key (where blocks are
-    # found it runs: tests/test_byo_fsdp2.py)
+    # found it runs: tests/test_fsdp2.py)
     spec.perf, spec.dist = PerfConfig(), DistConfig(nproc=2, strategy=Strategy.fsdp2)
     with pytest.raises(ConfigError) as err:
         byo.build_user_model(spec)
