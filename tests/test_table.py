@@ -314,6 +314,12 @@ def test_report_rebuilds_with_the_sweeps_settings_and_a_new_baseline_changes_the
 def test_a_presets_baseline_and_plots_are_kept_by_the_report(attention_sweep):
     proc, sweep_dir = attention_sweep
     built = read_summary(sweep_dir)
+    # a swept key that is also a field of what was asked: one column on disk, by its config
+    # path; read back, the swept column and the field's flat name both
+    stored = pd.read_parquet(sweep_dir / SUMMARY_PARQUET)
+    assert "perf.attention" in stored and "attention" not in stored
+    assert built["perf.attention"].tolist() == built["attention"].tolist()
+    assert sorted(built["attention"]) == sorted(set(built["attention"]))  # one point a value
     base = built.loc[built["speedup_verdict"] == "baseline", "overrides"].item()
     assert "perf.attention=manual" in base
     for png in sweep_dir.glob("*.png"):

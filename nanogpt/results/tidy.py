@@ -29,6 +29,9 @@ SUMMARY_CSV = "summary.csv"
 SUMMARY_PARQUET = "summary.parquet"
 STEPS_PARQUET = "steps.parquet"
 SUMMARY_MD = "summary.md"
+# summary.parquet's metadata (DataFrame.attrs): the swept columns that also stand for an asked
+# field ({"perf.dtype": "dtype"}), whose own column parquet_names would give the same name
+SWEPT_ASKED = "nanogpt_swept_asked"
 
 
 # summary.csv's columns after the swept keys: the figures that answer "which point, how fast,
@@ -94,22 +97,26 @@ def parquet_names(columns) -> dict[str, str]:
 
 
 def _nested(table: pd.DataFrame) -> pd.DataFrame:
-    """The table with summary.parquet's names; an asked copy of a swept key's column dropped."""
+    """The table with summary.parquet's names; an asked copy of a swept key's column dropped
+    (the file's metadata, SWEPT_ASKED, says which field each such column also stands for)."""
     names = parquet_names(table.columns)
-    copies = [c for c, n in names.items() if n != c and n in table.columns]
-    return table.drop(columns=copies).rename(columns=names)
+    copies = {c: n for c, n in names.items() if n != c and n in table.columns}
+    out = table.drop(columns=list(copies)).rename(columns=names)
+    out.attrs = {**table.attrs, SWEPT_ASKED: {n: c for c, n in copies.items()}}
+    return out
 
 
 def _flat(table: pd.DataFrame) -> pd.DataFrame:
-    """summary.parquet's table with the flat names; an asked field kept only as its swept
-    key's column comes back as a copy of it."""
+    """summary.parquet's table with the flat names; a swept key's column that also stands for
+    an asked field keeps its name and gives the field a copy."""
     from nanogpt.results.record import columns
 
+    swept = table.attrs.get(SWEPT_ASKED) or {}  # swept column -> the asked field's flat name
     flat = {nested: name for name, nested in parquet_names(columns()).items()}
-    out = table.rename(columns={c: flat[c] for c in table.columns if c in flat})
-    for nested, name in flat.items():
-        if name not in out and nested in table.columns:  # the swept key's column
-            out[name] = table[nested]
+    out = table.rename(columns={c: flat[c] for c in table.columns if c in flat and c not in swept})
+    for column, name in swept.items():
+        if column in table.columns:
+            out[name] = table[column]
     return out
 
 
