@@ -25,11 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from runner_overhead import BATCH, PROTOCOL, STEPS, WARMUP  # beside this script
+
 from nanogpt.results.store import read_result
 
 HERE = Path(__file__).resolve().parent
 SHAPE = dict(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=128)
-BATCH, WARMUP, STEPS = 8, 3, 30
 RUN_ARGS = [
     "model.build._target_=modern_gpt.GPT",
     "model.build.config._target_=modern_gpt.Config",
@@ -37,12 +38,7 @@ RUN_ARGS = [
     f"model.code_dir={HERE}",
     f"model.vocab_size={SHAPE['vocab_size']}",
     f"model.block_size={SHAPE['block_size']}",
-    f"perf.batch_size={BATCH}",
-    f"bench.warmup_steps={WARMUP}",
-    f"bench.measure_steps={STEPS}",
-    "bench.device=cpu",
-    "bench.time_budget_s=600",
-    "logger=none",
+    *PROTOCOL,  # runner_overhead.py's: the same batch, steps and budget
 ]
 
 

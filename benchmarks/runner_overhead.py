@@ -29,7 +29,8 @@ from nanogpt.spec import OptimizerConfig
 # Small enough to be quick, large enough that a step is tens of ms (overhead would show).
 MODEL = dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=4096)
 BATCH, WARMUP, STEPS = 8, 3, 30
-RUN_ARGS = [f"model.{k}={v}" for k, v in MODEL.items()] + [
+# The runner's side of a runner-vs-bare comparison (byo_overhead.py sweeps its model so too)
+PROTOCOL = [
     f"perf.batch_size={BATCH}",
     f"bench.warmup_steps={WARMUP}",
     f"bench.measure_steps={STEPS}",
@@ -37,6 +38,7 @@ RUN_ARGS = [f"model.{k}={v}" for k, v in MODEL.items()] + [
     "bench.time_budget_s=600",
     "logger=none",
 ]
+RUN_ARGS = [f"model.{k}={v}" for k, v in MODEL.items()] + PROTOCOL
 
 
 def bare_loop_tokens_per_s() -> tuple[float, float]:
