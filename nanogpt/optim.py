@@ -1,5 +1,5 @@
 """Optimizers by role: each parameter of the model belongs to one role (matrices, embeddings,
-head, scalars; nanogpt/optim_rules.py says which and what each role's defaults are), a param
+head, scalars, other; nanogpt/optim_rules.py says which and what each role's defaults are), a param
 group per role, and one object the trainer steps.
 
 - adamw, sgd: nanoGPT's configure_optimizers: weight decay on the 2-D roles only, never on
@@ -35,27 +35,34 @@ IMPL_FLAGS = {
 
 
 def parameter_roles(model: torch.nn.Module, vocab_size: int) -> dict[str, list]:
-    """The model's trainable parameters by role (optim_rules.ROLES), each once. `model.blocks`
-    holds the transformer blocks (nanoGPT's transformer.h). An embedding's weight is an
-    embedding wherever else it is used: a head tied to it is no second tensor."""
+    """The model's trainable parameters by role (optim_rules.ROLES), each once; every tensor a
+    model can hold has one. `model.blocks` holds the transformer blocks (nanoGPT's
+    transformer.h). An embedding's weight is an embedding wherever else it is used: a head tied
+    to it is no second tensor. The head is the last 2-D parameter outside the blocks with at
+    least vocab_size rows (padded past the vocabulary, as nanochat's, it is still the head)."""
     embedded = {
         id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)
     }
     in_blocks = {id(p) for p in model.blocks.parameters()}
+    trained = [p for _, p in model.named_parameters() if p.requires_grad]  # shared: named once
+    heads = [
+        p
+        for p in trained
+        if p.dim() == 2 and id(p) not in embedded | in_blocks and p.shape[0] >= vocab_size
+    ]
+    head = heads[-1] if heads else None
     roles: dict[str, list] = {role: [] for role in ROLES}
-    for name, p in model.named_parameters():  # a shared tensor is named once
-        if not p.requires_grad:
-            continue
+    for p in trained:
         if p.dim() < 2:
             roles["scalars"].append(p)
         elif id(p) in embedded:
             roles["embeddings"].append(p)
-        elif id(p) in in_blocks:
-            roles["matrices"].append(p)
-        elif p.dim() == 2 and p.shape[0] == vocab_size:
+        elif p is head:
             roles["head"].append(p)
-        else:
-            raise ValueError(f"{name} {tuple(p.shape)} is outside the blocks but not a head")
+        elif p.dim() == 2 and id(p) in in_blocks:
+            roles["matrices"].append(p)
+        else:  # a gate or a projection outside the blocks, a tensor of 3+ dimensions
+            roles["other"].append(p)
     return roles
 
 

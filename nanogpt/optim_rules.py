@@ -1,13 +1,18 @@
 """What each optimizer does with each role of parameter, decided without torch.
 
-A model's parameters fall into four roles (nanogpt/optim.py sorts them):
+A model's parameters fall into five roles (nanogpt/optim.py sorts them); no tensor a model can
+hold is refused:
 
-  matrices    the 2-D weights inside the transformer blocks (attention and MLP projections)
-  embeddings  the token and position tables; a head tied to the token table is this tensor,
-              so it is an embedding, never a matrix
-  head        the output projection when it is a tensor of its own: the 2-D parameter outside
-              the blocks whose rows are the vocabulary (model.vocab_size)
+  matrices    the 2-D weights inside the transformer blocks (attention and MLP projections):
+              the only role Muon steps (torch.optim.Muon takes 2-D tensors only)
+  embeddings  the weights of nn.Embedding modules (token, position, value embeddings); a head
+              tied to the token table is this tensor, so it is an embedding, never a matrix
+  head        the output projection when it is a tensor of its own: the last 2-D parameter
+              outside the blocks (in named_parameters order) with at least model.vocab_size rows
+              (a head padded past the vocabulary, as nanochat pads to a multiple of 64, is one)
   scalars     every parameter of fewer than 2 dimensions: LayerNorm gains and biases, biases
+  other       the rest: 2-D tensors outside the blocks that are no head (a gate, a projection
+              before the head) and tensors of 3 or more dimensions anywhere (stacked experts)
 
 The learning rate and weight decay of each role, unless optimizer.roles.<role> sets them:
 
@@ -21,6 +26,9 @@ The learning rate and weight decay of each role, unless optimizer.roles.<role> s
                                 as the built-in GPT's, takes the head's: it is the head too);
                                 scalars at 0.005 (nanochat's residual gains: scalar_lr 0.5 x
                                 0.01), not decayed (nanoGPT never decays a 1-D tensor)
+  other                         under adamw, sgd and optimizer.build the matrices' lr and weight
+                                decay; under muon the AdamW part's rate for a matrix, the
+                                head's (nanochat steps its gates and projections with AdamW)
 
 Below them, the optimizer's keys checked (`check_optimizer`, which validate/ runs). A sweep's
 own process checks every point before it measures any: these rules import no torch, so a CPU
@@ -38,7 +46,7 @@ from nanogpt.errors import ConfigError
 from nanogpt.spec import OptimizerConfig, OptimizerImpl, RunSpec, Strategy
 from nanogpt.targets import check_node, require_target
 
-ROLES = ("matrices", "embeddings", "head", "scalars")
+ROLES = ("matrices", "embeddings", "head", "scalars", "other")
 ROLE_KEYS = ROLES[1:]  # optimizer.roles.<role>; the matrices' are optimizer.lr / weight_decay
 
 # nanochat's setup_optimizer defaults for its AdamW groups at n_embd 768, and the scalars'.
@@ -84,15 +92,17 @@ def role_settings(
     for the embeddings is the head's: nanochat's embedding rate (50x the head's) would move the
     output projection too fast (on nano-1k the loss rose from 6.9 to 21 in five steps)."""
     if opt.name == "muon":
-        scale = (n_embd / NANOCHAT_WIDTH) ** -0.5
+        # a model without an nn.Embedding has no width to scale by: nanochat's rates as given
+        scale = (n_embd / NANOCHAT_WIDTH) ** -0.5 if n_embd else 1.0
         lr = {"embeddings": NANOCHAT_LR["embeddings"] * scale, "head": NANOCHAT_LR["head"] * scale}
         lr["scalars"] = NANOCHAT_LR["scalars"]
         decay = dict(NANOCHAT_WEIGHT_DECAY)
+        lr["other"], decay["other"] = lr["head"], decay["head"]
         if tied_head:
             lr["embeddings"], decay["embeddings"] = lr["head"], decay["head"]
     else:
         lr = dict.fromkeys(ROLE_KEYS, opt.lr)
-        decay = {"embeddings": opt.weight_decay, "head": opt.weight_decay, "scalars": 0.0}
+        decay = dict.fromkeys(ROLE_KEYS, opt.weight_decay) | {"scalars": 0.0}
     settings = {"matrices": {"lr": opt.lr, "weight_decay": opt.weight_decay}}
     for role in ROLE_KEYS:
         asked = getattr(opt.roles, role)

@@ -61,6 +61,8 @@ class RolesConfig:
     embeddings: RoleConfig = field(default_factory=RoleConfig)
     head: RoleConfig = field(default_factory=RoleConfig)  # an untied head only
     scalars: RoleConfig = field(default_factory=RoleConfig)  # norms, biases, gains
+    # 2-D tensors outside the blocks that are no head (gates, projections), 3-D and more anywhere
+    other: RoleConfig = field(default_factory=RoleConfig)
 
 
 @dataclass
