@@ -63,6 +63,26 @@ LOGITS_EXTRA_BYTES = {False: 7.3, True: 3.4}  # a logit beyond its compute-dtype
 #   (Inductor fuses the upcast into the loss kernels: less than one)
 
 
+def chunk_bytes(act_bytes: int, compiled: bool) -> int:
+    """Bytes a logit of one chunk holds at the chunk's peak (nanogpt/chunked_loss.py's forward).
+    Eager: the fp32 upcast z beside torch.logsumexp's temporary of its input, which ATen
+    allocates whole (logsumexp_out_impl computes exp(z - max) into a new tensor before summing):
+    4 + 4 whatever the compute dtype (the 16-bit product is freed once upcast). Compiled:
+    Inductor fuses the reduction and holds the product and its fp32 upcast, act_bytes + 4."""
+    return act_bytes + 4 if compiled else 8
+
+
+def ddp_buckets(gradient_bytes: int, world_size: int, strategy: str) -> int | None:
+    """What DistributedDataParallel's reducer holds beside the gradients, or None where no DDP
+    wraps the model (one process, or FSDP2): its buckets, flat buffers as big as every gradient
+    together, allocated when the model is wrapped and held for the run. distributed.py wraps
+    with gradient_as_bucket_view off (torch's default), so the gradients are copied into the
+    buckets for the all-reduce and back, never views of them. Every rank holds all of them."""
+    if strategy != "ddp" or world_size < 2:
+        return None
+    return gradient_bytes
+
+
 def estimate_memory(
     *,
     n_params: int,
@@ -101,10 +121,15 @@ def estimate_memory(
     Logits (b*s*vocab) take their compute dtype's bytes plus LOGITS_EXTRA_BYTES (fitted,
     above): eager, log_softmax's fp32 output and its fp32 gradient; compiled, Inductor fuses
     the upcast into the loss kernels and holds less. With
-    loss=chunked (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, in the
-    compute dtype and in fp32 (the buffer the softmax gradient is built in, eager or compiled),
-    plus the head's gradients it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32.
+    loss=chunked (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, at
+    `chunk_bytes` a logit (eager 8: the fp32 logits and logsumexp's fp32 temporary; compiled,
+    the compute dtype and fp32), plus what it keeps whole: dx (b*s*n_embd) and dW
+    (vocab*n_embd), both fp32, and under autocast the head's weight in the compute dtype.
     (So compiled, at GPT-2's width, the chunked loss can hold more than the full one.)
+    tests/test_memory_estimate.py holds the chunked term to the allocator's peak on a CPU.
+
+    With strategy=ddp over two ranks or more, each rank holds DDP's buckets beside its
+    gradients ("ddp_buckets", `ddp_buckets`: as big as the gradients; tested on torch's reducer).
 
     With strategy=fsdp2 over world_size ranks, the figures are per rank: weights, gradients and
     optimizer state are sharded (1/world_size each), and the parameters gathered for compute
@@ -127,7 +152,10 @@ def estimate_memory(
     if loss == "chunked":
         chunk = min(loss_chunk, tokens)
         logits = (
-            chunk * vocab_size * (act_bytes + 4) + 4 * tokens * n_embd + 4 * vocab_size * n_embd
+            chunk * vocab_size * chunk_bytes(act_bytes, compiled)
+            + 4 * tokens * n_embd  # dx, whole
+            + 4 * vocab_size * n_embd  # dW, fp32, whole
+            + (act_bytes * vocab_size * n_embd if act_bytes < 4 else 0)  # the head's 16-bit copy
         )
     else:
         logits = round(tokens * vocab_size * (act_bytes + LOGITS_EXTRA_BYTES[compiled]))
@@ -139,6 +167,9 @@ def estimate_memory(
         "activations": activations,
         "logits": logits,
     }
+    buckets = ddp_buckets(parts["gradients"], world_size, strategy)
+    if buckets is not None:
+        parts["ddp_buckets"] = buckets
     if strategy == "fsdp2":
         per_block = n_block_params // max(n_layer, 1)
         gathered = n_params
