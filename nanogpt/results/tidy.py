@@ -204,8 +204,15 @@ def write(
     sweep_dir: Path, table: pd.DataFrame, swept: list[str], steps: pd.DataFrame, markdown: str
 ) -> None:
     """summary.csv (the headline), summary.parquet (everything), steps.parquet and summary.md,
-    each atomically."""
+    each atomically. Without pyarrow (a GPU image lacks it: ../shared/device/README.md) the two
+    parquet files are not written and one line says so: the records and summary.csv hold the
+    figures."""
     write_atomic(sweep_dir / SUMMARY_CSV, to_csv(headline(table, swept)))
-    write_atomic(sweep_dir / SUMMARY_PARQUET, to_parquet(_nested(table)))
-    write_atomic(sweep_dir / STEPS_PARQUET, to_parquet(steps))
+    try:
+        import pyarrow  # noqa: F401 (to_parquet's engine)
+    except ImportError:
+        print(f"{SUMMARY_PARQUET}, {STEPS_PARQUET}: not written, no pyarrow (pip install pyarrow)")
+    else:
+        write_atomic(sweep_dir / SUMMARY_PARQUET, to_parquet(_nested(table)))
+        write_atomic(sweep_dir / STEPS_PARQUET, to_parquet(steps))
     write_atomic(sweep_dir / SUMMARY_MD, markdown)
