@@ -82,7 +82,7 @@ def test_fp8_where_it_cannot_run_is_one_line_before_any_point(overrides, message
     assert line.startswith("error: point 1 of 2") and " perf.fp8: " in line and message in line
 
 
-def test_an_fp8_point_is_divided_by_the_bf16_peak_and_beating_bf16_matmuls_flags_nothing():
+def test_an_fp8_point_has_no_mfu_with_the_reason_and_beating_bf16_matmuls_flags_nothing():
     import warnings
 
     from nanogpt.results import derive
@@ -90,20 +90,30 @@ def test_an_fp8_point_is_divided_by_the_bf16_peak_and_beating_bf16_matmuls_flags
     from nanogpt.results.record import Record, Setup, Timing
     from nanogpt.results.record.asked import Asked
 
-    setup = Setup(world_size=1, tokens_per_step=1000, flops_per_token=1_000_000_000)
+    setup = Setup(
+        world_size=1,
+        tokens_per_step=1000,
+        flops_per_token=1_000_000_000,
+        flops_per_token_hw=1_300_000_000,
+    )
     # 1e12 FLOP in 1 ms is 1 PFLOP/s: above the 0.8 PFLOP/s the bf16 calibration measured.
     ceilings = Ceilings(Peak(0.989e15, "datasheet"), achievable_flops=0.8e15)
 
     def point(fp8: str) -> Record:
-        asked = Asked(dtype="bf16", compile=True, activation_checkpointing=False, fp8=fp8)
+        asked = Asked(dtype="bf16", compile=True, activation_checkpointing=True, fp8=fp8)
         timing = Timing(step_ms_median=1.0, first_step_ms=1.0)
         return Record(asked=asked, setup=setup, timing=timing)
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "the FLOP count or the timing is wrong" warning
         fp8 = derive.rates(point("tensorwise"), ceilings)
-    assert fp8.peak_dtype == "bf16" and fp8.mfu == pytest.approx(1e15 / 0.989e15)
+    # torchtitan's rule since PR #2451: no MFU under float8; what was achieved stays
+    assert fp8.mfu is None and fp8.hfu is None and fp8.mfu_note == derive.FP8_NO_MFU
+    assert fp8.achieved_tflops == pytest.approx(1000.0)
     assert fp8.mfu_achievable == pytest.approx(1.25) and fp8.mfu_flag is None
+    assert "mfu" not in derive.window_rates(setup, 1.0, ceilings, fp8=True)
     with pytest.warns(UserWarning, match="mfu_flag is set"):
         bf16 = derive.rates(point("none"), ceilings)
+    assert bf16.mfu == pytest.approx(1e15 / 0.989e15) and bf16.hfu is not None
+    assert bf16.mfu_note is None and "mfu" in derive.window_rates(setup, 1.0, ceilings)
     assert bf16.mfu_flag is True  # the same figures without float8 are impossible

@@ -48,7 +48,7 @@ from nanogpt.protocol import CUDA_GRAPH_MODES, SCALE_SETTLE_STEPS, warmup_steps
 from nanogpt.results import derive, stats
 from nanogpt.results.record import Record, Setup
 from nanogpt.results.record.asked import Asked
-from nanogpt.spec import RunSpec
+from nanogpt.spec import Fp8, RunSpec
 
 
 def measure(
@@ -120,12 +120,13 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
     warmup = warmup_steps(bench.warmup_steps, _graph_mode(spec), device.type == "cuda")
     timed = bench.warmup_s > 0 or bench.measure_s > 0  # then the step count is not known
     bar = Progress(None if timed else warmup + bench.measure_steps, trainer.world.is_main)
+    fp8 = spec.perf.fp8 is not Fp8.none  # no MFU a window either (derive.FP8_NO_MFU)
 
     def emit(window: Window) -> dict:
         if window.phase == "measure":
             energy.sample()  # before close() syncs: the clocks of a device still at work
         figures = window.close()
-        figures.update(derive.window_rates(record.setup, figures["step_ms"], ceilings))
+        figures.update(derive.window_rates(record.setup, figures["step_ms"], ceilings, fp8))
         figures.update(probe.sample())
         bar.window(figures)
         for sink in sinks:

@@ -4,9 +4,8 @@ mfu_achievable, for a whole point (`rates`) and for one log window (`window_rate
     tokens/s        = tokens_per_step / step time                  (all ranks)
     achieved FLOP/s = flops_per_token x tokens per device per step / step time   (per device)
     MFU             = achieved FLOP/s / peak FLOP/s  (Chowdhery et al. 2022, "PaLM", appendix B);
-                      the peak of perf.dtype (peak_dtype): with perf.fp8 that is bf16, the
-                      dtype of the work left unconverted, as torchtitan divides float8 runs
-                      by the bf16 peak
+                      the peak of perf.dtype (peak_dtype); null with perf.fp8 (`FP8_NO_MFU`,
+                      mfu_note: no one peak describes a step of float8 and bf16 matmuls)
     HFU             = the same with the recompute of activation checkpointing counted
     mfu_achievable  = achieved FLOP/s / the best matmul this machine measured (calibration)
     tokens/s (wall) = tokens_per_step / (windows' first start to last end / their steps)
@@ -92,10 +91,23 @@ def achieved_flops(setup: Setup, step_ms: float, flops_per_token: int | None = N
     return per_token * tokens_per_device / (step_ms / 1e3)
 
 
-def window_rates(setup: Setup, step_ms: float, ceilings: Ceilings) -> dict[str, float]:
-    """tokens_per_s and (when the peak is known) mfu of one log window's median step."""
+# Why a float8 point has no MFU (rates.mfu_note). torchtitan divided float8 runs by the bf16
+# peak, then stopped reporting MFU under FP8/MX (components/metrics.py, PR #2451): the converted
+# Linears run at float8's peak (twice bf16's on Hopper), attention and the rest at bf16's, and
+# no one peak is the ceiling of that mix. The achieved FLOP/s stay the figure to compare.
+FP8_NO_MFU = (
+    "perf.fp8: no MFU (nor HFU): float8 and bf16 matmuls have different peaks and no one of "
+    "them bounds the step, as torchtitan dropped MFU under FP8; compare achieved_tflops"
+)
+
+
+def window_rates(
+    setup: Setup, step_ms: float, ceilings: Ceilings, fp8: bool = False
+) -> dict[str, float]:
+    """tokens_per_s and (when the peak is known, and not with fp8: FP8_NO_MFU) mfu of one log
+    window's median step."""
     rates = {"tokens_per_s": tokens_per_s(setup.tokens_per_step, step_ms)}
-    if ceilings.peak.flops:
+    if ceilings.peak.flops and not fp8:
         rates["mfu"] = achieved_flops(setup, step_ms) / ceilings.peak.flops
     return rates
 
@@ -125,6 +137,9 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
     # (a user's model has no recompute count: its hfu stays null, measure/byo.py)
     if peak.flops and asked.activation_checkpointing and setup.flops_per_token_hw is not None:
         out.hfu = achieved_flops(setup, step_ms, setup.flops_per_token_hw) / peak.flops
+    if fp8:
+        out.mfu = out.hfu = None
+        out.mfu_note = FP8_NO_MFU
     if asked.compile and timing.first_step_ms is not None:
         # What the first step cost beyond a steady one: compilation, autotuning, lazy init.
         out.compile_s = max(timing.first_step_ms - step_ms, 0.0) / 1e3

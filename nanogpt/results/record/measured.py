@@ -151,9 +151,10 @@ class Rates:
     achieved_tflops: float | None = None  # per device
     peak_tflops: float | None = None
     peak_source: str | None = None  # override | datasheet | cpu-estimate | calibrated | unknown
-    peak_dtype: str | None = None  # the math mode of the peak (bf16 with fp8: torchtitan's rule)
+    peak_dtype: str | None = None  # the math mode of the peak
     mfu: float | None = None
     hfu: float | None = None
+    mfu_note: str | None = None  # why mfu and hfu are null where they are (perf.fp8)
     achievable_tflops: float | None = None  # the calibrated matmul peak, when known
     mfu_achievable: float | None = None
     mfu_flag: bool | None = None  # mfu_achievable > 1: the FLOP count or the timing is wrong
