@@ -5,7 +5,6 @@ sorted without a refusal, and trained `ok` under every optimizer in one real swe
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
@@ -141,7 +140,7 @@ def test_odd_shapes_train_ok_under_every_optimizer(odd_sweep):
     for name, r in records.items():
         assert r["status"] == "ok", (name, r.get("error"))
         assert r["model"] == "odd.Model"
-    roles = json.loads(records["muon"]["optimizer_roles"])
+    roles = records["muon"]["optimizer_roles"]
     assert {role: part["tensors"] for role, part in roles.items()} == {
         "matrices": 2,
         "embeddings": 3,

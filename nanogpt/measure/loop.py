@@ -39,7 +39,12 @@ from nanogpt.measure.diagnose import run_diagnosis
 from nanogpt.measure.energy import EnergyProbe
 from nanogpt.measure.profiler import profile_steps
 from nanogpt.measure.progress import Progress
-from nanogpt.measure.setup import count_optimizer_state, describe_optimizer, describe_setup
+from nanogpt.measure.setup import (
+    count_optimizer_state,
+    count_unknown_state,
+    describe_optimizer,
+    describe_setup,
+)
 from nanogpt.measure.timing import StepTimer
 from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import Trainer, build_trainer
@@ -182,6 +187,7 @@ def _warmup(spec, trainer: Trainer, record: Record, log, bar, emit, steps: int) 
     world decide together (a collective) after the same step, as the measured steps do."""
     bench, world = spec.bench, trainer.world
     _first_step(trainer, record, log)
+    count_unknown_state(trainer, record.setup)  # a class the state table lacks: counted now
     bar.update(1)
     started = time.perf_counter()
     skipped = int(trainer.skipped_steps.item())  # a host read: warmup is not measured

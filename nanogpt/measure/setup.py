@@ -112,6 +112,23 @@ def count_optimizer_state(spec: RunSpec, trainer: Trainer, part: OptimizerPart) 
     part.optimizer_state_bytes = total
 
 
+def count_unknown_state(trainer: Trainer, setup: Setup) -> None:
+    """After the first step (torch's optimizers create their state there): an optimizer class
+    the state table lacks (optim_rules.STATE_SLOTS), whose estimate is null, has its state
+    counted from its own `optimizer.state`, with no extra step."""
+    estimate = setup.mem_estimate
+    if not estimate or estimate.get("optimizer_state") is not None:
+        return
+    # this rank's share under FSDP2 (state_bytes counts the local shards)
+    estimate["optimizer_state"] = state_bytes(
+        trainer.optimizer, list(trainer.raw_model.parameters())
+    )
+    estimate["optimizer_state_rule"] = (
+        f"counted from optimizer.state after the first warmup step "
+        f"({estimate.get('optimizer_state_rule') or 'a class the table lacks'})"
+    )
+
+
 def _inductor_cache_state() -> str:
     """'warm' when Inductor's on-disk cache already holds entries, else 'cold'. The dir is the
     one Inductor itself uses: TORCHINDUCTOR_CACHE_DIR, else its per-user default ('unknown'

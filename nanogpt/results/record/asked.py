@@ -66,7 +66,10 @@ class Asked:
                 spec.dist.reshard_after_forward if spec.dist.strategy.value == "fsdp2" else None
             ),
             optimizer=(spec.optimizer.build or {}).get("_target_") or spec.optimizer.name,
-            optimizer_impl=spec.optimizer.impl.value,
+            # from_model: the model's method picks its flags, impl is none of its
+            optimizer_impl=None
+            if spec.optimizer.name == "from_model"
+            else spec.optimizer.impl.value,
             batch_size=perf.batch_size,
             block_size=spec.model.block_size,
             grad_accum=perf.grad_accum,
