@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import traceback
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -24,9 +26,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from nanogpt.errors import ConfigError
-from nanogpt.spec import Attention, Loss, RunSpec, Strategy
+from nanogpt.spec import Attention, Dtype, Loss, RunSpec, Strategy
 from nanogpt.targets import TargetError, instantiate
 
+PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # nanogpt/
 BLOCK_NAMES = ("transformer.h", "h", "blocks", "layers", "model.layers", "transformer.layers")
 
 
@@ -95,24 +98,86 @@ def build_user_model(spec: RunSpec) -> UserModel:
         inner = instantiate(build, "model.build", spec.model.code_dir)
     except TargetError as err:
         raise ConfigError(err.key, err.problem, "see docs/models.md") from None
+    except Exception as err:  # noqa: BLE001 - the user's __init__: its own line, not ours
+        raise _raised(target, "(...)", err, "its constructor") from None
     if not isinstance(inner, nn.Module):
         raise ConfigError(
             "model.build._target_",
             f"{target} made a {type(inner).__name__}, not a torch.nn.Module",
             "name a class or factory that returns the model",
         )
+    on_meta = any(t.is_meta for t in (*inner.parameters(), *inner.buffers()))
     if callable(getattr(inner, "init_weights", None)):
-        inner.init_weights()
+        if on_meta:  # built on meta as nanochat builds (shapes first): storage, then its init
+            inner.to_empty(device="cpu")
+        try:
+            inner.init_weights()
+        except Exception as err:  # noqa: BLE001 - the user's init_weights: its own line
+            raise _raised(target, ".init_weights()", err, "its init_weights()") from None
+    elif on_meta:
+        raise ConfigError(
+            "model.build",
+            f"{target} left its parameters on the meta device and has no init_weights() to "
+            "give them values",
+            "define init_weights() (the runner calls it after to_empty), or build the model "
+            "on a real device (docs/models.md)",
+        )
+    check_forward(inner, target)
     model = UserModel(inner, spec.model.vocab_size, target)
     model.hf_cache = not spec.perf.compile
     refuse_knobs(spec, model)
     return model
 
 
+def check_forward(inner: nn.Module, target: str) -> None:
+    """nanoGPT's contract: forward(idx, targets). A forward that takes only idx (a generation
+    model, a transformers model is called its own way) is one line naming the wrapper."""
+    if _is_transformers(inner):
+        return
+    try:
+        inspect.signature(inner.forward).bind(None, None)
+    except TypeError:
+        signature = inspect.signature(inner.forward)
+        raise ConfigError(
+            "model.build",
+            f"{target}.forward{signature} does not take (idx, targets)",
+            "wrap it in a module whose forward(idx, targets) returns the loss, e.g. "
+            "F.cross_entropy(self.inner(idx).flatten(0, 1), targets.flatten()) (docs/models.md)",
+        ) from None
+    except ValueError:  # no signature to read (a C extension's): the first step will tell
+        return
+
+
+def _raised(target: str, call: str, err: Exception, part: str) -> ConfigError:
+    """The user's code raised: the error and the line of theirs it came from."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not _ours(f.filename)]
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    said = (str(err).splitlines() or [""])[0]
+    return ConfigError(
+        "model.build",
+        f"{target}{call} raised {type(err).__name__}: {said}{where}",
+        f"fix {part} where it raised, or the arguments model.build gives it",
+    )
+
+
+def _ours(filename: str) -> bool:
+    """A frame of the runner's, torch's or another installed library's, not the user's."""
+    return filename.startswith(PACKAGE_DIR) or "site-packages" in filename
+
+
 def refuse_knobs(spec: RunSpec, model: UserModel) -> None:
     """The knobs of the built-in GPT that cannot act on a model the tool did not write, and
     the batches the model cannot take."""
     perf, target = spec.perf, model.target
+    halves = [n for n, p in model.inner.named_parameters() if p.dtype is torch.float16]
+    if perf.dtype is Dtype.fp16 and halves:
+        raise ConfigError(
+            "perf.dtype",
+            f"fp16 trains with a GradScaler, which cannot unscale fp16 gradients, and {target} "
+            f"keeps {len(halves)} parameters in fp16 ({halves[0]}, ...)",
+            "keep the model's parameters in fp32 (autocast runs its matmuls in fp16), or use "
+            "perf.dtype=bf16",
+        )
     if perf.attention is Attention.manual:
         raise ConfigError(
             "perf.attention",

@@ -49,10 +49,9 @@ def flops_of(spec: RunSpec, model: UserModel) -> dict:
     }
 
 
-def _counted(spec: RunSpec) -> float | None:
-    """One forward+backward of a sequence, counted on a copy built on the meta device (shapes
-    only: no memory, no compute, no weights initialised)."""
-    seq = spec.model.block_size
+def meta_copy(spec: RunSpec) -> tuple[UserModel, torch.Tensor]:
+    """The user's model built on the meta device (shapes and dtypes only: no memory, no
+    compute, no weights initialised) and one sequence of token ids for it."""
     with torch.device("meta"):
         copy = UserModel(
             instantiate(spec.model.build, "model.build", spec.model.code_dir),
@@ -63,13 +62,19 @@ def _counted(spec: RunSpec) -> float | None:
         # several sequences packed in a row?), which a meta tensor cannot answer; with its
         # default cache it does not (byo.UserModel), and the cache adds no FLOPs.
         copy.hf_cache = True
-        idx = torch.zeros(1, seq, dtype=torch.long)
+        idx = torch.zeros(1, spec.model.block_size, dtype=torch.long)
+    return copy, idx
+
+
+def _counted(spec: RunSpec) -> float | None:
+    """One forward+backward of a sequence, counted on a meta copy."""
+    copy, idx = meta_copy(spec)
     counter = FlopCounterMode(display=False)
     with counter:
         _, loss = copy(idx, idx)
         loss.backward()
     total = counter.get_total_flops()
-    return total / seq if total else None
+    return total / idx.shape[1] if total else None
 
 
 def memory_of(

@@ -30,7 +30,7 @@ from nanogpt.distributed import World
 from nanogpt.faults import IO_EXIT, handle_sigterm
 from nanogpt.hardware import calibration
 from nanogpt.hardware.env import device_name, environment
-from nanogpt.measure import maxbatch
+from nanogpt.measure import maxbatch, observe
 from nanogpt.measure.loop import measure
 from nanogpt.point import placement
 from nanogpt.point.handoff import Handoff, write_answer
@@ -100,7 +100,10 @@ def _measure_here(handoff: Handoff, world: World) -> Record:
     if world.is_main and (hw.calibrate or hw.recalibrate):  # before the run holds memory
         if calibration.needs_calibration(device, spec.perf.dtype, force=hw.recalibrate):
             _child_calibration(handoff, device, folder)
-    ceilings = calibration.ceilings_for_run(device, spec.perf.dtype, hw.peak_tflops)
+    # a user's model may cast itself: the peak is the dtype its matmuls run in (measure/observe)
+    seen = observe.first_step(spec) if spec.model.build else None
+    dtype = seen.peak_dtype(spec.perf.dtype) if seen else spec.perf.dtype
+    ceilings = calibration.ceilings_for_run(device, dtype, hw.peak_tflops)
     sinks = []
     if world.is_main:
         sinks = wandb_sink.open_sinks(
@@ -116,6 +119,8 @@ def _measure_here(handoff: Handoff, world: World) -> Record:
         )
     record = measure(spec, device, world, ceilings, folder, sinks)
     record.setup.device_name = device_name(device)
+    if seen is not None:
+        observe.fill(record.setup, seen, world.is_main)
     record.max_batch = searched
     if not world.is_main:
         return record  # the record is rank 0's

@@ -130,7 +130,7 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
         achieved_tflops=achieved / 1e12,
         peak_tflops=peak.flops / 1e12 if peak.flops else None,
         peak_source=peak.source,
-        peak_dtype=asked.dtype,
+        peak_dtype=setup.matmul_dtype or asked.dtype,  # a self-casting model: the observed one
         mfu=achieved / peak.flops if peak.flops else None,
         ceilings=ceilings.to_dict(),  # what it was divided by, whole (a pool reads it)
     )

@@ -33,6 +33,14 @@ class Setup:
     fp8_layers: dict | None = json_only()  # {"converted": [names], "kept": [{layer, reason}]}
     optimizer_impl_used: str | None = None  # fused | foreach | for_loop: what actually steps
     host_sync_in_step: bool | None = None  # GradScaler with a non-fused optimizer reads the host
+    # A user's model's first step, observed on its meta copy (measure/observe.py): the dtype its
+    # matmuls ran in (MFU's peak is that dtype's), their calls by dtype, whether it called SDPA,
+    # and what was asked of it that acted on nothing
+    matmul_dtype: str | None = None
+    matmul_dtypes: dict | None = json_only()
+    sdpa_called: bool | None = None
+    observed_note: str | None = None
+    model_blocks: str | None = None  # a user's model: its blocks found, e.g. "layers: 2 x Block"
     inductor_cache: str | None = None  # cold | warm, with compile
     mem_estimate_bytes: int | None = None
     mem_estimate: dict | None = json_only()  # the estimate by component
