@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The first thing a GPU loan runs: one command, within 9 minutes on an H100, that checks what a
-# CPU cannot, in priority order, each part in its own time box so that a slow or hung part
-# cannot starve the rest, writing what it found as it goes.
+# The first thing a GPU loan runs: one command that brings back the figures judging the paths a
+# CPU cannot run, cold, within 9 minutes, code never run on a GPU first, each part in its own
+# time box so that a slow or hung part cannot starve the rest, writing what it found as it goes.
 #
 # A loan is short (about 15 minutes of device time, the machine's start included; 10 minutes a
 # command) and the GPU machine has no network, no ../shared, and neither Hydra, optuna, wandb,
-# torchao nor submitit (../shared/device/README.md). So, here, in the checkout, before the loan:
+# torchao, transformers nor pyarrow (../shared/device/README.md). So, here, before the loan:
 #
-#   bash benchmarks/gpu_check.sh --prepare   # fills the git-ignored .gpu/ from ../shared
+#   bash benchmarks/gpu_check.sh --prepare   # fills the git-ignored .gpu/ (wheels, tokens)
 #
 # and then, with the device tool, from the checkout's root (an ignored folder reaches the GPU
 # machine only when it is named among the paths that travel with the working tree):
@@ -15,12 +15,14 @@
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".gpu"], timeout_s=600)
 #
 # first, before any other work on that machine (docs/benchmarks.md, "Checking on a GPU").
-# What comes back under $OUT (the device tool's output folder; ./gpu_out elsewhere), rewritten
-# after every part, so a loan cut short still returns what ran:
-#   summary.md       each part: ok / FAILED / TIMED OUT, its seconds, its table or last lines
+# What comes back under $OUT (the device tool's output folder; ./gpu_out elsewhere), two files,
+# rewritten after every part, so a loan cut short still returns what ran:
+#   summary.md       each part: ok / FAILED / TIMED OUT, its seconds, then per point the figures
+#                    that judge it (benchmarks/gpu_summary.py) and the part's last lines
 #   records.tar.gz   every sweep dir (result.json, steps.csv, summary.csv, run.log) and log
 #
-#   bash benchmarks/gpu_check.sh --dry-run   # the parts, their time boxes and the total; exit 0
+#   bash benchmarks/gpu_check.sh --dry-run        # each part's box, its arithmetic, the total
+#   bash benchmarks/gpu_check.sh --summary DIR    # the per-point figures of any sweep dir
 #
 # On a machine where torch sees no CUDA device it says so in one line and exits 1. The exit is
 # non-zero when any part failed or ran out of its box. PYTHON picks the interpreter (python3).
@@ -30,116 +32,252 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-gpu_out}
 WORK=${WORK:-/tmp/gpu_check}
 SHARED=${SHARED:-../shared}
-LIMIT_S=540  # 9 minutes: a loan's 15 less the machine's start and a rerun's margin
-SETUP_S=10   # the CUDA check, the wheels installed, what imports noted
-AFTER_S=4    # each part: timeout's grace before SIGKILL (3 s), its summary and the archive
+LIMIT_S=540    # 9 minutes: a loan's 15 less the machine's start and a rerun's margin
+AFTER_S=4      # each part: timeout's grace before SIGKILL (3 s), its summary and the archive
+CARRY_MIB=64   # what may travel with the working tree (the device tool's carry), in all
 
-# The parts, most wanted first, and their boxes in seconds, from what an H100 measured
-# (../shared/device/h100-2026-11-23.md): the CUDA suite 65 s (29 tests), the README sweep 81 s
-# under the old protocol (4 points; the steady-state window now adds about 3 + 5 s a point), a
-# cold compile of GPT-2 124M about 26 s a process, a process's start (torch, CUDA) about 5 s.
-# The first loan (an H200, 2026-11-26, docs/benchmarks.md) ran the 40 CUDA tests past 85 s (38
-# done), the README sweep in 88 s, the parallel part in 37, the search in 48, fp8's and the
-# chunked loss's first points in 38 and 39, and default_gap.py past 95 s: the boxes follow, and
-# default_gap, the least needed, goes last with what is left.
-PARTS=(cuda_tests readme_sweep parallel search fp8 chunked_loss default_gap)
-declare -A BOX=(
-  [cuda_tests]=130 [readme_sweep]=100 [parallel]=40 [search]=50 [fp8]=45 [chunked_loss]=45
-  [default_gap]=90
+# --- What a box is made of, in seconds, from what a GPU measured, with no compile cache ------
+# An H100 (../shared/device/h100-2026-11-23.md) and the first loan's H200 (docs/benchmarks.md):
+START=5        # a process's start: Python, torch, the CUDA context
+SWEEP=6        # a multirun's own: Hydra composes and checks every point; the table at its end
+BUILD=2        # a point's model built, its FLOPs counted on meta, its memory estimated
+WINDOW=3       # SHORT below: bench.warmup_s=1 + bench.measure_s=2 (the windows are timed)
+POINT=$((START + BUILD + WINDOW))  # an eager point in its own process, short windows
+COLD=26        # a cold Inductor compile of GPT-2 124M, forward and backward, one process
+COLD_SMALL=12  # the same for a 4-layer model (compile time grows with the layers it unrolls)
+GRAPHS=3       # reduce-overhead: CUDA graphs recorded in warmup (3 steps, bench.warmup_steps)
+FP8_SWAP=3     # torchao imported, the Linears swapped for Float8Linear
+TF_IMPORT=6    # transformers imported (the sweep's process and the point's)
+TTL_MAX_S=10   # a time-to-loss run's bench.max_s: it stops there if the target is not reached
+PYTEST=10      # pytest's start and the collection of the suite
+TEST_S=2       # a CUDA test, on average: the H200 ran 38 in the 75 s after pytest's start, the
+#                chunked-loss test's 4 points at the default windows among them (short now)
+N_TESTS=40     # tests marked cuda (pytest -m cuda --collect-only -q, 2026-11-28)
+WHEELS_S=8     # the wheels the image lacks installed into a folder on PYTHONPATH
+MARGIN_PCT=30  # every box is its arithmetic plus at least this much
+
+SHORT=(bench.warmup_s=1 bench.measure_s=2 bench.diagnose=false)  # a path checked, not a figure
+
+# The parts, most at risk first (code no GPU has run yet), then what stays of the earlier check.
+# ARITH is each box's arithmetic, names from above; BOX = ARITH x (1 + MARGIN_PCT %), rounded up.
+PARTS=(setup muon user_model transformers reduce_overhead chunked_loss fp8 time_to_loss
+  cuda_tests readme_sweep search default_gap)
+declare -A ARITH=(
+  [setup]="START + WHEELS_S"
+  [muon]="SWEEP + 2*POINT"
+  [user_model]="SWEEP + 2*POINT + COLD_SMALL"
+  [transformers]="SWEEP + TF_IMPORT + POINT + COLD_SMALL"
+  [reduce_overhead]="SWEEP + POINT + COLD_SMALL + GRAPHS"
+  [chunked_loss]="SWEEP + 2*POINT + COLD"
+  [fp8]="SWEEP + POINT + COLD_SMALL + FP8_SWAP"
+  [time_to_loss]="SWEEP + 2*(START + BUILD + TTL_MAX_S)"
+  [cuda_tests]="PYTEST + N_TESTS*TEST_S"
+  [readme_sweep]="SWEEP + 4*(START + BUILD + 8 + 2) + 2*COLD"
+  [search]="SWEEP + 4*POINT"
+  [default_gap]="START + 4*POINT + COLD + 3*COLD_SMALL"
 )
 declare -A WHAT=(
-  [cuda_tests]="pytest -m cuda, each test at most 60 s (pytest-timeout)"
+  [setup]="the CUDA check, .gpu/'s wheels the image lacks installed, what imports noted"
+  [muon]="optimizer=muon, bf16 and fp16 (GradScaler), eager GPT-2, on hydra/launcher=parallel"
+  [user_model]="benchmarks/modern_gpt.py as model.build (RoPE, GQA), eager and compiled, bf16"
+  [transformers]="a transformers Llama (AutoModelForCausalLM.from_config), 4 layers, compiled"
+  [reduce_overhead]="perf.compile_mode=reduce-overhead, GPT-2 width, 4 layers: the CUDA-graph peak"
+  [chunked_loss]="perf.loss=chunked, GPT-2, batch 8, eager and compiled"
+  [fp8]="perf.fp8=tensorwise (torchao), GPT-2 width, 4 layers, compiled"
+  [time_to_loss]="bench.target_loss on .gpu/ttl's token file, one point, bench.repeats=2"
+  [cuda_tests]="pytest -m cuda -v, each test at most 60 s, its temp dir in the records"
   [readme_sweep]="the README sweep: perf.compile=true,false perf.dtype=bf16,fp16 (4 points)"
-  [parallel]="hydra/launcher=parallel on a bf16 sweep (2 eager points, short windows)"
   [search]="hydra/sweeper=tune, 2 candidates (bf16, fp16 eager), each finalist once"
   [default_gap]="benchmarks/default_gap.py, one round (compiled bf16, 4 points, short windows)"
-  [fp8]="+sweep=fp8's first point (n_embd 768, fp8 none; short window, no diagnosis)"
-  [chunked_loss]="+sweep=chunked_loss's first point (loss full, batch 8; the same)"
 )
+# When the boxes sum past LIMIT_S, these go, in this order, until the rest fits.
+DROP=(default_gap search readme_sweep)
+
+declare -A BOX EST
+for part in "${PARTS[@]}"; do
+  EST[$part]=$((ARITH[$part]))
+  BOX[$part]=$(((EST[$part] * (100 + MARGIN_PCT) + 99) / 100))
+done
+RUN=("${PARTS[@]}")  # what runs: PARTS less the dropped
+DROPPED=()
 total_s() {
-  local total=$SETUP_S part
-  for part in "${PARTS[@]}"; do total=$((total + BOX[$part] + AFTER_S)); done
-  echo "$total"
+  local total=0 part
+  for part in "${RUN[@]}"; do total=$((total + BOX[$part] + AFTER_S)); done
+  echo $((total - AFTER_S))  # setup has no grace: it is no timed part
 }
+for part in "${DROP[@]}"; do
+  [ "$(total_s)" -le "$LIMIT_S" ] && break
+  DROPPED+=("$part")
+  keep=()
+  for p in "${RUN[@]}"; do [ "$p" != "$part" ] && keep+=("$p"); done
+  RUN=("${keep[@]}")
+done
 
 dry_run() {
-  printf '%-13s %6s  %s\n' part box what
-  printf '%-13s %4s s  %s\n' setup "$SETUP_S" "the CUDA check, .gpu/'s wheels installed, imports noted"
-  local part total
+  local part values total
+  echo "constants (s): START=$START SWEEP=$SWEEP BUILD=$BUILD WINDOW=$WINDOW POINT=$POINT" \
+    "COLD=$COLD COLD_SMALL=$COLD_SMALL GRAPHS=$GRAPHS FP8_SWAP=$FP8_SWAP TF_IMPORT=$TF_IMPORT" \
+    "TTL_MAX_S=$TTL_MAX_S PYTEST=$PYTEST TEST_S=$TEST_S N_TESTS=$N_TESTS WHEELS_S=$WHEELS_S"
+  printf '%-16s %6s  %s\n' part box "arithmetic; what"
   for part in "${PARTS[@]}"; do
-    printf '%-13s %4s s  %s\n' "$part" "${BOX[$part]}" "${WHAT[$part]}"
+    [[ " ${DROPPED[*]} " == *" $part "* ]] && continue
+    printf '%-16s %4s s  %s = %s s, +%s %% = %s s; %s\n' "$part" "${BOX[$part]}" \
+      "${ARITH[$part]}" "${EST[$part]}" "$MARGIN_PCT" "${BOX[$part]}" "${WHAT[$part]}"
   done
+  for part in "${DROPPED[@]}"; do
+    echo "dropped: $part (${BOX[$part]} s = ${ARITH[$part]} +$MARGIN_PCT %): past $LIMIT_S s"
+  done
+  echo "not run: fsdp2 needs two GPUs (tests/test_frontier_cuda.py runs it where there are two)"
   total=$(total_s)
-  echo "each part: +$AFTER_S s (timeout's grace before SIGKILL, its summary, the archive)"
+  echo "each part after setup: +$AFTER_S s (timeout's grace before SIGKILL, its summary, the archive)"
   echo "total: $total s ($((total / 60)) min $((total % 60)) s; the limit is $LIMIT_S s)"
   [ "$total" -le "$LIMIT_S" ]
 }
 
-prepare() {  # here, beside ../shared: what the GPU machine lacks, into the ignored .gpu/
+# --- --prepare: here, beside ../shared, what the GPU machine lacks, into the ignored .gpu/ ---
+# Wheels for the image's Python 3.12 and torch 2.11, no dependencies pulled (the image has
+# numpy, requests, filelock, fsspec, pyyaml, tqdm, packaging): torchao 0.18 needs torch >= 2.11
+# (its __init__ loads its kernels from 2.11 on); transformers 4.57, the last 4.x, needs torch
+# >= 2.2 and huggingface_hub < 1 (whose 1.x pulls httpx, typer and more), tokenizers 0.22.
+# pyarrow (40-55 MB) stays home: a sweep without it writes no parquet and says so.
+WHEELS=(torchao==0.18.0 transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.1
+  safetensors==0.6.2)
+PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+  --platform manylinux2014_x86_64)
+
+prepare() {
   local wheels=$SHARED/device/wheels
   if [ ! -d "$wheels" ]; then
     echo "gpu_check --prepare: no $wheels; set SHARED to the folder holding device/wheels" >&2
     return 1
   fi
-  mkdir -p .gpu/tiktoken_cache
+  mkdir -p .gpu/tiktoken_cache .gpu/ttl
+  rm -f .gpu/pyarrow-*.whl  # an earlier --prepare's: it stays home now
   cp -f "$wheels"/*.whl .gpu/
   cp -f "$SHARED"/tiktoken_cache/* .gpu/tiktoken_cache/ 2>/dev/null
   chmod -R u+w .gpu  # ../shared's files are read-only: a second --prepare overwrites them
-  # pyarrow writes summary.parquet; the GPU image's package list does not name it (without it
-  # a sweep keeps its records and summary.csv, but its end-of-sweep table stops). 18.1 (numpy 1
-  # and 2; 40 MB, where 26's wheel is 55 MB of the 64 MiB that may travel): installed there
-  # only if the image lacks pyarrow.
-  if ! ls .gpu/pyarrow-*.whl >/dev/null 2>&1; then
-    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-      --implementation cp --platform manylinux_2_28_x86_64 -d .gpu pyarrow==18.1.0 ||
-      echo "gpu_check --prepare: no pyarrow wheel (no network?): tables need the image's own" >&2
+  if ! "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp "${PLATFORMS[@]}" -d .gpu "${WHEELS[@]}"; then
+    echo "gpu_check --prepare: pip download ${WHEELS[*]} failed (no network?)" >&2
+    return 1
   fi
+  # The time-to-loss part's tokens, generated (no data set travels): a first-order Markov
+  # chain over 64 ids where each id is followed by one of 2, so a model that learns the
+  # pairs reaches ln 2 = 0.69 from ln 64 = 4.16; the part's target is 1.5. nanoGPT's format:
+  # uint16 ids, train.bin and val.bin beside it.
+  "$PY" - .gpu/ttl <<'EOF' || return 1
+import sys
+import numpy as np
+
+rng = np.random.default_rng(0)
+successors = rng.integers(0, 64, size=(64, 2))
+for name, n in (("train.bin", 400_000), ("val.bin", 40_000)):
+    ids = np.empty(n, dtype=np.uint16)
+    ids[0] = 0
+    picks = rng.integers(0, 2, size=n)
+    for i in range(1, n):
+        ids[i] = successors[ids[i - 1], picks[i]]
+    ids.tofile(f"{sys.argv[1]}/{name}")
+EOF
   { git rev-parse HEAD 2>/dev/null || echo unknown
-    echo "$(git status --short 2>/dev/null | wc -l) paths changed since" ; } >.gpu/commit.txt
-  echo "gpu_check --prepare: $(du -sh .gpu | cut -f1) in .gpu/ ($(ls .gpu/*.whl | wc -l) wheels)"
+    echo "$(git status --short 2>/dev/null | wc -l) paths changed since"; } >.gpu/commit.txt
+  local total
+  # each wheel, the tokens and the tokenizer's files with their sizes, then the total
+  du -ab .gpu/*.whl .gpu/ttl .gpu/tiktoken_cache | grep -v '/ttl/\|/tiktoken_cache/' |
+    awk '{printf "%8.2f MiB  %s\n", $1 / 1048576, substr($2, 6)}'
+  total=$(du -sb .gpu | cut -f1)
+  echo "gpu_check --prepare: $(awk "BEGIN {printf \"%.1f\", $total / 1048576}") MiB in .gpu/" \
+    "($(ls .gpu/*.whl | wc -l) wheels); what may travel: $CARRY_MIB MiB"
+  if [ "$total" -gt $((CARRY_MIB * 1048576)) ]; then
+    echo "gpu_check --prepare: .gpu/ is past $CARRY_MIB MiB: it cannot travel; drop a wheel from WHEELS" >&2
+    return 1
+  fi
 }
 
-SHORT=(bench.warmup_s=1 bench.measure_s=2)  # for parts that check a path, not a figure
+summarize() {  # DIR: the per-point figures of a sweep dir (benchmarks/gpu_summary.py)
+  if [ ! -d "${1:-}" ]; then
+    echo "gpu_check --summary: no dir ${1:-(none given)}: --summary SWEEP_DIR" >&2
+    return 2
+  fi
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/gpu_summary.py "$1"
+}
+
+# --- the parts -------------------------------------------------------------------------------
+GPT2_4=(model=gpt2 model.n_layer=4)  # GPT-2's width, 4 layers: a compile in COLD_SMALL
+LLAMA=(  # docs/models.md's keys, sized for a GPU
+  model.build._target_=transformers.AutoModelForCausalLM.from_config
+  model.build.config._target_=transformers.LlamaConfig
+  "model.build.config.vocab_size=\${model.vocab_size}"
+  "model.build.config.max_position_embeddings=\${model.block_size}"
+  model.build.config.hidden_size=512 model.build.config.intermediate_size=1376
+  model.build.config.num_hidden_layers=4 model.build.config.num_attention_heads=8
+  model.build.config.num_key_value_heads=2 model.vocab_size=32000 model.block_size=512
+)
+MODERN=(  # benchmarks/modern_gpt.py, as a user sweeps it (benchmarks/byo_overhead.py)
+  model.build._target_=modern_gpt.GPT model.build.config._target_=modern_gpt.Config
+  model.build.config.vocab_size=32768 model.build.config.block_size=512
+  model.build.config.n_layer=4 model.build.config.n_head=8 model.build.config.n_kv_head=2
+  model.build.config.n_embd=512 model.vocab_size=32768 model.block_size=512
+)
 
 run_part() {  # PART: run by this script itself (--part), under `timeout`, in the set-up env
   case $1 in
+    muon)
+      sweep muon optimizer=muon perf.dtype=bf16,fp16 perf.compile=false \
+        hydra/launcher=parallel "${SHORT[@]}" ;;
+    user_model)
+      sweep user_model "${MODERN[@]}" "model.code_dir=$PWD/benchmarks" perf.dtype=bf16 \
+        perf.compile=false,true "${SHORT[@]}" ;;
+    transformers)
+      sweep transformers "${LLAMA[@]}" perf.dtype=bf16 perf.compile=true "${SHORT[@]}" ;;
+    reduce_overhead)
+      sweep reduce_overhead "${GPT2_4[@]}" perf.dtype=bf16 perf.compile=true \
+        perf.compile_mode=reduce-overhead "${SHORT[@]}" ;;
+    chunked_loss)
+      sweep chunked_loss model=gpt2 perf.loss=chunked perf.batch_size=8 perf.dtype=bf16 \
+        perf.compile=false,true "${SHORT[@]}" ;;
+    fp8)
+      sweep fp8 "${GPT2_4[@]}" perf.fp8=tensorwise perf.dtype=bf16 perf.compile=true "${SHORT[@]}" ;;
+    time_to_loss)
+      if [ ! -f .gpu/ttl/train.bin ]; then
+        echo "gpu_check: no .gpu/ttl/train.bin: run bash benchmarks/gpu_check.sh --prepare here first" >&2
+        return 1
+      fi
+      sweep time_to_loss data=tokens "data.path=$PWD/.gpu/ttl/train.bin" model=nano \
+        model.vocab_size=64 model.block_size=64 perf.batch_size=32 perf.dtype=bf16 \
+        perf.compile=false bench.target_loss=1.5 bench.repeats=2 bench.eval_every=25 \
+        bench.eval_batches=4 "bench.max_s=$TTL_MAX_S" bench.diagnose=false ;;
     cuda_tests)
       read -r -a limit <<<"${GPU_CHECK_TEST_TIMEOUT:-}"
-      exec "$PY" -m pytest -m cuda -q -rfEs -p no:cacheprovider "${limit[@]}" --durations=10 ;;
+      exec "$PY" -m pytest -m cuda -v -rfEs -p no:cacheprovider "${limit[@]}" --durations=10 \
+        "--basetemp=$WORK/cuda_tests" ;;
     readme_sweep) sweep readme_sweep perf.compile=true,false perf.dtype=bf16,fp16 ;;
-    parallel)
-      sweep parallel hydra/launcher=parallel perf.dtype=bf16 perf.compile=false \
-        perf.batch_size=8,12 "${SHORT[@]}" ;;
     search)
       sweep search hydra/sweeper=tune bench.device=cuda perf.compile=false \
         "perf.dtype=choice(bf16,fp16)" hydra.sweeper.n_trials=2 hydra.sweeper.finalists=2 \
-        hydra.sweeper.repeats=1 bench.diagnose=false "${SHORT[@]}" ;;
+        hydra.sweeper.repeats=1 "${SHORT[@]}" ;;
     default_gap)
       exec "$PY" benchmarks/default_gap.py --rounds 1 perf.dtype=bf16 perf.compile=true \
-        bench.diagnose=false "${SHORT[@]}" ;;
-    # Each preset's first point: its swept keys at their first values (Hydra's grid order).
-    fp8) sweep fp8 +sweep=fp8 model.n_embd=768 perf.fp8=none bench.diagnose=false "${SHORT[@]}" ;;
-    chunked_loss)
-      sweep chunked_loss +sweep=chunked_loss perf.loss=full perf.batch_size=8 \
-        bench.diagnose=false "${SHORT[@]}" ;;
+        "${SHORT[@]}" ;;
     *) echo "gpu_check: no part $1: ${PARTS[*]}" >&2; return 2 ;;
   esac
 }
 
-sweep() {  # NAME OVERRIDES...: one multirun into WORK/NAME
+sweep() {  # NAME OVERRIDES...: one multirun on CUDA into WORK/NAME
   local name=$1
   shift
   # exec: the sweep is the process `timeout` signals (SIGTERM: the point recorded `interrupted`
   # and the table built), then kills 3 s later; a shell between would die and leave it running.
-  exec "$PY" -m nanogpt.run -m logger=none "hydra.sweep.dir=$WORK/$name" "$@"
+  exec "$PY" -m nanogpt.run -m logger=none bench.device=cuda "hydra.sweep.dir=$WORK/$name" "$@"
 }
 
 case "${1:-}" in
   --dry-run) dry_run; exit $? ;;
   --prepare) prepare; exit $? ;;
+  --summary) summarize "${2:-}"; exit $? ;;
   --part) run_part "$2"; exit $? ;;
   "") ;;
-  *) echo "gpu_check: unknown argument $1: none, --dry-run or --prepare" >&2; exit 2 ;;
+  *) echo "gpu_check: unknown argument $1: none, --dry-run, --prepare or --summary DIR" >&2; exit 2 ;;
 esac
 
 # One line and exit 1 where torch sees no CUDA device (or there is no torch).
@@ -153,7 +291,8 @@ except ImportError as exc:
 if not torch.cuda.is_available():
     print(f"torch {torch.__version__} sees no CUDA device")
     sys.exit(1)
-print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda},"
+      f" {torch.cuda.device_count()} GPU(s)")
 EOF
 ); then
   echo "gpu_check: no CUDA here (${found:-$PY failed}): run it on a GPU machine (docs/benchmarks.md)" >&2
@@ -195,11 +334,12 @@ fi
 # Unbuffered: a part's log holds what it printed up to the moment its box ran out.
 export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE=disabled PYTHONUNBUFFERED=1
 [ -d .gpu/tiktoken_cache ] && export TIKTOKEN_CACHE_DIR=$PWD/.gpu/tiktoken_cache
-optional=(hydra omegaconf optuna pyarrow tiktoken pynvml pytest_timeout wandb torchao submitit)
+optional=(hydra omegaconf optuna pyarrow tiktoken pynvml pytest_timeout wandb torchao transformers submitit)
 absent=" $("$PY" -c "$IMPORTS" "${optional[@]}" | tr '\n' ' ')"
 GPU_CHECK_TEST_TIMEOUT=""
 [[ $absent == *" pytest_timeout "* ]] || GPU_CHECK_TEST_TIMEOUT="--timeout=60"
 export PY WORK GPU_CHECK_TEST_TIMEOUT
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 {
   echo "# gpu_check $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -210,56 +350,31 @@ export PY WORK GPU_CHECK_TEST_TIMEOUT
   echo "- installed from .gpu/: ${missing[*]##*/}"
   echo "- not importable after that:${absent}"
   [ -z "$GPU_CHECK_TEST_TIMEOUT" ] && echo "- no pytest-timeout: only the part's box limits a test"
+  [ "$gpus" -lt 2 ] && echo "- fsdp2: not run, it needs two GPUs and this machine has $gpus"
+  [ ${#DROPPED[@]} -gt 0 ] && echo "- dropped to fit $LIMIT_S s: ${DROPPED[*]} (--dry-run)"
   cat "$WORK/setup.txt" 2>/dev/null
   echo "- setup: $((SECONDS - started)) s"
 } >"$SUMMARY"
 
-# The documented columns of a sweep's summary.csv, as markdown (pandas alone: no tabulate there).
-COLUMNS='
-import sys
-import warnings
-import pandas as pd
-warnings.simplefilter("ignore")  # pandas on a wide frame: noise in the summary
-t = pd.read_csv(sys.argv[1])
-try:
-    from nanogpt.results.labels import point_labels
-    t.insert(0, "point", point_labels(t))
-except Exception:  # the records matter more than the labels
-    t.insert(0, "point", range(len(t)))
-for col, name in [("mem_peak_allocated_bytes", "peak_GiB"),
-                  ("mem_warmup_peak_allocated_bytes", "warmup_peak_GiB"),
-                  ("mem_estimate_bytes", "estimate_GiB")]:
-    if col in t:
-        t[name] = (t[col] / 2**30).round(2)
-cols = ["point", "status", "step_ms_median", "tokens_per_s", "mfu", "peak_GiB",
-        "warmup_peak_GiB", "mem_peak_allocated_from", "estimate_GiB", "contended", "bottleneck",
-        "wall_s", "error"]
-t = t[[c for c in cols if c in t]]
-print("| " + " | ".join(t.columns) + " |")
-print("|" + "---|" * len(t.columns))
-for row in t.itertuples(index=False):
-    print("| " + " | ".join("" if pd.isna(v) else f"{v:.4g}" if isinstance(v, float) else str(v)
-                            for v in row) + " |")
-'
-
-show() {  # NAME: what the summary keeps of a part
-  local name=$1
-  if [ -f "$WORK/$name/summary.csv" ]; then
-    "$PY" -c "$COLUMNS" "$WORK/$name/summary.csv" 2>&1
-  fi
-  [ -f "$WORK/$name/tune.md" ] && grep -A 8 "^## Ranking" "$WORK/$name/tune.md"
+show() {  # NAME: what the summary keeps of a part: each point's figures, then its last lines
+  local name=$1 dir=$WORK/$1
+  # the CUDA suite's: the chunked-loss test's sweep (pytest's temp dir is under WORK)
+  [ "$name" = cuda_tests ] && dir=$(ls -d "$WORK"/cuda_tests/test_the_chunked_loss*/sweep 2>/dev/null | head -n 1)
+  [ -n "$dir" ] && [ -d "$dir" ] && "$PY" benchmarks/gpu_summary.py "$dir" 2>&1
+  [ -f "$dir/tune.md" ] && grep -A 8 "^## Ranking" "$dir/tune.md"
   echo '```'
   grep -vE '^\s*$' "$WORK/$name.log" | tail -n 25
   echo '```'
 }
 
 archive() {  # the records so far, replaced whole (a loan cut mid-tar keeps the last one)
-  tar -czf "$OUT/records.tar.gz.tmp" -C "$WORK" --exclude=./site . 2>/dev/null &&
-    mv "$OUT/records.tar.gz.tmp" "$OUT/records.tar.gz"
+  tar -czf "$OUT/records.tar.gz.tmp" -C "$WORK" --exclude=./site --exclude='*.pt.trace.json*' . \
+    2>/dev/null && mv "$OUT/records.tar.gz.tmp" "$OUT/records.tar.gz"
 }
 
 failed=0
-for part in "${PARTS[@]}"; do
+for part in "${RUN[@]}"; do
+  [ "$part" = setup ] && continue  # done above, in this shell
   begin=$SECONDS
   timeout -k 3 "${BOX[$part]}" bash "$0" --part "$part" >"$WORK/$part.log" 2>&1
   rc=$?
@@ -269,7 +384,7 @@ for part in "${PARTS[@]}"; do
     *) status="FAILED (exit $rc)"; failed=1 ;;
   esac
   { echo
-    echo "## $part: $status in $((SECONDS - begin)) s"
+    echo "## $part: $status in $((SECONDS - begin)) s (box ${BOX[$part]} s = ${ARITH[$part]} +$MARGIN_PCT %)"
     echo "${WHAT[$part]}"
     echo
     show "$part"
