@@ -26,10 +26,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
 from nanogpt.app import check_points
-from nanogpt.configs import runs_here, sweep_points
+from nanogpt.configs import OUR_SWEEPERS, repeats_refusal, runs_here, sweep_points
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
-from nanogpt.point.job import point_status, skipped_since
+from nanogpt.point.job import Outcome, point_status
 from nanogpt.point.placement import CORUN_ENV
 from nanogpt.reporters import wandb_sink, wandb_view
 from nanogpt.results import table as sweep_table
@@ -103,6 +103,19 @@ def _a_plain_value(override: Override) -> bool:
     )
 
 
+def _refuse_runs_under_another_sweeper(config: DictConfig, points, compose) -> None:
+    """bench.repeats > 1 under a sweeper that is not this project's (Hydra's basic, Optuna,
+    Ax): refused before anything runs, each point's where they are known (basic), else the
+    sweep's own."""
+    sweeper = config.hydra.runtime.choices.get("hydra/sweeper")
+    if sweeper in OUR_SWEEPERS:
+        return
+    configs = [compose(point) for point in points] if points else [config]
+    asked = max(int(OmegaConf.select(c, "bench.repeats") or 1) for c in configs)
+    if asked > 1:
+        raise ConfigError(*repeats_refusal(sweeper, asked))
+
+
 class SweepReport(Callback):
     started: float | None = None  # when this multirun started (epoch s)
 
@@ -112,9 +125,10 @@ class SweepReport(Callback):
         logs.forget_said(Path(config.hydra.sweep.dir))
         try:
             points = sweep_points(config)
+            compose = compose_point(config)
             if points:
-                compose = compose_point(config)
                 check_points(points, config.report.baseline, runs_here(config), compose)
+            _refuse_runs_under_another_sweeper(config, points, compose)
         except ConfigError as err:
             print(f"error: {err} (nothing was measured)", file=sys.stderr)
             sys.exit(CONFIG_EXIT)
@@ -124,8 +138,13 @@ class SweepReport(Callback):
         point's status code (faults.EXIT_CODES), never 0 for a point that is not ok."""
         if job_return.status != JobStatus.COMPLETED:
             return
-        # run.main returns the objective (for Hydra's sweepers); the status is the record's
-        status = point_status(Path(config.hydra.runtime.output_dir))
+        # run.main returns the run's Outcome; under another sweeper, the objective alone (the
+        # status is then the record's)
+        value = job_return.return_value
+        if isinstance(value, Outcome):
+            status = value.status
+        else:
+            status = point_status(Path(config.hydra.runtime.output_dir))
         point = " ".join(job_return.overrides or []) or "defaults"
         multirun = config.hydra.mode == RunMode.MULTIRUN
         if status == "interrupted" and multirun and not away_from_the_sweep():
@@ -172,13 +191,7 @@ class SweepReport(Callback):
             os._exit(interrupted_exit())  # no second traceback from Hydra or the interpreter
 
     def _publish(self, config: DictConfig):
-        """Build, write and print the sweep's table (tune/publish.py); say how many points a
-        resume kept."""
+        """Build, write and print the sweep's table (tune/publish.py)."""
         sweep_dir = Path(config.hydra.sweep.dir)
-        skipped = skipped_since(sweep_dir, self.started) if self.started else 0
-        notes = [
-            f"resume: skipped {skipped} point(s) with an ok record from an earlier run "
-            "(bench.rerun=true measures them again)"
-        ]
-        sweep = publish(sweep_dir, settings_of(config), notes if skipped else [])
+        sweep = publish(sweep_dir, settings_of(config))
         return sweep_dir, sweep.table

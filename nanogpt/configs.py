@@ -104,11 +104,27 @@ def expand(overrides: list[str]) -> list[list[str]] | None:
     return [list(point) for point in itertools.product(*axes.values())]
 
 
+# This project's sweepers: they run a point's bench.repeats runs as jobs, round by round
+# (nanogpt/tune/grid.py), and take a job's Outcome back; any other sweeper gets the objective.
+OUR_SWEEPERS = ("grid", "tune")
+
+
+def repeats_refusal(sweeper: str | None, repeats: int) -> tuple[str, str, str]:
+    """The ConfigError's (key, problem, fix) for bench.repeats > 1 under another sweeper: it
+    runs a job a point, and a job is one run, so it cannot order a point's runs."""
+    return (
+        "bench.repeats",
+        f"is {repeats} but hydra/sweeper={sweeper} runs one job a point, and a job is one run",
+        "drop hydra/sweeper=... (the default, grid, runs a point's runs round by round) or set "
+        "bench.repeats=1",
+    )
+
+
 def sweep_points(config: DictConfig) -> list[list[str]] | None:
-    """Every point's overrides, as Hydra's basic sweeper will expand them (the preset's
-    hydra.sweeper.params, then the command line); None for another sweeper (Optuna, Ax, ...),
-    whose points are not known before it runs."""
-    if config.hydra.runtime.choices.get("hydra/sweeper") != "basic":
+    """Every point's overrides, as the grid sweeper (and Hydra's basic one) will expand them
+    (the preset's hydra.sweeper.params, then the command line); None for another sweeper
+    (Optuna, Ax, ...), whose points are not known before it runs."""
+    if config.hydra.runtime.choices.get("hydra/sweeper") not in ("grid", "basic"):
         return None
     params = config.hydra.sweeper.get("params") or {}
     return expand([*(f"{k}={v}" for k, v in params.items()), *config.hydra.overrides.task])

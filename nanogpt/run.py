@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from nanogpt.point.handoff import Job
+    from nanogpt.point.job import Outcome
     from nanogpt.spec import RunSpec
 
 
@@ -43,13 +44,15 @@ def job_from_hydra(cfg: DictConfig) -> Job:
     from omegaconf import OmegaConf
 
     from nanogpt.point.handoff import Job
-    from nanogpt.results.store import sweep_id
+    from nanogpt.results.store import run_number, sweep_id
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     sweep_dir = Path(hc.sweep.dir) if multirun else None
+    job_dir = Path(hc.runtime.output_dir)
     return Job(
-        job_dir=Path(hc.runtime.output_dir),
+        job_dir=job_dir,
+        run=run_number(job_dir) if multirun and ours(hc) else None,  # POINT/run-R
         overrides=list(hc.overrides.task),
         sweep_dir=sweep_dir,
         group=sweep_id(sweep_dir) if sweep_dir else None,
@@ -86,6 +89,27 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
     return dataclasses.replace(spec, bench=dataclasses.replace(spec.bench, isolate=False))
 
 
+def ours(hc) -> bool:
+    """Whether the multirun's sweeper is this project's (configs.OUR_SWEEPERS)."""
+    from nanogpt.configs import OUR_SWEEPERS
+
+    return hc.runtime.choices.get("hydra/sweeper") in OUR_SWEEPERS
+
+
+def refuse_runs_under_another_sweeper(spec: RunSpec) -> None:
+    """Under a sweeper that is not this project's (Hydra's basic, Optuna, Ax, ...) a job is one
+    run: it cannot order a point's runs with the others', so bench.repeats > 1 is refused."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from nanogpt.configs import repeats_refusal
+
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN and not ours(hc) and spec.bench.repeats > 1:
+        sweeper = hc.runtime.choices.get("hydra/sweeper")
+        raise ConfigError(*repeats_refusal(sweeper, spec.bench.repeats))
+
+
 def refuse_a_preset_without_multirun() -> None:
     """A preset (+sweep=NAME) is a list of points: run once, it would measure one default point
     and say nothing of the others (Hydra sweeps only under -m)."""
@@ -104,10 +128,14 @@ def refuse_a_preset_without_multirun() -> None:
         )
 
 
-def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
-    """Hydra's task function (hydra_main): one point, composed."""
+def main(cfg: DictConfig) -> Outcome | float | tuple[float, ...] | int:
+    """Hydra's task function (hydra_main): one run of a point, composed. Its return: the run's
+    Outcome (status, record, objective) under this project's sweepers and for a single run, the
+    objective alone under another sweeper (Optuna's, ...)."""
+    from hydra.core.hydra_config import HydraConfig
+
     from nanogpt.app import to_spec
-    from nanogpt.point.job import run_point
+    from nanogpt.point.job import run_point, run_single
 
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
     capture_warnings()  # warnings into the job's log too (conf/hydra/job_logging), one line each
@@ -118,6 +146,7 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
     try:
         refuse_a_preset_without_multirun()
         spec = to_spec(cfg)
+        refuse_runs_under_another_sweeper(spec)
         if world.size > 1:
             spec = as_rank(spec, world, by_torchrun=not by_submitit)
     except ConfigError as err:
@@ -127,7 +156,8 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
         sys.exit(CONFIG_EXIT)
     job = job_from_hydra(cfg)
     say_once_per_sweep(job.sweep_dir)  # a line every point says alike: once on the console
-    status = run_point(spec, job)
+    outcome = run_point(spec, job) if job.sweep_dir else run_single(spec, job)
+    status = outcome.status
     if world.size > 1 and status not in ("ok", "skipped"):
         # No more messages: a follower may still be stuck in a collective. Under torchrun, exit
         # non-zero so that torchrun stops them. A submitit task returns (a failed task would
@@ -138,7 +168,9 @@ def main(cfg: DictConfig) -> float | tuple[float, ...] | int:
         _release_followers(world)  # this task's one job is done
     from nanogpt.tune.objectives import objective_of
 
-    return objective_of(spec, job.job_dir)
+    outcome.objective = objective_of(spec, outcome.record)
+    hc = HydraConfig.get()
+    return outcome if job.sweep_dir is None or ours(hc) else outcome.objective
 
 
 def hydra_main() -> None:

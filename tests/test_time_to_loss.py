@@ -17,7 +17,6 @@ from nanogpt.errors import ConfigError
 from nanogpt.measure.loop import measure
 from nanogpt.measure.to_target import train_to_target
 from nanogpt.measure.trainer import build_trainer
-from nanogpt.point import rounds
 from nanogpt.reporters.loss_plot import validation_loss
 from nanogpt.reporters.plot_parts import NoData
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
@@ -26,6 +25,7 @@ from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import Record
 from nanogpt.results.record.time_to_loss import TimeToLoss
+from nanogpt.results import store
 from nanogpt.results.store import read_result
 from nanogpt.results.table import build_table
 from nanogpt.results.tidy import read_summary
@@ -319,26 +319,27 @@ def test_interleaved_runs_read_as_alternated_and_back_to_back_ones_as_blocked():
         assert table["ttl_verdict"].tolist() == ["baseline", verdict]
 
 
-def test_a_rounds_resume_keeps_the_points_ok_runs_and_a_failed_run_ends_its_launch(tmp_path):
-    """point/rounds.py's files: run R of a point kept ok counts in any later launch (a resume)
-    and only for its own point; a run that was not ok ends the point's rounds of its launch."""
-    ok, failed = _run(10.0), Record(status="error", error="boom")
-    ok.asked.point_id = failed.asked.point_id = "p1"
-    rounds.save(tmp_path, 1, ok, "launch-a")
-    rounds.save(tmp_path, 2, failed, "launch-a")
-    kept = rounds.kept(tmp_path, 1, "p1")
-    assert kept.time_to_loss.ttl_s_per_run == [10.0] and kept.status == "ok"
-    assert rounds.kept(tmp_path, 1, "p2") is None  # another point's file
-    assert rounds.kept(tmp_path, 2, "p1") is None  # not ok: measured again
-    assert rounds.ended(tmp_path, "p1", "launch-a") and not rounds.ended(tmp_path, "p1", "b")
-    assert [r.status for r in rounds.runs(tmp_path, "p1", 2)] == ["ok"]
-    monkeypatch = pytest.MonkeyPatch()
-    with monkeypatch.context() as patch:
-        patch.setenv(rounds.ROUND_ENV, "2/5/launch-a")
-        assert rounds.current(2.5) == rounds.Round(2, 5, "launch-a")
-        assert rounds.current(None) is None  # no target: every run in the job
-        patch.setenv(rounds.ROUND_ENV, "")  # a slot outside rounds
-        assert rounds.current(2.5) is None
+def test_a_points_runs_pool_into_its_row_and_a_resume_finds_each_ok_run(tmp_path):
+    """results/store.py: a point's runs (POINT/run-R) pool into its result.json (the time to
+    loss over the runs); a run that was not ok is the point's record; the resume's index finds
+    an ok run by point and run number, and an old pooled record (no run dirs) as all runs."""
+    point = tmp_path / "0"
+    for number, seconds in ((1, 10.0), (2, 12.0)):
+        record = _run(seconds)
+        record.asked.point_id = "p1"
+        store.write_record(store.run_dir(point, number), record)
+    pooled = store.pool_runs(point)
+    assert pooled.time_to_loss.ttl_s_per_run == [10.0, 12.0] and pooled.status == "ok"
+    assert read_result(point / "result.json")["ttl_note"] == "2 of 2 reached"
+    old = _run(9.0)
+    old.asked.point_id = "p2"
+    store.write_record(tmp_path / "1", old)  # a point written before runs were jobs
+    index = store.Index(tmp_path)
+    assert index.find(["p1"], 2) == (store.run_dir(point, 2), False)
+    assert index.find(["p1"], 3) is None and index.find(["p3"], 1) is None
+    assert index.find(["p2"], 4) == (tmp_path / "1", True)  # all its runs
+    store.write_record(store.run_dir(point, 3), Record(status="error", error="boom"))
+    assert store.pool_runs(point).status == "error"  # a failed run is the point's record
 
 
 # --- bad input -----------------------------------------------------------------------------
@@ -370,7 +371,8 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     """Two points, two runs each: a target the second evaluation reads (the first, before any
     step, reads about 4.17 = ln 65; after 2 steps at lr 1e-2 both seeds read below 3.92), and
     one no micro run reaches; each run its own seed, the table's figures from the runs. On
-    hydra/launcher=parallel (one slot) the runs are alternated: rounds (point/rounds.py)."""
+    hydra/launcher=parallel (one slot) the runs are alternated: the grid sweeper launches one
+    round at a time (nanogpt/tune/grid.py), each run a job of its own, POINT/run-R."""
     proc, sweep_dir = sweep(
         "hydra/launcher=parallel",
         "hydra.launcher.slots=1",
@@ -397,7 +399,8 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     (a1, a2), (b1, b2) = reached["ttl_run_times"], missed["ttl_run_times"]
     assert a1[0] < a1[1] < b1[0] < b1[1] < a2[0] < a2[1] < b2[0] < b2[1]
     assert ttl.alternated(reached["ttl_run_times"], missed["ttl_run_times"]) is True
-    assert "parallel: time to loss: 2 rounds" in proc.stdout
+    assert "grid: 2 point(s) × up to 2 runs" in proc.stdout
+    assert (sweep_dir / "1" / "run-2" / "result.json").is_file()
     assert reached["co_running"] == missed["co_running"] == []  # one slot: none side by side
     # The console's table shows what a target sweep has: no steps (steady), no tokens/s
     # (speedup) and nobody beside a point get no column of dashes

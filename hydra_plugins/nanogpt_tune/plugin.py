@@ -1,7 +1,8 @@
-"""hydra/sweeper=tune (conf/hydra/sweeper/tune.yaml): Hydra finds sweeper plugins in the
-`hydra_plugins` namespace package and instantiates only classes defined there. This class is
-the plugin's face; the search is nanogpt/tune/sweeper.py, imported when a search starts, so
-that Hydra's scan of its plugins at every start stays cheap (no Optuna import)."""
+"""hydra/sweeper=tune (conf/hydra/sweeper/tune.yaml) and hydra/sweeper=grid (the default,
+conf/hydra/sweeper/grid.yaml): Hydra finds sweeper plugins in the `hydra_plugins` namespace
+package and instantiates only classes defined there. These classes are the plugins' faces; the
+search is nanogpt/tune/sweeper.py and the grid nanogpt/tune/grid.py, imported when a sweep
+starts, so that Hydra's scan of its plugins at every start stays cheap (no Optuna import)."""
 
 from typing import Any
 
@@ -22,3 +23,20 @@ class TuneSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         return self.search.sweep(arguments)
+
+
+class GridSweeper(Sweeper):
+    """nanogpt's grid sweeper, the default (conf/config.yaml): the points' runs as jobs, round by
+    round (nanogpt/tune/grid.py)."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = settings
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        from nanogpt.tune.grid import Grid
+
+        self.grid = Grid(**self.settings)
+        self.grid.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: list[str]) -> Any:
+        return self.grid.sweep(arguments)

@@ -18,10 +18,10 @@ Ctrl-C reaches every process of the terminal's group: each slot records its poin
 `interrupted` and stops, no further point starts, and the table of what is done is built as
 after any multirun, which then exits 130 (nanogpt/callbacks.py). SIGTERM to this process alone
 is passed on to the slots. A slot holds both signals until it can handle them (a Ctrl-C while
-it starts stops it before any point). A resumed sweep skips points with an ok record, as ever.
+it starts stops it before any point). A resumed sweep skips runs with an ok record, as ever.
 
-A sweep whose every point has a target loss runs in rounds (point/rounds.py): round r enters
-every point's job to measure its run r alone, so compared points' runs alternate.
+The launcher knows no rounds: a job is one run of a point, and the sweeper (nanogpt/tune/grid.py)
+hands it one round per launch, so the points' runs alternate here as under any launcher.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import os
 import queue
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -56,14 +55,13 @@ from omegaconf import OmegaConf, open_dict
 from nanogpt.configs import expose_checkout_plugins
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm, interrupted_exit
-from nanogpt.point import placement, rounds
-from nanogpt.point.job import point_status
+from nanogpt.point import placement
+from nanogpt.point.job import Outcome
 from nanogpt.point.slots import check_counts, enter, gpus_for, host_cores, plan
 
 log = logging.getLogger(__name__)
 HELD = {signal.SIGINT, signal.SIGTERM}  # blocked in a slot until it handles them
-# What the launcher reads of each point: its device (the slots), its target and runs (rounds)
-POINT_KEYS = ("bench.device", "bench.target_loss", "bench.repeats")
+POINT_KEYS = ("bench.device",)  # what the launcher reads of each point: its device (the slots)
 
 
 class ParallelLauncher(Launcher):
@@ -84,7 +82,7 @@ class ParallelLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         values = self._values(job_overrides)
-        gpus = gpus_for([str(v[0] or "cpu") for v in values]) if self.use_gpus else []
+        gpus = gpus_for([str(v or "cpu") for v in values]) if self.use_gpus else []
         try:
             slots = plan(len(job_overrides), host_cores(), gpus, self.slots, self.cores_per_slot)
         except ConfigError as err:
@@ -99,38 +97,30 @@ class ParallelLauncher(Launcher):
         print(f"parallel: {len(slots)} slot(s): " + "; ".join(s.describe() for s in slots))
         for number, overrides in zip(numbers, job_overrides, strict=True):
             print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
-        points = list(zip(numbers, job_overrides, strict=True))
-        # Every point to a target loss: rounds (point/rounds.py), as many as the most runs a
-        # point has, run r of every point before run r + 1; else each point's runs back to back
-        count = 0 if any(v[1] is None for v in values) else max(int(v[2]) for v in values)
-        launch, work = f"{time.time():.0f}", [(n, o, None) for n, o in points]
-        if count:
-            work = [(n, o, f"{r}/{count}/{launch}") for r in range(1, count + 1) for n, o in points]
-            print(f"parallel: time to loss: {count} rounds, run r of every point before r + 1")
+        work = list(zip(numbers, job_overrides, strict=True))
         sys.stdout.flush()
         return self._run(slots, work, notes)
 
-    def _values(self, job_overrides: Sequence[Sequence[str]]) -> list[tuple]:
-        """Each point's POINT_KEYS: the sweep's own (its master config), unless the point's
-        overrides set one or choose a config group (one may set it, as a case does): such a
-        point is composed here to read them. Overrides given once, not swept, are the master's."""
+    def _values(self, job_overrides: Sequence[Sequence[str]]) -> list:
+        """Each job's device: the sweep's own (its master config), unless the job's overrides
+        set it or choose a config group (one may set it, as a case does): such a job is
+        composed here to read it. Overrides given once, not swept, are the master's."""
         given = set(self.config.hydra.overrides.task)
         parser = OverridesParser.create()
         found = []
         for overrides in job_overrides:
-            own = parser.parse_overrides([o for o in overrides if o not in given])
+            own = [o for o in overrides if o not in given and not o.startswith("hydra.")]
+            own = parser.parse_overrides(own)
             config = self.config
             if any(o.key_or_group in POINT_KEYS or "." not in o.key_or_group for o in own):
                 compose = self.hydra_context.config_loader.load_sweep_config
                 config = compose(self.config, list(overrides))
-            device, target = (OmegaConf.select(config, key) for key in POINT_KEYS[:2])
-            repeats = None if target is None else OmegaConf.select(config, POINT_KEYS[2])
-            found.append((device, target, repeats))
+            found.append(OmegaConf.select(config, POINT_KEYS[0]))
         return found
 
     def _run(self, slots, work, notes: Path) -> list[JobReturn]:
         handle_sigterm()
-        returns: dict[int, JobReturn] = {}  # a point's last round's, with rounds
+        returns: dict[int, JobReturn] = {}
         received = 0
         interrupted = False
         try:
@@ -180,8 +170,7 @@ class ParallelLauncher(Launcher):
                 file=sys.stderr,
             )
             sys.exit(interrupted_exit())
-        points = dict.fromkeys(number for number, *_ in work)  # a point once, rounds or not
-        return [returns[number] for number in points if number in returns]
+        return [returns[number] for number, _ in work if number in returns]
 
     @staticmethod
     def _stop(signalled: KeyboardInterrupt, workers: list, stop) -> bool:
@@ -253,8 +242,7 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
         enter(slot)
         os.environ[placement.CORUN_ENV] = str(notes)
         while not stop.is_set() and (item := todo.get()) is not None:
-            number, overrides, round_ = item
-            os.environ[rounds.ROUND_ENV] = round_ or ""  # which run of its point it measures
+            number, overrides = item
             config = hydra_context.config_loader.load_sweep_config(master, list(overrides))
             with open_dict(config):
                 config.hydra.job.id = f"{os.getpid()}_{number}"
@@ -268,9 +256,10 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
                 job_subdir_key="hydra.sweep.subdir",
             )
             done.put((number, _plain(job_return)))
-            job_dir = Path(config.hydra.sweep.dir) / str(config.hydra.sweep.subdir)
-            if point_status(job_dir) == "interrupted":  # a signal to this slot: the sweep
-                stop.set()  # stops, no slot starts another point
+            completed = job_return.status == JobStatus.COMPLETED
+            value = job_return.return_value if completed else None  # the run's Outcome
+            if isinstance(value, Outcome) and value.status == "interrupted":  # a signal to
+                stop.set()  # this slot: the sweep stops, no slot starts another point
     except KeyboardInterrupt:  # between points: nothing to record
         pass
     done.close()

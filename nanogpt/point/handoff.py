@@ -39,7 +39,8 @@ class Job:
     sweep_dir: Path | None = None  # set in a multirun
     group: str | None = None  # the sweep's id (its dir name)
     config: dict = field(default_factory=dict)  # the resolved config, for W&B
-    repeat: str | None = None  # "2/3" while bench.repeats measures the point again
+    repeat: str | None = None  # "2/3": which run of the point's bench.repeats this is
+    run: int | None = None  # the run this job measures (POINT/run-R: R); None outside runs
     logging: dict | None = None  # the job's logging config, resolved: the child logs there too
     supersedes: list[str] = field(default_factory=list)  # W&B runs of earlier measurements
     # The point's identity (results/identity.py), computed once by the job process (run_point)

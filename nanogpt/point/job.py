@@ -1,12 +1,22 @@
-"""One sweep point, from the Hydra job process's side: resume, launch, record.
+"""One run of a point, from the Hydra job process's side: resume, launch, record.
 
-By default the point is measured in a child process of its own: forked from the sweep's fork
+A Hydra job is one run: the sweeper (nanogpt/tune/grid.py) sets its dir, POINT/run-R, and
+orders the runs round by round (run 1 of every point, then run 2, ...). The job measures run R
+(`Job.run`) with its own seed where the point has a target loss, and writes that run's record
+once; the point's row is the pool of its runs (results/store.pool_runs). A single run
+(`python -m nanogpt.run` without -m) of a point with bench.repeats > 1 measures its runs one
+after another into RUN_DIR/run-R, pooled into RUN_DIR (`run_single`).
+
+By default the run is measured in a child process of its own: forked from the sweep's fork
 server (point/forkserver.py), or a fresh interpreter (point/process.py; torchrun for
 dist.nproc > 1); `bench.isolate=false` measures it in this process. Either way this process
-writes the record: result.json and steps.csv, atomically (results/store.py).
+writes the record: result.json and steps.csv, atomically (results/store.py), and hands it back
+in memory (`Outcome`): nothing reads the file it has just written.
 
-Ctrl-C: the point is recorded as `interrupted` (with what was measured up to then) and the job
-returns that status; the Hydra callback then stops the sweep after building its table.
+Resume: a run whose ok record is already in the sweep dir (store.Index: by point_id and run;
+an ok record of the point written before runs were jobs counts as all its runs) is kept, not
+measured (`skipped`). Ctrl-C: the run is recorded as `interrupted` (with what was measured up
+to then) and the job returns that status; the sweep then stops after building its table.
 """
 
 from __future__ import annotations
@@ -14,84 +24,101 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanogpt.distributed import World
-from nanogpt.files import read_json, write_atomic, write_json
-from nanogpt.point import forkserver, placement, rounds
+from nanogpt.point import forkserver, placement
 from nanogpt.point.handoff import Handoff, Job
 from nanogpt.point.process import run_child
 from nanogpt.reporters import wandb_point
 from nanogpt.results import store
-from nanogpt.results.figures import derive_point
-from nanogpt.results.identity import point_id_of
+from nanogpt.results.identity import legacy_point_id_of, point_id_of
 from nanogpt.results.record import Record
+from nanogpt.results.swept import point_key
 from nanogpt.spec import RunSpec
 
 log = logging.getLogger(__name__)
-SKIPPED_FILE = "skipped.json"  # this job kept an earlier ok record: where from, and when
 
 
-def run_point(spec: RunSpec, job: Job) -> str:
-    """Measure a point (or skip it when an ok record exists), write its record; its status."""
-    pid = point_id_of(spec)  # once per point: carried in the Job to the worker and the record
+@dataclass
+class Outcome:
+    """What a run's job hands back (Hydra's JobReturn.return_value under this project's
+    sweepers): its status (`skipped`: an ok record kept), its record (flat, without its steps)
+    and the objective for a search (set by run.main)."""
+
+    status: str
+    record: dict = field(default_factory=dict)
+    objective: float | tuple | None = None
+
+
+def run_point(spec: RunSpec, job: Job) -> Outcome:
+    """Measure run `job.run` of a point (or keep its ok record), write its record; its Outcome."""
+    pid = point_id_of(spec)  # once per run: carried in the Job to the worker and the record
     job = dataclasses.replace(job, point_id=pid)
+    number = job.run or 1
     if job.sweep_dir:
-        store.move_other_point(job.sweep_dir, job.job_dir, pid, job.overrides)
-    if job.sweep_dir and not spec.bench.rerun:
-        done = store.find_ok(job.sweep_dir, pid, job.overrides)
-        if done is not None:
-            log.info(
-                "[skip] %s: ok record in %s (bench.rerun=true measures it again)", job.name, done
-            )
-            _keep_record(done, job.job_dir)
-            return "skipped"
+        point_dir = job.job_dir.parent if job.run else job.job_dir
+        store.move_other_point(job.sweep_dir, point_dir, pid, job.overrides)
+        if not spec.bench.rerun:
+            kept = _kept(spec, job, number)
+            if kept is not None:
+                return Outcome("skipped", kept)
     job.job_dir.mkdir(parents=True, exist_ok=True)
-    (job.job_dir / SKIPPED_FILE).unlink(missing_ok=True)  # from an earlier run of the sweep
-    count = spec.bench.repeats
-    # hydra/launcher=parallel's round of a time-to-loss sweep: this job measures run R alone
-    round_ = rounds.current(spec.bench.target_loss)
-    if round_ and (round_.number > count or rounds.ended(job.job_dir, pid, round_.launch)):
-        return point_status(job.job_dir)  # its runs are done, or one was not ok
-    # Measured again (a resume, bench.rerun): its new W&B runs supersede those in its dir.
-    if round_ is None or round_.number == 1:  # (a later round's are this point's own runs)
-        job = dataclasses.replace(job, supersedes=wandb_point.earlier_runs(job.job_dir))
-    handoff = Handoff("point", spec, job)
-    beside = placement.Beside(job.name, job.job_dir.name)
+    if job.run and spec.bench.repeats > 1:
+        job = dataclasses.replace(job, repeat=f"{number}/{spec.bench.repeats}")
+    # Measured again (a resume, bench.rerun): its new W&B run supersedes those in its dir.
+    job = dataclasses.replace(job, supersedes=wandb_point.earlier_runs(job.job_dir))
+    where = job.job_dir.relative_to(job.sweep_dir) if job.sweep_dir else Path(job.job_dir.name)
+    beside = placement.Beside(job.name, "_".join(where.parts))
     started = time.perf_counter()
-    measured = []
-    for number in [round_.number] if round_ else range(1, count + 1):  # each a fresh process
-        repeat = dataclasses.replace(job, repeat=f"{number}/{count}") if count > 1 else job
-        keep = round_ and not spec.bench.rerun and rounds.kept(job.job_dir, number, pid)
-        measured.append(
-            keep
-            or _measure_once(dataclasses.replace(handoff, spec=_seeded(spec, number), job=repeat))
-        )
-        if round_:  # kept for the point's last round, with this round's wall time
-            measured[-1].wall_s = measured[-1].wall_s if keep else time.perf_counter() - started
-            rounds.save(job.job_dir, number, measured[-1], round_.launch)
-        if measured[-1].status != "ok":
-            break  # a failed repeat is the point's record
-    if round_ and measured[-1].status == "ok":
-        if round_.number < count:
-            beside.end()  # this round's note ends (a neighbour reads it); its record is later
-            return "ok"  # the point's record is written at its last round
-        measured = rounds.runs(job.job_dir, pid, count) or measured
-    record = measured[-1]
-    if len(measured) > 1 and record.status == "ok":
-        record = derive_point(measured, spec.bench.measure_s)  # the pool's figures
-    record.wall_s = (
-        sum(r.wall_s or 0 for r in measured) if round_ else time.perf_counter() - started
-    )
+    record = _measure_once(Handoff("point", _seeded(spec, number), job))
+    record.wall_s = time.perf_counter() - started
     record.setup.co_running = beside.end()
     store.write_record(job.job_dir, record)
+    result = record.to_dict()
+    if job.sweep_dir:
+        store.index(job.sweep_dir).add(job.job_dir, result)
     log.info(summary_line(record))
-    return record.status
+    return Outcome(record.status, result)
+
+
+def _kept(spec: RunSpec, job: Job, number: int) -> dict | None:
+    """The ok record of this run kept from an earlier run of the sweep (copied into this job's
+    dir when it lies elsewhere: a resumed sweep whose list of points changed), or None."""
+    keys = [job.point_id, legacy_point_id_of(spec), "overrides:" + point_key(job.overrides)]
+    found = store.index(job.sweep_dir).find(keys, number)
+    if found is None:
+        return None
+    where, pooled = found
+    if pooled:  # one pooled record, written before runs were jobs: all the point's runs
+        point_dir = job.job_dir.parent if job.run else job.job_dir
+        record = store.copy_record(where, point_dir)
+        log.info("[skip] %s: ok pooled record in %s (all its runs)", job.name, where)
+        return record
+    log.info("[skip] %s: ok record in %s (bench.rerun=true measures it again)", job.name, where)
+    return store.copy_record(where, job.job_dir)
+
+
+def run_single(spec: RunSpec, job: Job) -> Outcome:
+    """A single run (no sweep) of a point with bench.repeats runs: each measured in turn into
+    JOB_DIR/run-R, then pooled into JOB_DIR, as a sweep's point is; with one run, JOB_DIR."""
+    if spec.bench.repeats <= 1:
+        return run_point(spec, job)
+    outcomes = []
+    for number in range(1, spec.bench.repeats + 1):
+        run = dataclasses.replace(job, job_dir=store.run_dir(job.job_dir, number), run=number)
+        outcomes.append(run_point(spec, run))
+        if outcomes[-1].status not in ("ok", "skipped"):
+            break  # a failed run is the point's record
+    record = store.pool_runs(job.job_dir)
+    status = record.status if record else outcomes[-1].status
+    return Outcome(status, record.to_dict() if record else outcomes[-1].record)
 
 
 def _seeded(spec: RunSpec, number: int) -> RunSpec:
     """A time-to-loss run's spec: its own seed (bench.seed + number - 1: the model's init and
-    the batches' draw), as a run of a distribution over seeds. A throughput repeat keeps it."""
+    the batches' draw), as a run of a distribution over seeds. A throughput run keeps it."""
     if spec.bench.target_loss is None or number == 1:
         return spec
     bench = dataclasses.replace(spec.bench, seed=spec.bench.seed + number - 1)
@@ -169,41 +196,11 @@ def record_ended_outside(
     return status
 
 
-def _keep_record(done: Path, job_dir: Path) -> None:
-    """The ok record of a resumed point, copied into this job's dir if it lives elsewhere.
-
-    Hydra numbers job dirs by position in the sweep, so when a resumed sweep's list of points
-    changed, the record may sit in a dir that a later job of this sweep reuses and overwrites.
-    """
-    record = store.read_result(done / store.RESULT_FILE)
-    if done.resolve() != job_dir.resolve():
-        steps = done / store.STEPS_FILE
-        if steps.is_file():
-            write_atomic(job_dir / store.STEPS_FILE, steps.read_text(encoding="utf-8"))
-        store.write_result(job_dir, {**record, "job_dir": str(job_dir)})
-    write_json(job_dir / SKIPPED_FILE, {"kept_from": str(done), "at": time.time()})
-
-
 def point_status(job_dir: Path) -> str:
-    """The status of the point recorded in job_dir: `skipped` for a kept earlier record,
-    `error` where no record was written."""
+    """The status of the run recorded in job_dir (`error` where no record was written): what a
+    sweeper that is not this project's leaves the callback to read, as it gets the objective."""
     record = store.read_result(job_dir / store.RESULT_FILE)
-    if record is None:
-        return "error"
-    marker = read_json(job_dir / SKIPPED_FILE)
-    if record.get("status") == "ok" and isinstance(marker, dict):
-        return "skipped"
-    return record["status"]
-
-
-def skipped_since(sweep_dir: Path, since: float) -> int:
-    """How many jobs below sweep_dir kept an earlier ok record at or after `since` (epoch s)."""
-    count = 0
-    for marker in sweep_dir.rglob(SKIPPED_FILE):
-        data = read_json(marker)  # None when unreadable: not written by this run (atomic writes)
-        at = data.get("at") if isinstance(data, dict) else None
-        count += isinstance(at, int | float) and at >= since
-    return count
+    return "error" if record is None else record["status"]
 
 
 def summary_line(record: Record) -> str:

@@ -21,7 +21,9 @@ another one, so a resume with one more of them skips the points already recorded
 calibration resolved when it was measured, and resolving them again for a kept record would
 take the calibration cache (or a calibration) in the job process, which must not touch CUDA
 before a fork (point/forkserver.py). `hardware.recalibrate` counts as `hardware.calibrate`.
-`bench.repeats` stays in: the pooled figures and their interval depend on it.
+`bench.repeats` is out: it says how many runs the point has, not what one run measures, so a
+resume with more runs keeps the ok ones and measures the rest. A record written while it was in
+(one pooled result.json a point) is found by `legacy_point_id_of`.
 
 The resolved keys are recorded in result.json as `measured_config`, their digest as `point_id`.
 """
@@ -38,7 +40,7 @@ MEASURED_GROUPS = ("model", "optimizer", "perf", "data", "bench", "dist", "hardw
 NOT_MEASURED = {
     "model": ("chosen_by", "code_dir"),
     "data": ("cache_dir",),
-    "bench": ("rerun", "exclusive"),
+    "bench": ("rerun", "exclusive", "repeats"),
     "hardware": ("recalibrate",),
 }
 ALSO_MEASURED = {"logger": ("log_interval",)}
@@ -93,3 +95,10 @@ def point_id(measured: dict) -> str:
 
 def point_id_of(spec: RunSpec) -> str:
     return point_id(measured_config(spec))
+
+
+def legacy_point_id_of(spec: RunSpec) -> str:
+    """The point_id a pooled record written before runs were jobs has: bench.repeats in."""
+    measured = measured_config(spec)
+    measured["bench"]["repeats"] = spec.bench.repeats
+    return point_id(measured)

@@ -36,9 +36,11 @@ class ReportError(Exception):
 
 
 def load_records(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
-    """Readable records, one per point (the newest ok one wins), and the unreadable files. A
-    record moved aside (SWEEP_DIR/moved/: a resumed sweep whose points changed) is no row: the
-    table is the sweep's current points."""
+    """Readable records, one per point (the newest ok one wins), and the unreadable files. Each
+    point's runs are pooled first (store.pool_sweep: POINT/result.json). A record moved aside
+    (SWEEP_DIR/moved/: a resumed sweep whose points changed) is no row: the table is the
+    sweep's current points."""
+    store.pool_sweep(sweep_dir)
     by_point: dict[str, dict] = {}
     unreadable = []
     for path, record in store.iter_records(sweep_dir, moved=False):

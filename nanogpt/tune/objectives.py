@@ -8,11 +8,10 @@ value: infeasible for the search, with the reason).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanogpt.errors import ConfigError
-from nanogpt.results import derive, store
+from nanogpt.results import derive
 
 if TYPE_CHECKING:
     from nanogpt.spec import RunSpec
@@ -131,12 +130,10 @@ def check(names: list[str], prices: dict, target_loss: float | None) -> None:
             raise ConfigError("tune.objective", f"{name} cannot be computed", why)
 
 
-def objective_of(spec: RunSpec, job_dir: Path) -> float | tuple[float, ...]:
-    """The point's tune.objective from its record (a resumed point: its recorded figures): a
-    float, or a tuple for several; NaN where the point failed or the figure is unknown, which
-    Hydra's sweepers (Optuna's, Nevergrad's) take as a failed trial. The status itself is in
-    the record (callbacks.py reads it there for the exit code)."""
-    record = store.read_result(job_dir / store.RESULT_FILE) or {}
+def objective_of(spec: RunSpec, record: dict) -> float | tuple[float, ...]:
+    """The run's tune.objective from its record (flat; a kept run: its recorded figures): a
+    float, or a tuple for several; NaN where the run failed or the figure is unknown, which
+    Hydra's sweepers (Optuna's, Nevergrad's) take as a failed trial."""
     prices = {"usd_per_hour": spec.cost.usd_per_hour, "usd_per_kwh": spec.cost.usd_per_kwh}
     names = [o.value for o in spec.tune.objective]
     found = [value(record, name, **prices) for name in names]

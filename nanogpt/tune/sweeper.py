@@ -13,7 +13,8 @@ only); the search itself is here, and its plain logic in nanogpt/tune/ (docs/tun
                 candidate is told to Optuna as infeasible (a constraint), never a failed search.
   2. full       the `leaders` best probes, measured with the configured protocol (left out
                 when every leader is a finalist)
-  3. repeats    the `finalists` best of those, in `repeats` fresh processes, pooled
+  3. repeats    the `finalists` best of those, `repeats` runs each (a job each, the finalists'
+                runs round by round: tune/grid.run_rounds), pooled
   4. quality    with real data: each finalist's loss against the baseline's (tune/quality.py)
   5. answer     best.yaml, tune.md, tune.json and a plot in the sweep dir (tune/answer.py)
 
@@ -35,7 +36,6 @@ from typing import Any, NoReturn
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobStatus
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -46,6 +46,7 @@ from nanogpt.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.results import store
 from nanogpt.results.swept import point_key  # a candidate's identity: its overrides, sorted
 from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality, space
+from nanogpt.tune.grid import Point, run_rounds
 from nanogpt.tune.publish import publish, settings_of
 from nanogpt.tune.space import as_overrides, merged, values_of
 
@@ -106,7 +107,7 @@ class Search:
         the trial stays open (a resume asks it first). As a grid: the table, one line, 130."""
         sweep_dir = Path(self.config.hydra.sweep.dir)
         with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: no table (nanogpt.report)
-            if any(sweep_dir.glob(f"*/{store.RESULT_FILE}")):  # as the multirun's end does
+            if any(sweep_dir.rglob(store.RESULT_FILE)):  # as the multirun's end does
                 publish(sweep_dir, settings_of(self.config))
         resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
         line = f"interrupted at {self.doing}; {resume} (the study and the ok points are kept)"
@@ -135,6 +136,7 @@ class Search:
         if self.budget.bytes is None:
             print(fit.unknown_line(self.budget), file=sys.stderr)
         self.returns: list = []
+        self.launched = 0  # jobs launched so far: the next one's number
 
         probes = self._probe_rung(distributions, ladder.grid_size(dims))
         if not any(e.feasible for e in probes):
@@ -146,10 +148,8 @@ class Search:
             finalists = ladder.climbers(full, self.directions, self.finalists)
         else:  # every leader is a finalist: one process each would decide nothing
             full, finalists = [], leaders
-        repeated = [
-            self._measure(e.overrides, "repeats", [f"bench.repeats={self.repeats}"])
-            for e in finalists
-        ]
+        repeats = [f"bench.repeats={self.repeats}"]  # the finalists' runs, round by round
+        repeated = self._measure_all([e.overrides for e in finalists], "repeats", repeats)
         guard = self._quality(repeated)
         answer.write(self.sweep_dir, self._summary(probes, full, repeated, guard, dims))
         return self.returns
@@ -245,23 +245,55 @@ class Search:
     def _measure(
         self, params: list[str], rung: str, extra: list[str], trial: int | None = None
     ) -> ladder.Entry:
-        """Run one point (the runner skips one already recorded ok) and read its record."""
-        record = self._launch(merged(self.fixed, params, extra), f"{rung} {point_key(params)}")
-        entry = ladder.Entry(
-            key=point_key(params), overrides=params, rung=rung, trial=trial, record=record
-        )
-        return ladder.judged(entry, self.names)
+        """Run one candidate (the runner keeps a run already recorded ok) and judge it."""
+        [entry] = self._measure_all([params], rung, extra, trial)
+        return entry
+
+    def _measure_all(
+        self, candidates: list[list[str]], rung: str, extra: list[str], trial: int | None = None
+    ) -> list[ladder.Entry]:
+        """Run candidates together, their runs round by round (tune/grid.run_rounds)."""
+        work = [(merged(self.fixed, p, extra), f"{rung} {point_key(p)}") for p in candidates]
+        records = self._launch_all(work)
+        return [
+            ladder.judged(
+                ladder.Entry(key=point_key(p), overrides=p, rung=rung, trial=trial, record=r),
+                self.names,
+            )
+            for p, r in zip(candidates, records, strict=True)
+        ]
 
     def _launch(self, overrides: list[str], key: str) -> dict:
-        self.doing = key
-        number = self.jobs.of(key)
-        [ret] = self.launcher.launch([overrides], initial_job_idx=number)
-        self.returns.append([ret])
-        job_dir = Path(ret.hydra_cfg.hydra.runtime.output_dir)
-        record = store.read_result(job_dir / store.RESULT_FILE) or {}
-        if ret.status != JobStatus.COMPLETED and not record:
-            record = {"status": "error", "error": str(ret._return_value)}
-        return jobs.kept(record, job_dir, self.names, self.prices)
+        [record] = self._launch_all([(overrides, key)])
+        return record
+
+    def _launch_all(self, work: list[tuple[list[str], str]]) -> list[dict]:
+        """Launch (overrides, key) points, each in the dir its key keeps (tune/jobs.py), their
+        runs round by round; what the search keeps of each point's record (pooled from its
+        runs: results/store.pool_runs)."""
+        self.doing = "; ".join(key for _, key in work)
+        points = [
+            Point(self.jobs.of(key), overrides, self._runs(overrides)) for overrides, key in work
+        ]
+        done = run_rounds(self.launcher, points, first_job=self.launched)
+        self.launched += sum(len(returns) for returns in done.returns)
+        self.returns += done.returns
+        if done.interrupted:  # a run stopped by a signal: the sweep stops, as a grid's
+            raise KeyboardInterrupt
+        kept = []
+        for point in points:
+            point_dir = self.sweep_dir / str(point.index)
+            pooled = store.pool_runs(point_dir)
+            outcomes = done.outcomes[point.index]
+            record = pooled.to_dict() if pooled else (outcomes[-1].record if outcomes else {})
+            record = record or {"status": "error", "error": "no run was launched"}
+            kept.append(jobs.kept(record, point_dir, self.names, self.prices))
+        return kept
+
+    def _runs(self, overrides: list[str]) -> int:
+        """A candidate's runs: its bench.repeats, composed."""
+        loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        return max(1, int(OmegaConf.select(loaded, "bench.repeats") or 1))
 
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
