@@ -449,6 +449,40 @@ def test_an_emulated_matmul_is_named_whatever_the_verdict():
         assert judged.diag_matmul_emulated == why
 
 
+def test_allocator_retries_lead_the_hint_with_what_to_try():
+    assert rules.allocator_warning(None, None) is None  # a CPU point: no allocator counted
+    assert rules.allocator_warning(0, 0) is None
+    line = rules.allocator_warning(3, 0)
+    assert line.startswith("the CUDA allocator had 3 allocation retries in the measured steps")
+    assert "expandable_segments:True" in line and "perf.batch_size" in line
+    assert "1 OOMs" in rules.allocator_warning(0, 1)
+    for shares in ((0.9, 0.0, 0.0, 0.1), (0.2, 0.0, 0.0, 0.8)):  # whatever the verdict
+        hint = judge(figures(*shares), setting(), line).bottleneck_hint
+        assert hint.startswith(line + "; ")
+
+
+def test_the_diagnosis_warns_of_the_windows_allocator_retries(caplog):
+    # A real trainer diagnosed for real; the retries are the record's memory part's, as the
+    # CUDA probe would have filled it (this machine has no CUDA allocator to retry).
+    from nanogpt.measure.window import StepLog
+    from nanogpt.results.record import Memory, Record
+
+    spec = point_spec("tiny")
+    spec.bench.diagnose_steps = 1
+    trainer = build_trainer(spec, torch.device("cpu"), World.from_env())
+    record = Record(memory=Memory(mem_alloc_retries=2, mem_ooms=0))
+    with caplog.at_level("WARNING", logger=diagnose.logger.name):
+        diagnose.run_diagnosis(spec, trainer, record, StepLog(), None)
+    said = rules.allocator_warning(2, 0)
+    assert said in caplog.text
+    assert record.diagnosis.bottleneck_hint.startswith(said)
+    spec.bench.diagnose = False  # off: still warned, no hint
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=diagnose.logger.name):
+        diagnose.run_diagnosis(spec, trainer, record, StepLog(), None)
+    assert said in caplog.text and record.diagnosis.bottleneck_hint is None
+
+
 @pytest.mark.parametrize(
     "flags,dtype,expected",
     [

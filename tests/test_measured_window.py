@@ -64,6 +64,14 @@ class CudaAllocatorCounters:
             monkeypatch.setattr(torch.cuda, name, lambda device=None: self.now)
         for name in ("max_memory_allocated", "max_memory_reserved"):
             monkeypatch.setattr(torch.cuda, name, lambda device=None: self.peak)
+        # its counters of trouble since the process started, as torch.cuda.memory_stats names
+        # them (the names are checked against torch's own documentation below)
+        self.retries = self.ooms = 0
+        monkeypatch.setattr(
+            torch.cuda,
+            "memory_stats",
+            lambda device=None: {"num_alloc_retries": self.retries, "num_ooms": self.ooms},
+        )
 
     def step(self, transient: int) -> None:
         """A step that allocates `transient` bytes (activations, logits) and frees them."""
@@ -94,6 +102,71 @@ def test_a_cuda_graph_modes_peak_keeps_the_pool_its_warmup_recorded(monkeypatch,
     assert (peak, window) == ((12 * gib, "warmup") if cuda_graphs else (9 * gib, "measured"))
     # What the point needs to fit is the larger of the two peaks either way.
     assert derive.peak_memory(figures) == (12 * gib, "cuda warmup")
+
+
+def test_the_allocator_counters_are_the_ones_torch_documents():
+    # torch.cuda.memory_stats' docstring lists its keys; a renamed counter would read 0 forever
+    for key in memory.ALLOC_COUNTERS.values():
+        assert f'"{key}"' in torch.cuda.memory_stats.__doc__, key
+
+
+def test_allocator_retries_and_ooms_are_counted_over_the_measured_steps(monkeypatch):
+    cuda = CudaAllocatorCounters(monkeypatch)
+    cuda.retries = 4  # before the point: another point of the process, or warmup's below
+    probe = memory.MemoryProbe(torch.device("cuda", 0))
+    probe.start()
+    cuda.retries += 3  # warmup's (autotuning's clones at the memory limit)
+    probe.split()
+    cuda.retries += 2  # the measured steps'
+    probe.window_end()
+    cuda.retries, cuda.ooms = cuda.retries + 5, 1  # the profiled steps' after them
+    figures = probe.result()
+    assert (figures["mem_alloc_retries"], figures["mem_ooms"]) == (2, 0)
+    assert figures["mem_alloc_note"] is None
+
+
+def test_a_window_that_failed_counts_up_to_the_failure(monkeypatch):
+    cuda = CudaAllocatorCounters(monkeypatch)
+    probe = memory.MemoryProbe(torch.device("cuda", 0))
+    probe.start()
+    probe.split()
+    cuda.retries, cuda.ooms = 1, 1  # the step that raised torch.OutOfMemoryError
+    figures = probe.result()  # loop.py reads it in a finally: window_end never ran
+    assert (figures["mem_alloc_retries"], figures["mem_ooms"]) == (1, 1)
+    unstarted = memory.MemoryProbe(torch.device("cuda", 0))
+    unstarted.start()  # warmup failed: no measured steps to count over
+    assert unstarted.result()["mem_alloc_note"] == "the measured steps did not start"
+
+
+def test_a_cpu_point_has_no_allocator_counters_and_says_why():
+    probe = memory.MemoryProbe(torch.device("cpu"))
+    probe.start()
+    probe.split()
+    probe.window_end()
+    figures = probe.result()
+    assert figures["mem_alloc_retries"] is None and figures["mem_ooms"] is None
+    assert figures["mem_alloc_note"].startswith("cpu: no CUDA caching allocator")
+
+
+def test_a_cpu_points_record_has_the_allocator_fields_null_with_the_reason(micro_sweep):
+    _, sweep_dir = micro_sweep
+    record = read_result(sweep_dir / "0" / "result.json")
+    assert record["status"] == "ok"
+    assert record["mem_alloc_retries"] is None and record["mem_ooms"] is None
+    assert record["mem_alloc_note"].startswith("cpu: no CUDA caching allocator")
+    table = read_summary(sweep_dir)  # columns of summary.csv, empty for a CPU point
+    assert table["mem_alloc_retries"].isna().all() and table["mem_ooms"].isna().all()
+
+
+def test_the_allocator_counts_of_repeats_are_summed():
+    from nanogpt.results import repeats
+    from nanogpt.results.record import Memory, Record
+
+    def run(retries):
+        return Record(memory=Memory(mem_alloc_retries=retries, mem_ooms=0 if retries else None))
+
+    assert repeats.pool([run(2), run(3)]).memory.mem_alloc_retries == 5
+    assert repeats.pool([run(2), run(None)]).memory.mem_alloc_retries is None
 
 
 # ------------------------------------------------------------------------------------------

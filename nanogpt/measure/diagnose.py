@@ -56,7 +56,7 @@ from nanogpt.measure.step_split import (
     ProfilerAttributeMissing,
     split_step,
 )
-from nanogpt.results.bottleneck import Setting, judge
+from nanogpt.results.bottleneck import Setting, allocator_warning, judge
 from nanogpt.results.record import Diagnosis
 
 logger = logging.getLogger(__name__)
@@ -156,8 +156,12 @@ def run_diagnosis(spec, trainer, record, log, matmul_emulated: str | None) -> No
     """The diagnosis phase of a point whose measured steps are done: record.diagnosis gets the
     figures, the verdict and the hint; its steps go to the log with phase "diagnose". A
     diagnosis that cannot run or fails leaves the figures null with the reason: the point's
-    measurement stands either way."""
+    measurement stands either way. The CUDA allocator's retries in the measured steps are
+    warned of whether it runs or not, and lead its hint when it does."""
     device = trainer.device
+    allocator = allocator_warning(record.memory.mem_alloc_retries, record.memory.mem_ooms)
+    if allocator:
+        logger.warning("%s", allocator)
     if not spec.bench.diagnose:
         record.diagnosis = Diagnosis(diag_error="off (bench.diagnose=false)")
         return
@@ -196,7 +200,8 @@ def run_diagnosis(spec, trainer, record, log, matmul_emulated: str | None) -> No
         diag_method=METHODS[device.type == "cuda"],
     )
     used = record.setup.optimizer_impl_used
-    record.diagnosis = judge(diagnosis, Setting.of(spec, device.type, matmul_emulated, used))
+    setting = Setting.of(spec, device.type, matmul_emulated, used)
+    record.diagnosis = judge(diagnosis, setting, allocator)
 
 
 METHODS = {

@@ -149,6 +149,7 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
         energy.start()
         compiles.window_start()
         _measured_steps(spec, trainer, record, log, bar, emit)
+        probe.window_end()  # the allocator's retries and OOMs in the measured steps
         compiles.window_end()
         record.compile = compiles.result()  # before the profiled steps: theirs are not counted
         record.energy = energy.stop()  # the last window's close synced the device

@@ -16,6 +16,12 @@
   (bench.isolate=false). Elsewhere it falls back to getrusage's ru_maxrss, which cannot be reset:
   the peak of the process's whole life, exact only when each point has its own process (the
   default). The record says which method it used (mem_peak_rss_method).
+- The CUDA caching allocator's counters of trouble over the measured steps
+  (torch.cuda.memory_stats, which torchtitan records and warns on too): `num_alloc_retries`, a
+  cudaMalloc that failed, after which the allocator freed its cached blocks and tried again
+  (slow, and the first sign of fragmentation near the memory limit), and `num_ooms`, the
+  allocations that failed even then. Read when the measured steps start and end (`split`,
+  `window_end`); null with the reason (mem_alloc_note) where there is no such allocator.
 The analytic estimate beside these is measure/estimate.py's.
 """
 
@@ -39,6 +45,8 @@ log = logging.getLogger(__name__)
 # proc(5): writing "5" to clear_refs resets the process's peak RSS (VmHWM) to its current RSS.
 CLEAR_REFS = Path("/proc/self/clear_refs")
 PROC_STATUS = Path("/proc/self/status")
+# The record's field for each of torch.cuda.memory_stats' counters, over the measured steps
+ALLOC_COUNTERS = {"mem_alloc_retries": "num_alloc_retries", "mem_ooms": "num_ooms"}
 
 
 class MemoryProbe:
@@ -50,6 +58,8 @@ class MemoryProbe:
         self._nvml_peak: int | None = None
         self.rss_method = "ru_maxrss"
         self.warmup: dict[str, int | None] = {}  # warmup's peaks, once split() has run
+        self._counts_at_start: dict[str, int] | None = None  # the allocator's, at split()
+        self._counts: dict[str, int] | None = None  # over the measured steps, at window_end()
 
     def start(self) -> None:
         self.rss_method = reset_peak_rss()
@@ -88,10 +98,37 @@ class MemoryProbe:
                 self.device
             )
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._counts_at_start = _alloc_counts(self.device)
         self._nvml_peak = None
         # Only a resettable peak (VmHWM) can be the measured steps' own; ru_maxrss stays the
         # process's whole life, warmup included (mem_peak_rss_method says which).
         self.rss_method = reset_peak_rss() if self.rss_method == "vmhwm" else self.rss_method
+
+    def window_end(self) -> None:
+        """The measured steps are done: the allocator's counters over them (the profiled and
+        diagnosed steps after them are not counted)."""
+        self._counts = self._counts_since_split()
+
+    def _counts_since_split(self) -> dict[str, int] | None:
+        if self._counts_at_start is None:
+            return None
+        now = _alloc_counts(self.device)
+        return {field: now[field] - self._counts_at_start[field] for field in ALLOC_COUNTERS}
+
+    def alloc_figures(self) -> dict:
+        """mem_alloc_retries and mem_ooms over the measured steps, or null with the reason
+        (mem_alloc_note). A window that failed midway (an OOM) counts up to the failure."""
+        counts = self._counts if self._counts is not None else self._counts_since_split()
+        if counts is not None:
+            return {**counts, "mem_alloc_note": None}
+        if not self.cuda:
+            why = (
+                f"{self.device.type}: no CUDA caching allocator, whose retries and OOMs "
+                "torch.cuda.memory_stats counts"
+            )
+        else:
+            why = "the measured steps did not start"
+        return {**dict.fromkeys(ALLOC_COUNTERS), "mem_alloc_note": why}
 
     def result(self) -> dict[str, int | None]:
         self.sample()
@@ -104,6 +141,7 @@ class MemoryProbe:
             "mem_nvml_device": self._nvml_device,
             "mem_peak_rss_bytes": peak_rss_bytes(self.rss_method),
             "mem_peak_rss_method": self.rss_method,
+            **self.alloc_figures(),
         }
         if self.cuda:
             out["mem_peak_allocated_bytes"], out["mem_peak_allocated_from"] = graph_aware_peak(
@@ -113,6 +151,12 @@ class MemoryProbe:
             )
             out["mem_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
         return out
+
+
+def _alloc_counts(device: torch.device) -> dict[str, int]:
+    """The caching allocator's counters now, by the record's field (ALLOC_COUNTERS)."""
+    stats = torch.cuda.memory_stats(device)
+    return {field: int(stats.get(key, 0)) for field, key in ALLOC_COUNTERS.items()}
 
 
 def graph_aware_peak(

@@ -14,7 +14,8 @@ each with the figure it rests on: CUDA graphs or compile for a host-bound point,
 where memory allows it, the kind that dominates device time for a device-bound one (a 16-bit
 dtype for fp32 matmuls on CUDA, a fused attention kernel for math/manual attention, compile for
 elementwise and norm operators, a fused optimizer), and, whatever the verdict, a dtype whose
-matmuls the device has to emulate.
+matmuls the device has to emulate and the CUDA allocator's retries in the measured steps
+(`allocator_warning`).
 """
 
 from __future__ import annotations
@@ -85,10 +86,27 @@ def verdict(d: Diagnosis) -> str | None:
     return VERDICTS[max(shares, key=lambda name: shares[name])]
 
 
-def hints(d: Diagnosis, s: Setting) -> list[str]:
-    """What to try next, most promising first, each with the figure it rests on."""
+def allocator_warning(retries: int | None, ooms: int | None) -> str | None:
+    """What the CUDA caching allocator's trouble in the measured steps says, and what to try;
+    None when it had none (or no such allocator: null counts). A retry is a cudaMalloc that
+    failed, after which the allocator freed every cached block and tried again: a synchronizing,
+    slow step, and the first sign of fragmentation near the memory limit, which explains a
+    point slow for no visible reason."""
+    if not retries and not ooms:
+        return None
+    seen = [f"{n} {what}" for n, what in ((retries, "allocation retries"), (ooms, "OOMs")) if n]
+    return (
+        f"the CUDA allocator had {' and '.join(seen)} in the measured steps (its cache freed "
+        "and cudaMalloc tried again: fragmentation near the memory limit, and slow steps): try "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or a smaller perf.batch_size"
+    )
+
+
+def hints(d: Diagnosis, s: Setting, allocator: str | None = None) -> list[str]:
+    """What to try next, most promising first, each with the figure it rests on; `allocator`:
+    allocator_warning's line, first when there is one."""
     found = verdict(d)
-    out = []
+    out = [allocator] if allocator else []
     if s.matmul_emulated:
         matmul = (
             f"; matmul is {d.diag_device_time_matmul_frac:.0%} of compute"
@@ -161,11 +179,12 @@ def _device(d: Diagnosis, s: Setting) -> list[str]:
     return [f"{busy}, {share}: the point is at its kernels' speed; fewer FLOPs or faster kernels"]
 
 
-def judge(d: Diagnosis, s: Setting) -> Diagnosis:
-    """The diagnosis with its verdict and hint filled in (in place, and returned)."""
+def judge(d: Diagnosis, s: Setting, allocator: str | None = None) -> Diagnosis:
+    """The diagnosis with its verdict and hint filled in (in place, and returned); `allocator`:
+    allocator_warning's line for the point's measured steps, if any."""
     d.diag_matmul_emulated = s.matmul_emulated
     d.bottleneck = verdict(d)
-    d.bottleneck_hint = "; ".join(hints(d, s)) or None
+    d.bottleneck_hint = "; ".join(hints(d, s, allocator)) or None
     return d
 
 

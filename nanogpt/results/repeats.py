@@ -11,10 +11,10 @@ resolved them).
 
 Timing keeps every run's measured steps (step_ms_measured, a list per run), their count and
 the windows' wall time over them; a point is `contended` if any run was. Peaks of memory are
-the largest of any run; energy is summed over all measured steps; recompiles inside the
-measured steps are summed. The rest (the model's figures, the first step, the profile, the
-diagnosis, the optimizer's roles) is the first run's. steps.csv keeps every run's rows,
-numbered.
+the largest of any run; energy is summed over all measured steps; recompiles and the CUDA
+allocator's retries and OOMs inside the measured steps are summed. The rest (the model's
+figures, the first step, the profile, the diagnosis, the optimizer's roles) is the first run's.
+steps.csv keeps every run's rows, numbered.
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ def _memory(parts: list):
     # which window the largest allocated peak came from (measured, or warmup's CUDA graphs)
     top = max(parts, key=lambda m: m.mem_peak_allocated_bytes or 0)
     memory.mem_peak_allocated_from = top.mem_peak_allocated_from
+    for field in ("mem_alloc_retries", "mem_ooms"):  # the allocator's, over every run's steps
+        counts = [getattr(m, field) for m in parts]
+        setattr(memory, field, None if None in counts else sum(counts))
     return memory
 
 

@@ -121,6 +121,10 @@ class Memory:
     mem_warmup_peak_allocated_bytes: int | None = None
     mem_warmup_peak_reserved_bytes: int | None = json_only()
     mem_warmup_peak_rss_bytes: int | None = None
+    # The CUDA caching allocator's trouble in the measured steps (torch.cuda.memory_stats):
+    mem_alloc_retries: int | None = None  # cudaMallocs retried after freeing the cache
+    mem_ooms: int | None = None  # allocations that failed even then
+    mem_alloc_note: str | None = json_only()  # why the two are null (no CUDA allocator)
 
 
 @dataclass
