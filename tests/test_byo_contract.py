@@ -12,7 +12,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
 from nanogpt.measure import byo, byo_figures
-from nanogpt.spec import Attention, DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
+from nanogpt.spec import (
+    Attention,
+    DistConfig,
+    Dtype,
+    Loss,
+    ModelConfig,
+    PerfConfig,
+    RunSpec,
+    Strategy,
+)
 from nanogpt.validate import check_model_build
 
 
@@ -297,3 +306,120 @@ def test_nanochats_estimate_flops_hook_is_used(tmp_path):
     figures = byo_figures.flops_of(spec, byo.build_user_model(spec))
     assert figures["flops_per_token"] == 4242
     assert figures["flops_source"] == "hook: estimate_flops()"
+
+
+# Contract breaks a user meets before any step, each its own model, run by one real multirun.
+BREAKS = """
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Base(nn.Module):
+    def __init__(self, vocab=256, width=8):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList([nn.Linear(width, width)])
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx, targets):
+        logits = self.head(self.layers[0](self.wte(idx)))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class NoTargets(Base):
+    def forward(self, idx):
+        return self.head(self.layers[0](self.wte(idx)))
+
+
+class OnMeta(Base):
+    def __init__(self):
+        with torch.device("meta"):
+            super().__init__()
+
+
+class Raises(Base):
+    def __init__(self):
+        super().__init__()
+        raise RuntimeError("width must divide the heads")
+
+
+class InitRaises(Base):
+    def init_weights(self):
+        raise ValueError("no such init")
+"""
+BROKEN = {
+    "NoTargets": "breaks.NoTargets.forward(idx) does not take (idx, targets); wrap it in a "
+    "module whose forward(idx, targets) returns the loss",
+    "OnMeta": "breaks.OnMeta left its parameters on the meta device and has no init_weights() "
+    "to give them values; define init_weights()",
+    "Raises": "breaks.Raises(...) raised RuntimeError: width must divide the heads at "
+    "breaks.py:33; fix its constructor where it raised",
+    "InitRaises": "breaks.InitRaises.init_weights() raised ValueError: no such init at "
+    "breaks.py:38; fix its init_weights() where it raised",
+}
+
+
+@pytest.fixture(scope="module")
+def broken_sweep(tmp_path_factory):
+    from .conftest import run_cli, with_micro
+
+    root = tmp_path_factory.mktemp("breaks")
+    (root / "breaks.py").write_text(BREAKS)
+    targets = ",".join(f"breaks.{name}" for name in BROKEN)
+    proc = run_cli(
+        "-m",
+        *with_micro([f"model.build._target_={targets}"]),
+        f"hydra.sweep.dir={root / 'sweep'}",
+        cwd=root,
+    )
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BROKEN)
+def test_a_contract_break_is_one_line_naming_model_build(broken_sweep, name):
+    assert broken_sweep.returncode != 0
+    out = broken_sweep.stdout + broken_sweep.stderr
+    assert "Traceback" not in out
+    (line,) = [
+        line for line in out.splitlines() if line.startswith("[error]") and f"breaks.{name}" in line
+    ]
+    assert f"ConfigError: model.build: {BROKEN[name]}" in line
+
+
+def test_an_fp16_model_under_perf_dtype_fp16_is_refused_in_one_line(tmp_path):
+    source = TINY.replace("{RETURN}", "loss").replace(
+        "self.head = nn.Linear(width, vocab)", "self.head = nn.Linear(width, vocab).half()"
+    )
+    spec = _spec(tmp_path, "halves", source)
+    spec.perf = PerfConfig(dtype=Dtype.fp16)
+    with pytest.raises(ConfigError) as err:
+        byo.build_user_model(spec)
+    assert str(err.value) == (
+        "perf.dtype: fp16 trains with a GradScaler, which cannot unscale fp16 gradients, and "
+        "halves.Model keeps 2 parameters in fp16 (head.weight, ...); keep the model's parameters "
+        "in fp32 (autocast runs its matmuls in fp16), or use perf.dtype=bf16."
+    )
+    spec.perf = PerfConfig(dtype=Dtype.bf16)
+    byo.build_user_model(spec)  # bf16 needs no scaler
+
+
+def test_a_model_built_on_meta_with_init_weights_is_materialised(tmp_path):
+    source = TINY.replace("{RETURN}", "loss") + textwrap.indent(
+        textwrap.dedent("""
+        @classmethod
+        def on_meta(cls):
+            with torch.device("meta"):
+                return cls()
+
+        def init_weights(self):
+            for p in self.parameters():
+                torch.nn.init.normal_(p, std=0.02)
+        """),
+        "    ",
+    )
+    spec = _spec(tmp_path, "meta_built", source)
+    spec.model.build = {"_target_": "meta_built.Model.on_meta"}
+    model = byo.build_user_model(spec)
+    assert not any(p.is_meta for p in model.parameters())

@@ -54,7 +54,7 @@ class SignMomentum(torch.optim.Optimizer):
 
 
 class Model(nn.Module):
-    def __init__(self, vocab=100, width=16, depth=2):
+    def __init__(self, vocab=100, width=16, depth=2, cast=None):
         super().__init__()
         padded = -(-vocab // 64) * 64
         self.wte = nn.Embedding(vocab, width)
@@ -64,6 +64,8 @@ class Model(nn.Module):
         self.proj = nn.Linear(width, width, bias=False)
         self.lm_head = nn.Linear(width, padded, bias=False)
         self.vocab = vocab
+        if cast:  # a model that casts itself, as one built in bf16 by transformers
+            self.to(getattr(torch, cast))
 
     def forward(self, idx, targets):
         x = self.wte(idx)
@@ -124,6 +126,9 @@ CASES = {
     "sgd": [*BUILD, "optimizer=sgd"],
     "muon": [*BUILD, "optimizer=muon"],
     "from_model": [*BUILD, "optimizer=from_model", "optimizer.method=setup_optimizer"],
+    # its matmuls in bf16 whatever perf.dtype asks; an SDPA backend asked of a model without SDPA
+    "bf16_cast": [*BUILD, "+model.build.cast=bfloat16", "perf.dtype=fp32"],
+    "sdpa_knob": [*BUILD, "perf.attention=math"],
 }
 
 
@@ -156,3 +161,33 @@ def test_odd_shapes_train_ok_under_every_optimizer(odd_sweep):
     n_params = own["n_params"]
     assert own["mem_estimate"]["optimizer_state"] == 4 * n_params  # one fp32 buffer each
     assert "counted from optimizer.state" in own["mem_estimate"]["optimizer_state_rule"]
+
+
+@pytest.mark.slow
+def test_a_self_casting_model_is_divided_by_the_peak_of_the_dtype_its_matmuls_ran_in(odd_sweep):
+    from nanogpt.hardware.calibration import ceilings_for_run
+    from nanogpt.spec import Dtype
+
+    cast = read_result(odd_sweep["bf16_cast"] / "result.json")
+    plain = read_result(odd_sweep["adamw"] / "result.json")
+    assert cast["status"] == "ok" and cast["dtype"] == "fp32"  # asked
+    assert cast["matmul_dtype"] == "bf16" and set(cast["matmul_dtypes"]) == {"bf16"}
+    assert plain["matmul_dtype"] == "fp32" and plain["observed_note"] is None
+    assert cast["peak_dtype"] == "bf16"
+    # this CPU's peak table: the bf16 figure, not the fp32 one MFU used to be divided by
+    cpu = torch.device("cpu")
+    bf16 = ceilings_for_run(cpu, Dtype.bf16, None).peak.flops
+    assert cast["peak_tflops"] == pytest.approx(bf16 / 1e12)
+    assert plain["peak_tflops"] == pytest.approx(
+        ceilings_for_run(cpu, Dtype.fp32, None).peak.flops / 1e12
+    )
+    assert cast["observed_note"].startswith(
+        "perf.dtype=fp32 had no effect: odd.Model's matmuls ran in bf16 (the model casts itself)"
+    )
+    assert cast["sdpa_called"] is False
+    knob = read_result(odd_sweep["sdpa_knob"] / "result.json")
+    assert knob["status"] == "ok"
+    assert knob["observed_note"] == (
+        "perf.attention=math acted on nothing: odd.Model never calls "
+        "torch.nn.functional.scaled_dot_product_attention"
+    )

@@ -84,6 +84,7 @@ class Observation:
     matmul_dtypes: dict = field(default_factory=dict)  # observed on meta: dtype -> matmul calls
     sdpa_called: bool | None = None
     notes: list = field(default_factory=list)  # what was asked and acted on nothing, in words
+    unobserved: str | None = None  # why nothing was observed (the record says it, not the console)
 
     def peak_dtype(self, asked: Dtype) -> Dtype:
         """The dtype whose peak MFU divides by: the observed one where it is known."""
@@ -104,7 +105,7 @@ def first_step(spec: RunSpec) -> Observation:
             loss.backward()
     except Exception as err:  # noqa: BLE001 - not observed: say why, measure on
         why = f"first step not observed on meta ({type(err).__name__}: {str(err)[:120]})"
-        return Observation(notes=[why])
+        return Observation(unobserved=why)
     seen = dict(matmuls.seen)
     if asked in AUTOCAST:
         dtype = AUTOCAST[asked]  # autocast casts every matmul's inputs (not on meta: by rule)
@@ -137,6 +138,6 @@ def fill(setup, seen: Observation, is_main: bool = True) -> None:
     setup.matmul_dtype = seen.matmul_dtype
     setup.matmul_dtypes = seen.matmul_dtypes or None
     setup.sdpa_called = seen.sdpa_called
-    setup.observed_note = "; ".join(seen.notes) or None
-    for note in seen.notes if is_main else ():
+    setup.observed_note = "; ".join([*seen.notes, *filter(None, [seen.unobserved])]) or None
+    for note in seen.notes if is_main else ():  # a model that failed its build has none
         log.warning(note)
