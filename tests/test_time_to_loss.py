@@ -249,11 +249,28 @@ def _run(seconds, best=1.0):
 def test_a_point_is_the_olympic_mean_when_every_run_reached_else_k_of_n():
     pooled = ttl.pool([_run(s) for s in (10.0, 11.0, 12.0, 13.0, 30.0)]).time_to_loss
     assert pooled.time_to_loss_s == pytest.approx(12.0)  # 10 and 30 dropped
-    assert pooled.ttl_ci_low < 15.2 < pooled.ttl_ci_high  # the t-interval of the plain mean
+    # the bootstrap interval of the olympic mean, within the runs' own times
+    assert 10.0 <= pooled.ttl_ci_low < 12.0 < pooled.ttl_ci_high <= 30.0
     assert pooled.ttl_note == "5 of 5 reached" and pooled.ttl_s_per_run[-1] == 30.0
     missed = ttl.pool([_run(10.0), _run(None, best=1.7), _run(12.0)]).time_to_loss
     assert missed.time_to_loss_s is None and missed.ttl_reached is False
     assert missed.ttl_note == "2 of 3 reached; best loss 1.0000"
+
+
+def test_an_interval_from_three_runs_is_positive_by_its_method_and_none_from_two():
+    """Times [7.0, 8.4, 7.5]: a t-interval of their mean would reach down to 5.5 s; with two of
+    them it reached -60.3 s for a 7.7 s mean. The bootstrap's resamples are means of the runs'
+    own times: its low end is at least the fastest run's."""
+    low, high = ttl.olympic_interval([7.0, 8.4, 7.5])
+    assert 7.0 <= low < ttl.olympic_mean([7.0, 8.4, 7.5]) < high <= 8.4
+    pooled = ttl.pool([_run(s) for s in (7.0, 8.4, 7.5)]).time_to_loss
+    assert (pooled.ttl_ci_low, pooled.ttl_ci_high) == (low, high)
+    assert pooled.ttl_ci_method.startswith("percentile bootstrap of the olympic mean")
+    two = ttl.pool([_run(7.0), _run(8.4)]).time_to_loss
+    assert two.time_to_loss_s == pytest.approx(7.7)
+    assert two.ttl_ci_low is None and two.ttl_ci_high is None
+    assert two.ttl_ci_method == "no interval: 2 runs (an interval needs 3 or more)"
+    assert two.ttl_note == "2 of 2 reached; no interval: 2 runs (an interval needs 3 or more)"
 
 
 def _table(base_runs, other_runs) -> pd.DataFrame:

@@ -278,7 +278,7 @@ def _kept(runs: list) -> dict:
     """A target point's record as the search keeps it (tune/jobs.kept), from its runs' times."""
     reached = [t for t in runs if t is not None]
     every = len(reached) == len(runs)
-    low, high = ttl.t_interval(reached) if every else (None, None)
+    low, high = ttl.olympic_interval(reached) if every else (None, None)
     record = {
         "status": "ok",
         "time_to_loss_s": sum(reached) / len(reached) if every else None,

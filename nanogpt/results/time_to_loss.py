@@ -8,8 +8,12 @@ its own seed, and its figures are statistics over them (docs/time_to_loss.md):
   slowest dropped, as MLPerf Training scores its runs), when every run reached the target; null
   otherwise, with "k of N reached" in ttl_note: a mean over the runs that happened to reach it
   would flatter the point;
-- its interval (`ttl_ci_low`, `ttl_ci_high`): the 95 % t-interval of the mean of all the runs'
-  times (scipy.stats.t, N - 1 degrees of freedom; METHOD);
+- its interval (`ttl_ci_low`, `ttl_ci_high`), from MIN_RUNS runs on: a seeded 95 % percentile
+  bootstrap of the olympic mean (scipy.stats.bootstrap, METHOD). Every resample's mean is a
+  mean of the runs' own times, so the interval lies between the fastest and the slowest run:
+  its low end is positive by the method, never clamped (a t-interval of 2 runs, one degree of
+  freedom, gave -60.3 s for a 7.7 s mean). Below MIN_RUNS, no interval, and ttl_ci_method says
+  why;
 - against the baseline, at table level only (`add_comparison`): `ttl_p_value`, a one-sided
   Welch t-test that this point's runs reach the target sooner than the baseline's
   (scipy.stats.ttest_ind, equal_var=False, alternative="less"), as modded-nanogpt's records
@@ -38,9 +42,12 @@ if TYPE_CHECKING:  # the table's type; pandas and scipy are imported where a tab
     import pandas as pd
 
 ALPHA = 0.01  # report.ttl_alpha's default: modded-nanogpt's records ask for p < 0.01
-METHOD = "t-interval of the mean of all runs' times (scipy.stats.t, N - 1 df), 95 %"
+METHOD = (
+    "percentile bootstrap of the olympic mean of the runs' times (scipy.stats.bootstrap, "
+    "seeded), 95 %"
+)
 OLYMPIC_FROM = 5  # runs from which the fastest and the slowest are dropped
-MIN_RUNS = 3  # runs that reached, on each side, before a verdict
+MIN_RUNS = 3  # runs that reached, on each side, before a verdict or an interval
 FASTER = "faster to target"
 ALTERNATED, BLOCKED = "alternated", "runs blocked (each point's runs back to back)"
 UNKNOWN_ORDER = "run order unknown"  # a record written before ttl_run_times
@@ -48,22 +55,44 @@ UNKNOWN_ORDER = "run order unknown"  # a record written before ttl_run_times
 
 def olympic_mean(times: list[float]) -> float:
     """The mean, without the fastest and the slowest from OLYMPIC_FROM runs on."""
-    ordered = sorted(times)
-    kept = ordered[1:-1] if len(ordered) >= OLYMPIC_FROM else ordered
-    return statistics.fmean(kept)
+    return float(_olympic(np.asarray(times, float), axis=-1))
 
 
-def t_interval(times: list[float]) -> tuple[float | None, float | None]:
-    """The CONFIDENCE t-interval of the mean of `times`; nulls below two runs."""
-    if len(times) < 2:
+def _olympic(times: np.ndarray, axis: int = -1) -> np.ndarray:
+    """olympic_mean along `axis` (vectorised, for the bootstrap's resamples)."""
+    ordered = np.sort(times, axis=axis)
+    if ordered.shape[axis] >= OLYMPIC_FROM:
+        ordered = np.take(ordered, np.arange(1, ordered.shape[axis] - 1), axis=axis)
+    return ordered.mean(axis=axis)
+
+
+def no_interval(n: int) -> str | None:
+    """Why `n` runs have no interval; None from MIN_RUNS on."""
+    if n >= MIN_RUNS:
+        return None
+    return f"no interval: {n} run{'s' if n != 1 else ''} (an interval needs {MIN_RUNS} or more)"
+
+
+def olympic_interval(times: list[float]) -> tuple[float | None, float | None]:
+    """The CONFIDENCE interval of the olympic mean of `times` (METHOD); nulls below MIN_RUNS
+    runs (no_interval says why)."""
+    if no_interval(len(times)):
         return None, None
+    values = np.asarray(times, float)
+    if np.all(values == values[0]):
+        return float(values[0]), float(values[0])
     from scipy import stats as sps  # here: a job process pools without scipy
 
-    mean, sem = statistics.fmean(times), sps.sem(times)
-    if sem == 0:
-        return mean, mean
-    low, high = sps.t.interval(CONFIDENCE, len(times) - 1, loc=mean, scale=sem)
-    return float(low), float(high)
+    found = sps.bootstrap(
+        (values,),
+        _olympic,
+        vectorized=True,
+        n_resamples=RESAMPLES,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        random_state=SEED,
+    ).confidence_interval
+    return float(found.low), float(found.high)
 
 
 def p_value(base: list[float], other: list[float]) -> float | None:
@@ -140,7 +169,7 @@ def pool(records: list[Record]) -> Record:
         ttl_runs=n,
         ttl_reached_runs=len(reached),
         ttl_reached=len(reached) == n,
-        ttl_ci_method=METHOD,
+        ttl_ci_method=no_interval(len(reached)) or METHOD,
         ttl_steps=int(statistics.median(steps)) if steps else None,
         ttl_best_loss=min(p.ttl_best_loss for p in parts),
         ttl_compile_s=statistics.fmean(p.ttl_compile_s for p in parts),
@@ -155,8 +184,10 @@ def pool(records: list[Record]) -> Record:
         pooled.ttl_tokens = pooled.ttl_steps * records[0].setup.tokens_per_step
     if pooled.ttl_reached:
         pooled.time_to_loss_s = olympic_mean(reached)
-        pooled.ttl_ci_low, pooled.ttl_ci_high = t_interval(reached)
+        pooled.ttl_ci_low, pooled.ttl_ci_high = olympic_interval(reached)
         pooled.ttl_note = f"{n} of {n} reached"
+        if no_interval(n):
+            pooled.ttl_note += f"; {no_interval(n)}"
     else:
         pooled.ttl_note = f"{len(reached)} of {n} reached; best loss {pooled.ttl_best_loss:.4f}"
     out = dataclasses.replace(records[0], time_to_loss=pooled)
