@@ -21,7 +21,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt.configs import CONF_DIR, register_presets
+from nanogpt.device_support import parse_device
 from nanogpt.errors import ConfigError
+from nanogpt.point.slots import visible_gpus
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
 from nanogpt.results.baseline import BaselineError, named_point
 from nanogpt.spec import RunSpec
@@ -174,6 +176,31 @@ def job_gpus(cfg: DictConfig) -> int | None:
     return asked
 
 
+def check_parallel_ranks(cfg: DictConfig) -> None:
+    """hydra/launcher=parallel gives a CUDA point one GPU, its slot's (CUDA_VISIBLE_DEVICES):
+    a point of dist.nproc > 1 ranks there would pass the sweep's check, which sees every GPU,
+    and be refused by each slot's own device check after the sweep began. Refused here, before
+    anything runs, naming both keys. Whether the point trains on CUDA is answered as the
+    launcher plans its slots but without CUDA (slots.visible_gpus: CUDA_VISIBLE_DEVICES, else
+    nvidia-smi, for `auto`): torch.cuda.is_available() would start CUDA in the sweep's
+    process, which a fork then inherits broken. With hydra.launcher.gpus=false a point's slot
+    is a core set that sees every GPU, and its ranks each find one."""
+    launcher = cfg.get("hydra", {}).get("launcher", {})
+    parallel = str(launcher.get("_target_", "")).endswith(".ParallelLauncher")
+    nproc, device = int(cfg.dist.nproc), str(cfg.bench.device)
+    if not parallel or not launcher.get("gpus", True) or nproc < 2:
+        return
+    place = parse_device(device)
+    if (place is None or place.type != "cuda") and not (device == "auto" and visible_gpus()):
+        return
+    raise ConfigError(
+        "dist.nproc",
+        f"is {nproc}, but hydra/launcher=parallel gives each point on {device} one GPU (its "
+        "slot's), and its ranks need one each",
+        "run multi-rank points without hydra/launcher=parallel, or set dist.nproc=1",
+    )
+
+
 def check_points(
     points: list[list[str]],
     baseline: str | None,
@@ -193,6 +220,7 @@ def check_points(
                 cfg = compose_point(point)
                 if not here:  # a cluster's job: it asks for a GPU per rank, checked at submit
                     job_gpus(cfg)
+                check_parallel_ranks(cfg)
                 with open_dict(cfg):
                     cfg.pop("hydra", None)  # the job's settings: no part of the spec
                 to_spec(cfg, here)
