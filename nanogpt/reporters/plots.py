@@ -38,15 +38,17 @@ from nanogpt.results.compare import measured_peak
 from nanogpt.results.labels import parse_overrides, point_labels
 
 MIB, GIB = 2**20, 2**30
-# The parts of the memory estimate (measure/estimate.estimate_memory), stacked in this order; the
-# last two exist under FSDP2 only (the parameters gathered for compute; gradients kept unsharded
-# while accumulating). A part no shown point has gets no bar and no legend entry.
+# The parts of the memory estimate (measure/estimate.estimate_memory), stacked in this order;
+# DDP's buckets exist with two ranks or more, the last two under FSDP2 only (the parameters
+# gathered for compute; gradients kept unsharded while accumulating). A part no shown point has
+# gets no bar and no legend entry.
 MEMORY_PARTS = (
     "weights",
     "gradients",
     "optimizer_state",
     "activations",
     "logits",
+    "ddp_buckets",
     "gathered_params",
     "unsharded_gradients",
 )
