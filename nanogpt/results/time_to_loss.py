@@ -137,12 +137,15 @@ def run_order(base: list | None, other: list | None) -> str:
     return UNKNOWN_ORDER if order is None else ALTERNATED if order else BLOCKED
 
 
-def ratio(base: list[float], other: list[float]) -> tuple[float, float, float]:
+def ratio(base: list[float], other: list[float]) -> tuple[float, float | None, float | None]:
     """other's mean time over base's, with a seeded 95 % percentile bootstrap interval over
-    the runs (scipy.stats.bootstrap, each side's runs resampled on their own)."""
+    the runs (scipy.stats.bootstrap, each side's runs resampled on their own); no interval
+    with fewer than two runs on a side (nothing to resample)."""
     from scipy import stats as sps  # here: a job process pools without scipy
 
     b, o = np.asarray(base, float), np.asarray(other, float)
+    if len(b) < 2 or len(o) < 2:
+        return float(o.mean() / b.mean()), None, None
     found = sps.bootstrap(
         (o, b),
         lambda o, b, axis: o.mean(axis=axis) / b.mean(axis=axis),
