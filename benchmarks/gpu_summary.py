@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanogpt.results.record import Record
-from nanogpt.results.store import iter_records
+from nanogpt.results.store import iter_records, read_result, run_number
 from nanogpt.results.swept import override_key, swept_keys
 
 GIB = 2**30
@@ -44,6 +44,8 @@ def missing(r: Record, what: str) -> str:
     """Why a figure is null when no rule below names a better reason."""
     if r.status != "ok":
         return f"the point ended {r.status}: {r.error or 'no error recorded'}"
+    if r.time_to_loss.ttl_target_loss is not None:
+        return f"{what}: none, a time-to-loss run trains to its target with no measured window"
     return f"{what} not recorded (a record written before the field existed?)"
 
 
@@ -69,7 +71,8 @@ def judged_peak(r: Record):
 def estimate(r: Record):
     if r.setup.mem_estimate_bytes is not None:
         return gib(r.setup.mem_estimate_bytes), "measure/estimate.py, by component"
-    return None, missing(r, "the estimate")
+    note = (r.setup.mem_estimate or {}).get("note")  # a user's model: why no total
+    return None, note or missing(r, "the estimate")
 
 
 def estimate_error(r: Record):
@@ -154,30 +157,37 @@ def headline(r: Record) -> str:
         parts.append(f"{r.timing.step_ms_median:.2f} ms a step")
     if r.rates.tokens_per_s is not None:
         parts.append(f"{r.rates.tokens_per_s:,.0f} tokens/s")
+    ttl = r.time_to_loss
+    if ttl.ttl_target_loss is not None:
+        reached = f"{ttl.time_to_loss_s:.2f} s, {ttl.ttl_steps} steps" if ttl.ttl_reached else ""
+        parts.append(f"time to loss {ttl.ttl_target_loss}: {reached or ttl.ttl_note}")
     parts.append(f"{r.setup.device_name or r.setup.device or 'no device recorded'}")
     if r.error:
         parts.append(f"error: {r.error}")
     return ", ".join(parts)
 
 
-def records(sweep_dir: Path) -> list[tuple[str, Record]]:
-    """(label, record) for each result.json below sweep_dir, grouped by point: a point's runs
-    (POINT/run-R/result.json) one after another, labelled by their run dir; an unreadable
-    result.json is a row that says so. Records set aside under MOVED_DIR are no points."""
+def records(sweep_dir: Path) -> list[tuple[str, Record | None]]:
+    """(where, record) for each record below sweep_dir that measured something, grouped by
+    point: where a point's runs live in POINT/run-R (the grid sweeper), each run's record in
+    run order, and not the point's pooled one beside them (the figures judged here are a
+    process's own: its peaks, its compile counters); where a point has no run dirs (a sweep
+    written before, or under another sweeper), the point's own record. An unreadable
+    result.json is a row that says so; records set aside under MOVED_DIR are no points."""
+    paths = [path for path, _ in iter_records(sweep_dir, moved=False, runs=True)]
+    pooled = {path.parent.parent for path in paths if run_number(path.parent) is not None}
     found = []
-    for path, flat in iter_records(sweep_dir, moved=False):
-        rel = path.parent.relative_to(sweep_dir).as_posix()
-        if flat is None:
-            found.append((rel, rel, None))
-            continue
-        record = Record.from_dict(flat)
-        point = record.asked.point_id or str(
-            path.parent.parent if "run-" in path.parent.name else path.parent
+    for path in paths:
+        if path.parent in pooled:
+            continue  # the point's pooled record: its runs follow
+        flat = read_result(path)
+        found.append(
+            (
+                path.parent.relative_to(sweep_dir).as_posix(),
+                None if flat is None else Record.from_dict(flat),
+            )
         )
-        found.append((point, rel, record))
-    order = {point: i for i, (point, _, _) in reversed(list(enumerate(found)))}
-    found.sort(key=lambda item: (order[item[0]], item[1]))
-    return [(rel, record) for _, rel, record in found]
+    return found  # sorted by path: a point's runs together, in run order
 
 
 def block(rel: str, record: Record | None, swept: set[str]) -> list[str]:

@@ -9,6 +9,7 @@ packages fail as they do where they are not installed; the real script under bas
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -84,6 +85,7 @@ def test_the_cuda_tests_collect_without_the_packages_the_gpu_machines_lack():
 
 
 GPU_CHECK = REPO / "benchmarks" / "gpu_check.sh"
+GPU_SUMMARY = REPO / "benchmarks" / "gpu_summary.py"
 
 
 def gpu_check(*args: str, tmp_path) -> subprocess.CompletedProcess:
@@ -103,26 +105,82 @@ def gpu_check(*args: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
-def test_gpu_check_dry_run_lists_the_parts_in_order_within_nine_minutes(tmp_path):
+# A part for each path the loan must judge (issue 50), most at risk first, then what stays of
+# the earlier check; default_gap is the first to go when the boxes pass 9 minutes.
+PATHS = (
+    "muon",
+    "user_model",
+    "transformers",
+    "reduce_overhead",
+    "chunked_loss",
+    "fp8",
+    "time_to_loss",
+    "cuda_tests",
+)
+
+
+def test_gpu_check_dry_run_has_a_part_per_path_each_box_its_arithmetic_within_nine_minutes(
+    tmp_path,
+):
     proc = gpu_check("--dry-run", tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    rows = re.findall(r"^(\w+)\s+(\d+) s\s", proc.stdout, flags=re.M)
-    parts = [name for name, _ in rows]
-    assert parts == [
-        "setup",
-        "cuda_tests",
-        "readme_sweep",
-        "parallel",
-        "search",
-        "fp8",
-        "chunked_loss",
-        "default_gap",  # the least needed, last: it ran past its box on the first loan
-    ]
-    grace = int(re.search(r"^each part: \+(\d+) s", proc.stdout, flags=re.M).group(1))
-    total = int(re.search(r"^total: (\d+) s", proc.stdout, flags=re.M).group(1))
-    assert total == sum(int(box) for _, box in rows) + grace * (len(rows) - 1)
+    out = proc.stdout
+    constants = dict(re.findall(r"(\w+)=(\d+)", out.splitlines()[0]))
+    margin = 30
+    # part, box, arithmetic, its sum: "muon  34 s  SWEEP + 2*POINT = 26 s, +30 % = 34 s; ..."
+    rows = re.findall(r"^(\w+)\s+(\d+) s  (.+?) = (\d+) s, \+(\d+) % = \d+ s; ", out, flags=re.M)
+    parts = [name for name, *_ in rows]
+    assert parts[0] == "setup" and tuple(parts[1 : len(PATHS) + 1]) == PATHS, parts
+    for name, box, arithmetic, est, pct in rows:
+        # the arithmetic, evaluated from the printed constants, is the sum printed, and the
+        # box keeps at least 30 % over it
+        assert eval(arithmetic, {}, {k: int(v) for k, v in constants.items()}) == int(est), name
+        assert int(pct) >= margin and int(box) >= int(est) * (100 + margin) / 100, name
+    dropped = re.findall(r"^dropped: (\w+) ", out, flags=re.M)
+    assert dropped[:1] == ["default_gap"]  # the drop order's first, when it drops anything
+    assert "fsdp2 needs two GPUs" in out
+    grace = int(re.search(r"^each part after setup: \+(\d+) s", out, flags=re.M).group(1))
+    total = int(re.search(r"^total: (\d+) s", out, flags=re.M).group(1))
+    assert total == sum(int(box) for _, box, *_ in rows) + grace * (len(rows) - 1)
     assert total <= 9 * 60
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_gpu_check_summary_gives_every_figure_a_value_or_the_reason_it_is_null(
+    micro_sweep, tmp_path
+):
+    """--summary on a real CPU sweep: each point's block names every figure the loan judges,
+    each with a value or the reason it is null; read through the record's schema
+    (benchmarks/gpu_summary.py), so a renamed field stops it here."""
+    spec = importlib.util.spec_from_file_location("gpu_summary", GPU_SUMMARY)
+    gpu_summary = sys.modules["gpu_summary"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_summary)
+    _, sweep_dir = micro_sweep
+    proc = gpu_check("--summary", str(sweep_dir), tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    blocks = proc.stdout.split("### ")[1:]
+    records = [p for p in sweep_dir.rglob("result.json") if "moved" not in p.parts]
+    assert len(blocks) == len({p.parent for p in records} - {p.parent.parent for p in records})
+    names = [figure.name for figure in gpu_summary.FIGURES]
+    for block in blocks:
+        rows = dict(
+            (name, (value, why))
+            for name, value, why in re.findall(r"^\| (.+?) \| (.+?) \| (.+?) \|$", block, re.M)
+        )
+        assert set(names) <= set(rows), block
+        for name in names:
+            value, why = rows[name]
+            assert why.strip() and (value != "null" or "not recorded" not in why), (name, why)
+    # On a CPU, the allocator's peaks are null and say why; the estimate is compared with no RSS
+    assert (
+        "| window's allocated peak | null | no CUDA caching allocator on device cpu |" in blocks[0]
+    )
+    assert "not the CUDA allocator's the estimate models" in blocks[0]
+    assert "| graph breaks | null | not compiled |" in blocks[0]
+    assert re.search(r"\| optimizer implementation \| (foreach|for_loop)", blocks[0])
+    # a bad dir: one line, exit 2
+    bad = gpu_check("--summary", str(tmp_path / "none"), tmp_path=tmp_path)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="here it would run the whole check")
