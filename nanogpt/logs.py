@@ -60,8 +60,12 @@ class LevelFormatter(logging.Formatter):
 
 
 class OncePerSweep(logging.Filter):
-    """Lets a line that every point says alike (a Python warning, by its text; a record with
-    ONCE, by that key) through for the first point of the sweep only."""
+    """Lets a line that every point says alike (a Python warning or a library's own warning,
+    by its text; a record with ONCE, by that key) through for the first point of the sweep
+    only. A library's warning is a record of its own logger (torchao's "Failed to load ...so",
+    torch's `_pytree` Enum deprecation), not a Python warning: keyed by the warning's text
+    alone, they escaped this filter, and torch's reach the console through torch's own handler,
+    not the root's (`say_once_per_sweep` filters both)."""
 
     def __init__(self, said: Path):
         super().__init__()
@@ -69,7 +73,7 @@ class OncePerSweep(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = getattr(record, ONCE, None)
-        if key is None and record.name == "py.warnings":
+        if key is None and (record.name == "py.warnings" or _a_librarys(record)):
             key = record.getMessage()
         if key is None:
             return True
@@ -82,15 +86,30 @@ class OncePerSweep(logging.Filter):
         return True
 
 
+def _a_librarys(record: logging.LogRecord) -> bool:
+    """A warning from another package's logger (torch, torchao, triton, transformers...)."""
+    ours = record.name in ("root", "__main__") or record.name.split(".")[0] in ("nanogpt", "hydra")
+    return record.levelno >= logging.WARNING and not ours
+
+
 def say_once_per_sweep(sweep_dir: Path | None) -> None:
     """In a multirun's job or measuring process: the console handlers (not run.log's) say each
-    line that every point says alike once per sweep. A single run (sweep_dir None) says all."""
+    line that every point says alike once per sweep, the root's and those of a library's
+    logger that writes on its own (torch's: it does not propagate). A single run (sweep_dir
+    None) says all."""
     if sweep_dir is None:
         return
     once = OncePerSweep(Path(sweep_dir) / SAID_DIR)
-    for handler in logging.getLogger().handlers:
-        if not isinstance(handler, logging.FileHandler):
-            handler.addFilter(once)
+    loggers = [logging.getLogger()]
+    loggers += [
+        logger
+        for logger in list(logging.root.manager.loggerDict.values())
+        if isinstance(logger, logging.Logger) and logger.handlers and not logger.propagate
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if not isinstance(handler, logging.FileHandler) and once not in handler.filters:
+                handler.addFilter(once)
 
 
 def forget_said(sweep_dir: Path) -> None:

@@ -117,6 +117,31 @@ def test_python_warnings_are_keyed_by_their_text(tmp_path):
     assert second.filter(plain)  # not a Python warning, not marked: said every time
 
 
+def test_a_librarys_own_warnings_are_said_once_even_through_its_own_handler(tmp_path):
+    """torchao's "Failed to load" and torch's `_pytree` Enum warning are records of their own
+    loggers, not Python warnings, and torch's logger writes through its own handler (it does not
+    propagate to the root's): both reached the console on every point."""
+    said = tmp_path / logs.SAID_DIR
+    torchao = logging.LogRecord("torchao", logging.WARNING, __file__, 1, "Failed to load", (), None)
+    first, second = logs.OncePerSweep(said), logs.OncePerSweep(said)
+    assert first.filter(torchao) and not second.filter(torchao)
+    info = logging.LogRecord("torchao", logging.INFO, __file__, 1, "Failed to load", (), None)
+    assert second.filter(info)  # a library's info line is not keyed
+    own = logging.getLogger("a_library_with_its_own_handler")
+    console = io.StringIO()
+    own.handlers, own.propagate = [logging.StreamHandler(console)], False
+    kept = {h: list(h.filters) for h in logging.getLogger().handlers}
+    try:
+        for _ in range(2):  # two points' processes, each filtering its handlers
+            logs.say_once_per_sweep(tmp_path)
+            own.warning("an Enum subclass is now natively supported")
+    finally:
+        own.handlers = []
+        for handler, filters in kept.items():  # this process's other tests: unfiltered
+            handler.filters = filters
+    assert console.getvalue().count("natively supported") == 1
+
+
 @pytest.mark.slow
 def test_a_real_sweep_says_its_same_lines_once(tmp_path):
     """Two points, each measured in its own process, both with no known peak for bf16 on this
@@ -133,4 +158,4 @@ def test_a_real_sweep_says_its_same_lines_once(tmp_path):
     assert console.count("W&B: logging offline to") == 2  # a point's, the summary run's
     assert "USDT" not in console
     for point in ("0", "1"):
-        assert "W&B: logging offline to" in (sweep_dir / point / "run.log").read_text()
+        assert "W&B: logging offline to" in (sweep_dir / point / "run-1" / "run.log").read_text()

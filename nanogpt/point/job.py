@@ -34,6 +34,7 @@ from nanogpt.point.process import run_child
 from nanogpt.reporters import wandb_point
 from nanogpt.results import store
 from nanogpt.results.identity import legacy_point_id_of, point_id_of
+from nanogpt.results.labels import run_name
 from nanogpt.results.record import Record
 from nanogpt.results.swept import point_key
 from nanogpt.spec import RunSpec
@@ -79,7 +80,7 @@ def run_point(spec: RunSpec, job: Job) -> Outcome:
     result = record.to_dict()
     if job.sweep_dir:
         store.index(job.sweep_dir).add(job.job_dir, result)
-    log.info(summary_line(record))
+    log.info(summary_line(record, run_name(job.overrides, job.sweep_dir, job.repeat)))
     return Outcome(record.status, result)
 
 
@@ -203,8 +204,10 @@ def point_status(job_dir: Path) -> str:
     return "error" if record is None else record["status"]
 
 
-def summary_line(record: Record) -> str:
+def summary_line(record: Record, name: str | None = None) -> str:
+    """The run's [status] line; `name`: what its sweep varies (results/labels.run_name)."""
     result = record.to_dict()
+    name = name or result["overrides_str"]
 
     def fmt(key: str, spec: str) -> str:
         value = result.get(key)
@@ -213,13 +216,13 @@ def summary_line(record: Record) -> str:
     mfu = result.get("mfu")
     if result.get("ttl_target_loss") is not None:  # a run to a target loss: no step window
         return (
-            f"[{result['status']}] {result['overrides_str']}: time to loss "
+            f"[{result['status']}] {name}: time to loss "
             f"{result['ttl_target_loss']:g} {fmt('time_to_loss_s', '.2f')} s "
             f"({result.get('ttl_note') or '-'})"
             + (f" ({result['error']})" if result.get("error") else "")
         )
     return (
-        f"[{result['status']}] {result['overrides_str']}: "
+        f"[{result['status']}] {name}: "
         f"step {fmt('step_ms_median', '.1f')} ms, {fmt('tokens_per_s', ',.0f')} tok/s, "
         f"{fmt('achieved_tflops', '.3f')} TFLOP/s, "
         f"MFU {'-' if mfu is None else f'{mfu:.1%}'}"

@@ -114,6 +114,8 @@ def choose(table: pd.DataFrame, text: str | None = None) -> Choice:
         reasons.append(f"{knob.key}={_shown(knob, ok.iloc[0])} ({knob.why})")
     if len(ok) > 1:
         reasons.append("the first of the points left (the values listed first)")
+    if not reasons:  # nothing to choose between: say so, never an empty reason
+        reasons.append("the only ok point")
     return Choice(table.index.get_loc(ok.index[0]), "; ".join(reasons))
 
 

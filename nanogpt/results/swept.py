@@ -30,6 +30,19 @@ def parse_override(text: str) -> tuple[str, object] | None:
     return key.lstrip("+"), parse_value(value)
 
 
+SWEEP_FUNCTIONS = ("range(", "choice(", "glob(", "interval(", "shuffle(", "sort(", "tag(")
+
+
+def several_values(value: str) -> bool:
+    """Whether an override's value text gives a sweep several values: a comma list (`a,b`,
+    not `[a,b]` or `"a,b"`) or one of Hydra's sweep functions (`range(1,3)`)."""
+    text = value.strip()
+    if text.startswith(SWEEP_FUNCTIONS):
+        return True
+    _, end = _value(text, 0)
+    return end < len(text) and text[end] == ","
+
+
 def override_key(text: str) -> str | None:
     """The key one override sets (without `+`), None for a deletion or text without '='."""
     parsed = parse_override(text)
