@@ -146,6 +146,18 @@ def test_gpu_check_dry_run_has_a_part_per_path_each_box_its_arithmetic_within_ni
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
+def test_docs_table_of_the_gpu_check_is_the_dry_runs(tmp_path):
+    """docs/benchmarks.md's table of the check: the parts that run, their boxes and sums."""
+    out = gpu_check("--dry-run", tmp_path=tmp_path).stdout
+    ran = re.findall(r"^(\w+)\s+(\d+) s  .+? = (\d+) s,", out, flags=re.M)
+    docs = (REPO / "docs" / "benchmarks.md").read_text()
+    section = docs[docs.index("### Checking on a GPU") :]
+    table = re.findall(r"^\| `?(\w+)`? \| (\d+) s \| .+? = (\d+) \|", section, flags=re.M)
+    assert table == ran
+    total = re.search(r"^total: (\d+) s", out, flags=re.M).group(1)
+    assert f"{total} s in all" in section
+
+
 def test_gpu_check_summary_gives_every_figure_a_value_or_the_reason_it_is_null(
     micro_sweep, tmp_path
 ):
