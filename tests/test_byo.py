@@ -57,9 +57,9 @@ def byo_sweep(tmp_path_factory):
         stderr=subprocess.PIPE,
         text=True,
     )
-    _, stderr = proc.communicate(timeout=300)
+    stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
-    return proc.pid, root, sweep_dir, stderr
+    return proc.pid, root, sweep_dir, stdout + stderr
 
 
 @pytest.mark.slow
@@ -86,6 +86,12 @@ def test_a_users_modern_gpt_is_swept_with_honest_figures(byo_sweep):
     # was its own fork of the clean server (none fell back to a fresh interpreter), both measured.
     assert len(importers) == 2
     assert "points now start fresh interpreters" not in stderr, stderr[-2000:]
+    # the console names each run by the one key swept, not by BUILD's 6 fixed overrides
+    named = sorted(line.split(":")[0] for line in stderr.splitlines() if line.startswith("[ok]"))
+    assert named == ["[ok] perf.dtype=bf16", "[ok] perf.dtype=fp32"], named
+    # its first step observed: the matmuls in the asked dtype, its attention through SDPA
+    assert [r["matmul_dtype"] for r in records] == [r["dtype"] for r in records]
+    assert all(r["sdpa_called"] is True and r["observed_note"] is None for r in records)
 
 
 def _compose(overrides: list[str]):

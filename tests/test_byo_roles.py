@@ -129,6 +129,7 @@ CASES = {
     # its matmuls in bf16 whatever perf.dtype asks; an SDPA backend asked of a model without SDPA
     "bf16_cast": [*BUILD, "+model.build.cast=bfloat16", "perf.dtype=fp32"],
     "sdpa_knob": [*BUILD, "perf.attention=math"],
+    "compiled": [*BUILD, "perf.compile=true", "bench.diagnose=false"],
 }
 
 
@@ -191,3 +192,14 @@ def test_a_self_casting_model_is_divided_by_the_peak_of_the_dtype_its_matmuls_ra
         "perf.attention=math acted on nothing: odd.Model never calls "
         "torch.nn.functional.scaled_dot_product_attention"
     )
+
+
+@pytest.mark.slow
+def test_a_compiled_point_without_fp8_never_loads_torchao(odd_sweep):
+    """torchao's load warnings ("Failed to load ..._C_cutlass_90a.abi3.so") and its _pytree
+    Enum warnings came with every compiled point; torchao is imported for perf.fp8 only."""
+    job = odd_sweep["compiled"]
+    assert read_result(job / "result.json")["status"] == "ok"
+    logged = "".join(p.read_text() for p in job.rglob("run.log"))
+    assert "[ok] +case=compiled" in logged
+    assert "torchao" not in logged and "KernelPreference" not in logged
