@@ -187,3 +187,19 @@ def test_from_models_keys_are_in_its_points_identity_and_in_no_other(tmp_path):
     assert not new & set(measured_config(RunSpec())["optimizer"])
     measured = measured_config(spec_of(tmp_path, "fork_identity"))["optimizer"]
     assert measured["method"] == "configure_optimizers" and measured["args"]["learning_rate"]
+
+
+def test_a_from_model_points_identity_ignores_the_keys_its_method_never_gets(tmp_path):
+    """betas, weight_decay, momentum... are the runner's own optimizers' keys: the model's
+    method gets optimizer.args. Changing one is the same point, and the record leaves them out."""
+    from nanogpt.results.identity import measured_config, point_id_of
+
+    spec = spec_of(tmp_path, "fork_betas")
+    other = spec_of(tmp_path, "fork_betas", "optimizer.betas=[0.5,0.6]", "optimizer.momentum=0.5")
+    assert other.optimizer.betas == [0.5, 0.6]
+    assert point_id_of(other) == point_id_of(spec)
+    optimizer = measured_config(spec)["optimizer"]
+    assert not {"betas", "weight_decay", "momentum", "impl", "roles"} & set(optimizer)
+    assert optimizer["grad_clip"] == 1.0  # the trainer applies it: part of the point
+    changed = spec_of(tmp_path, "fork_betas", "optimizer.args.betas=[0.5,0.6]")
+    assert point_id_of(changed) != point_id_of(spec)  # what the method gets is the point
