@@ -27,7 +27,7 @@ from nanogpt.point.slots import visible_gpus
 from nanogpt.protocol import CPU_BENCH, CUDA_BENCH
 from nanogpt.results.baseline import BaselineError, named_point
 from nanogpt.spec import RunSpec
-from nanogpt.validate import check
+from nanogpt.validate import check, check_nodes
 
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
@@ -147,31 +147,83 @@ def fixed_global_batch(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, perf=perf)
 
 
-def job_gpus(cfg: DictConfig) -> int | None:
-    """The GPUs a point's cluster job asks for on its node (hydra/launcher=slurm), from the
-    point's composed config, hydra node and all.
+def in_place(spec: RunSpec) -> RunSpec:
+    """The spec of a point measured by ranks already running (run.as_rank): in rank 0's
+    process, with no child to isolate it in. The SLURM launcher records such a point's job the
+    same way."""
+    return dataclasses.replace(spec, bench=dataclasses.replace(spec.bench, isolate=False))
 
-    hydra.launcher.gpus_per_node left null (conf/hydra/launcher/slurm.yaml): a GPU per rank
-    (dist.nproc) for a point on CUDA (bench.device cuda, cuda:N or auto), none asked for one on
-    the CPU. Set, it is kept; but fewer GPUs than the ranks of a CUDA point is refused, naming
-    the key: each job would otherwise queue, start, and be refused by its own device check
-    (validate.check_gpus_per_point), point after point. GPUs asked another way (gres,
-    gpus_per_task), or a launcher without the key, are left alone."""
+
+def launcher_name(cfg: DictConfig) -> str:
+    """The class name of the point's Hydra launcher (SlurmLauncher, BasicLauncher, ...)."""
+    launcher = cfg.get("hydra", {}).get("launcher", {})
+    return str(launcher.get("_target_", "")).rpartition(".")[2]
+
+
+def check_launcher_nodes(nodes: int, launcher: str) -> None:
+    """dist.nodes > 1 needs a launcher that starts ranks on several machines: SLURM's."""
+    if nodes > 1 and launcher != "SlurmLauncher":
+        raise ConfigError(
+            "dist.nodes",
+            f"is {nodes}, but {launcher or 'this launcher'} runs a point's ranks on this one "
+            "machine",
+            "use hydra/launcher=slurm for a point across nodes, or set dist.nodes=1",
+        )
+
+
+def job_shape(cfg: DictConfig) -> tuple[int, int]:
+    """A point's cluster job (hydra/launcher=slurm): (nodes, tasks a node), from dist.nodes and
+    dist.nproc, the point's ranks on all its nodes, every task a rank. hydra.launcher.nodes and
+    tasks_per_node left at 1 (conf/hydra/launcher/slurm.yaml) are set from them; set by hand to
+    anything else they must agree, or the point is refused naming both keys."""
+    nodes, nproc = int(cfg.dist.nodes), int(cfg.dist.nproc)
+    check_nodes(nproc, nodes)
+    per_node = nproc // nodes
+    launcher = cfg.get("hydra", {}).get("launcher", {})
+    for key, wanted, source in (
+        ("nodes", nodes, f"dist.nodes={nodes}"),
+        ("tasks_per_node", per_node, f"dist.nproc={nproc} over dist.nodes={nodes}"),
+    ):
+        asked = launcher.get(key, 1)
+        if asked not in (1, wanted):
+            raise ConfigError(
+                f"hydra.launcher.{key}",
+                f"is {asked}, but {source} makes it {wanted}",
+                f"drop hydra.launcher.{key} (dist.nproc and dist.nodes set it) or set it to "
+                f"{wanted}",
+            )
+    return nodes, per_node
+
+
+def job_gpus(cfg: DictConfig) -> int | None:
+    """The GPUs a point's cluster job asks for on each of its nodes (hydra/launcher=slurm),
+    from the point's composed config, hydra node and all.
+
+    hydra.launcher.gpus_per_node left null (conf/hydra/launcher/slurm.yaml): a GPU per rank on
+    the node (dist.nproc / dist.nodes) for a point on CUDA (bench.device cuda, cuda:N or auto),
+    none asked for one on the CPU. Set, it is kept; but fewer GPUs than a CUDA point's ranks on
+    a node is refused, naming the key: each job would otherwise queue, start, and be refused by
+    its own device check (validate.check_gpus_per_point), point after point. GPUs asked another
+    way (gres, gpus_per_task), or a launcher without the key, are left alone."""
     launcher = cfg.get("hydra", {}).get("launcher", {})
     if "gpus_per_node" not in launcher or launcher.get("gres") or launcher.get("gpus_per_task"):
         return launcher.get("gpus_per_node")
-    asked, nproc, device = launcher.gpus_per_node, int(cfg.dist.nproc), str(cfg.bench.device)
+    asked, device = launcher.gpus_per_node, str(cfg.bench.device)
+    nodes, per_node = job_shape(cfg)
     # the point measures on a GPU: a CUDA device, or auto unless no GPU is asked for (auto then
     # measures on the node's CPU, with no GPU to match)
     on_gpu = device.startswith("cuda") or (device == "auto" and asked != 0)
     if asked is None:
-        return nproc if on_gpu else None
-    if on_gpu and asked < nproc:
+        return per_node if on_gpu else None
+    if on_gpu and asked < per_node:
         key = "hydra.launcher.gpus_per_node"
+        ranks = f"dist.nproc={per_node} ranks"
+        if nodes > 1:
+            ranks = f"dist.nproc={cfg.dist.nproc} over dist.nodes={nodes}, {per_node} ranks a node,"
         raise ConfigError(
             key,
-            f"is {asked}, but dist.nproc={nproc} ranks on {device} need a GPU each",
-            f"set {key}={nproc}, or leave it unset (null: a GPU per rank)",
+            f"is {asked}, but {ranks} on {device} need a GPU each",
+            f"set {key}={per_node}, or leave it unset (null: a GPU per rank)",
         )
     return asked
 
@@ -218,6 +270,7 @@ def check_points(
                 to_spec(compose(config_name="config", overrides=point), here)
             else:
                 cfg = compose_point(point)
+                check_launcher_nodes(int(cfg.dist.nodes), launcher_name(cfg))
                 if not here:  # a cluster's job: it asks for a GPU per rank, checked at submit
                     job_gpus(cfg)
                 check_parallel_ranks(cfg)

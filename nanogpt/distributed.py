@@ -18,6 +18,7 @@ lockstep, and write nothing to the job dir.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,15 @@ if TYPE_CHECKING:
 
 # torch is imported by the methods that use it, not here: a sweep's own process reads World
 # from its environment and, for a single-rank point on the CPU, never needs torch (validate/).
+
+# How long a collective waits for every rank before it fails (the process group's timeout): a
+# rank lost without closing its connections (a node down, a network cut) fails the point within
+# this, instead of hanging it until the job's time limit. A rank that dies on a live node closes
+# its sockets and its peers fail at once. It bounds how long ranks wait for each other, e.g. for
+# rank 0's calibration (hardware.calibrate) before the first step. Stated in every
+# data-parallel record (dist_timeout_s).
+TIMEOUT_S = 90.0
+_rank_nodes: list[str | None] = []  # each rank's SLURM node, in rank order (World.init)
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,9 @@ class World:
         One group, two transports chosen by a tensor's device: NCCL carries CUDA tensors (DDP's
         gradient all-reduce), gloo carries CPU tensors and pickled objects (the point, the stop
         flag, step times). Without CUDA, gloo carries everything. It does not depend on
-        bench.device, so a rank can join before it knows the point it will measure.
+        bench.device, so a rank can join before it knows the point it will measure. Across
+        nodes the same: MASTER_ADDR is the first node's name (submitit), which every node
+        resolves. Once joined, the ranks tell each other their SLURM node (`rank_nodes`).
         """
         if self.size == 1:
             return
@@ -75,7 +87,10 @@ class World:
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
             backend = "cpu:gloo,cuda:nccl"
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        # SLURMD_NODENAME: the node as SLURM names it (every node of a cluster on one machine
+        # has the machine's hostname)
+        _rank_nodes[:] = self.gather(os.environ.get("SLURMD_NODENAME"))
 
     def shutdown(self) -> None:
         if self.size == 1:
@@ -123,8 +138,9 @@ class World:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
-    def gather(self, values: list[float]) -> list[list[float]]:
-        """Every rank's list, on every rank, in rank order."""
+    def gather(self, values: Any) -> list:
+        """Every rank's value (a list of step times, a node's name), on every rank, in rank
+        order."""
         if self.size == 1:
             return [values]
         import torch.distributed as dist
@@ -132,6 +148,12 @@ class World:
         out: list = [None] * self.size
         dist.all_gather_object(out, values)
         return out
+
+
+def rank_nodes() -> list[str | None]:
+    """Each rank's SLURM node, in rank order, as the ranks told each other when they joined
+    (World.init); empty in a world of one or before joining."""
+    return list(_rank_nodes)
 
 
 def slowest_per_step(per_rank: list[list[float]]) -> list[float]:

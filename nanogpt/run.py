@@ -17,7 +17,6 @@ main module again (multiprocessing does; point/forkserver.py says why), and unde
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -86,7 +85,9 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
             "under torchrun all points would run one after another in the same processes",
             "sweep with `python -m nanogpt.run -m dist.nproc=N ...`: each point starts torchrun",
         )
-    return dataclasses.replace(spec, bench=dataclasses.replace(spec.bench, isolate=False))
+    from nanogpt.app import in_place
+
+    return in_place(spec)
 
 
 def ours(hc) -> bool:
@@ -134,7 +135,7 @@ def main(cfg: DictConfig) -> Outcome | float | tuple[float, ...] | int:
     objective alone under another sweeper (Optuna's, ...)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from nanogpt.app import to_spec
+    from nanogpt.app import check_launcher_nodes, launcher_name, to_spec
     from nanogpt.point.job import run_point, run_single
 
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
@@ -147,6 +148,7 @@ def main(cfg: DictConfig) -> Outcome | float | tuple[float, ...] | int:
         refuse_a_preset_without_multirun()
         spec = to_spec(cfg)
         refuse_runs_under_another_sweeper(spec)
+        check_launcher_nodes(spec.dist.nodes, launcher_name({"hydra": HydraConfig.get()}))
         if world.size > 1:
             spec = as_rank(spec, world, by_torchrun=not by_submitit)
     except ConfigError as err:

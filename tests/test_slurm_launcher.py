@@ -68,12 +68,12 @@ def composed(tmp_path, *overrides: str):
 
 def job_parameters(config) -> dict:
     """What the launcher asks submitit's executor for, for the point's job (nothing submitted)."""
-    from nanogpt.app import job_gpus
+    from nanogpt.app import job_gpus, job_shape
     from nanogpt.launchers.slurm import SlurmLauncher
 
     params = OmegaConf.to_container(config.hydra.launcher, resolve=True)
     params.pop("_target_")
-    return SlurmLauncher(**params).job_parameters(int(config.dist.nproc), job_gpus(config))
+    return SlurmLauncher(**params).job_parameters(job_shape(config), job_gpus(config))
 
 
 @pytest.mark.parametrize(
@@ -83,11 +83,17 @@ def job_parameters(config) -> dict:
         (["bench.device=auto"], 1, 1),  # a single-rank point: its own GPU, as ever
         (["dist.nproc=2", "bench.device=cpu"], None, 2),  # a CPU point asks for no GPU
         (["dist.nproc=2", "bench.device=cuda", "hydra.launcher.gpus_per_node=4"], 4, 2),
+        # across nodes: dist.nproc stays the point's ranks, a GPU per rank on each node
+        (["dist.nproc=8", "dist.nodes=2", "bench.device=cuda"], 4, 4),
+        (["dist.nproc=2", "dist.nodes=2", "bench.device=cpu"], None, 1),
+        (["dist.nproc=4", "dist.nodes=2", "hydra.launcher.tasks_per_node=2"], 2, 2),  # agrees
     ],
 )
 def test_a_points_job_asks_slurm_for_a_gpu_per_rank(tmp_path, overrides, gpus, tasks):
-    asked = job_parameters(composed(tmp_path, *overrides))
+    config = composed(tmp_path, *overrides)
+    asked = job_parameters(config)
     assert asked["gpus_per_node"] == gpus and asked["tasks_per_node"] == tasks
+    assert asked["nodes"] == config.dist.nodes
     assert asked["slurm_partition"] is None and asked["timeout_min"] == 60  # the rest as set
 
 
@@ -116,3 +122,49 @@ def test_fewer_gpus_than_ranks_is_refused_before_anything_is_submitted(tmp_path,
         "(nothing was measured)"
     )
     assert not sweep_dir.exists()
+
+
+def refusal(tmp_path, capsys, *point: str, launcher: str = "slurm") -> str:
+    """The multirun's one line for a point refused at its start (nothing written), exit 2."""
+    from nanogpt.callbacks import SweepReport
+
+    sweep_dir = tmp_path / "sweep"
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        config = compose(
+            "config",
+            [f"hydra/launcher={launcher}", f"hydra.sweep.dir={sweep_dir}", *point],
+            return_hydra_config=True,
+        )
+        with pytest.raises(SystemExit) as stopped:
+            SweepReport().on_multirun_start(config)
+    assert stopped.value.code == 2 and not sweep_dir.exists()
+    (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
+@pytest.mark.parametrize(
+    ("point", "launcher", "keys"),
+    [
+        # dist.nproc is every node's ranks: the same on each
+        (["dist.nproc=3", "dist.nodes=2"], "slurm", ["dist.nproc: is 3", "dist.nodes=2"]),
+        # a launcher key set by hand that contradicts dist.*: both named
+        (
+            ["dist.nproc=4", "dist.nodes=2", "hydra.launcher.nodes=4"],
+            "slurm",
+            ["hydra.launcher.nodes: is 4", "dist.nodes=2"],
+        ),
+        (
+            ["dist.nproc=4", "dist.nodes=2", "hydra.launcher.tasks_per_node=4"],
+            "slurm",
+            ["hydra.launcher.tasks_per_node: is 4", "dist.nproc=4 over dist.nodes=2"],
+        ),
+        # the launchers that run a point's ranks on this machine
+        (["dist.nproc=2", "dist.nodes=2"], "basic", ["dist.nodes: is 2", "hydra/launcher=slurm"]),
+        (["dist.nproc=2", "dist.nodes=2"], "parallel", ["dist.nodes: is 2", "ParallelLauncher"]),
+    ],
+)
+def test_dist_nodes_that_cannot_be_is_one_line(tmp_path, capsys, point, launcher, keys):
+    line = refusal(tmp_path, capsys, *point, "bench.device=cpu", launcher=launcher)
+    assert line.startswith("error: point 1 of 1 (") and line.endswith("(nothing was measured)")
+    for key in keys:
+        assert key in line, line

@@ -4,13 +4,15 @@ Built on hydra-submitit-launcher's SlurmLauncher, which runs each point's Hydra 
 SLURM job. What this class adds, from the submitting side:
 - before anything is written, SLURM must be here and answer: else one line naming
   hydra/launcher and what is missing, exit 2;
-- a point of dist.nproc=N is a job of N tasks, every task a rank, with a GPU each on CUDA
-  (app.job_gpus: gpus_per_node from dist.nproc unless set; set to fewer, refused at submit);
+- a point of dist.nproc=N over dist.nodes=M is a job of M nodes and N / M tasks on each, every
+  task a rank, with a GPU each on CUDA (app.job_shape; app.job_gpus: gpus_per_node from them
+  unless set; set to fewer, refused at submit); the first node is the ranks' rendezvous;
 - it waits on the scheduler's own state of each job (squeue keeps ended jobs for MinJobAge),
   not on accounting (sacct), which a cluster may not run; a requeued job is waited for again;
-- a job that ended without a result (scancel, its time limit, a node failure) is recorded in
-  its job dir with a status that says so (`cancelled`, `timeout`, `error`), keeping what the
-  job measured before SLURM's SIGTERM; a point whose job wrote an ok record stays ok;
+- a job that ended without a result (scancel, its time limit, a node failure, a rank lost) is
+  recorded in its job dir with a status that says so (`cancelled`, `timeout`, `error`), keeping
+  what the job measured before SLURM's SIGTERM, and naming the node of a task that died (srun's
+  own line); a point whose job wrote an ok record stays ok;
 - the sweep dir remembers its jobs (slurm_jobs.json): the same command run again after the
   submitting process died first cancels that run's jobs still queued or running, then resumes
   (points with an ok record are skipped, as ever);
@@ -34,7 +36,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
 )
 from omegaconf import OmegaConf, open_dict
 
-from nanogpt.app import job_gpus, to_spec
+from nanogpt.app import in_place, job_gpus, job_shape, to_spec
 from nanogpt.errors import ConfigError
 from nanogpt.faults import CONFIG_EXIT, describe, interrupted_exit
 from nanogpt.files import read_json, write_json
@@ -50,6 +52,7 @@ from nanogpt.launchers.slurm_queue import (
     requeues_logged,
     scheduler_states,
     squeue_jobs,
+    tasks_lost,
     wait_ended,
 )
 from nanogpt.point.handoff import Job
@@ -99,44 +102,45 @@ class SlurmLauncher(SubmititSlurmLauncher):
         ]
 
     def _submit(self, job_overrides, initial_job_idx: int) -> list:
-        """One job array per (dist.nproc, GPUs) among the points: a point of dist.nproc=N is a
-        job of N tasks (its ranks, from SLURM's environment) and, on CUDA, N GPUs
-        (app.job_gpus); the jobs in the points' order."""
-        groups: dict[tuple[int, int | None], list[int]] = {}
+        """One job array per (nodes, tasks a node, GPUs) among the points: a point of
+        dist.nproc=N over dist.nodes=M is a job of M nodes, N / M tasks on each (its ranks,
+        from SLURM's environment) and, on CUDA, a GPU per task (app.job_shape, app.job_gpus);
+        the jobs in the points' order."""
+        groups: dict[tuple[tuple[int, int], int | None], list[int]] = {}
         for i, overrides in enumerate(job_overrides):
             config = self.hydra_context.config_loader.load_sweep_config(
                 self.config, list(overrides)
             )
             try:  # a sweeper whose points were not known at the multirun's start (the search)
-                gpus = job_gpus(config)
+                shape, gpus = job_shape(config), job_gpus(config)
             except ConfigError as err:
                 print(f"error: {err} (nothing was submitted)", file=sys.stderr)
                 sys.exit(CONFIG_EXIT)
-            groups.setdefault((int(config.dist.nproc), gpus), []).append(i)
+            groups.setdefault((shape, gpus), []).append(i)
         jobs: list = [None] * len(job_overrides)
-        for (nproc, gpus), members in groups.items():
+        for (shape, gpus), members in groups.items():
             submitted = self._submit_array(
                 [job_overrides[i] for i in members],
                 [initial_job_idx + i for i in members],
-                nproc,
+                shape,
                 gpus,
             )
             for i, job in zip(members, submitted, strict=True):
                 jobs[i] = job
         return jobs
 
-    def job_parameters(self, nproc: int, gpus: int | None) -> dict:
-        """What the job of a point of dist.nproc=`nproc` asks submitit's executor for: the
-        launcher's keys, a task per rank, `gpus` GPUs a node (app.job_gpus)."""
+    def job_parameters(self, shape: tuple[int, int], gpus: int | None) -> dict:
+        """What the job of a point asks submitit's executor for: the launcher's keys, its
+        `shape` (nodes, tasks a node: app.job_shape), a task per rank, `gpus` GPUs a node
+        (app.job_gpus)."""
         params = dict(self.params)
-        if nproc > 1:
-            params["tasks_per_node"] = nproc
+        params["nodes"], params["tasks_per_node"] = shape
         params["gpus_per_node"] = gpus
         del params["submitit_folder"], params["max_num_timeout"]  # the executor's own
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         return {key if key in generic else f"slurm_{key}": v for key, v in params.items()}
 
-    def _submit_array(self, job_overrides, numbers: list[int], nproc: int, gpus) -> list:
+    def _submit_array(self, job_overrides, numbers: list[int], shape: tuple[int, int], gpus):
         """Submit points as one job array, as hydra-submitit-launcher does."""
         import submitit
 
@@ -145,7 +149,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             folder=self.params["submitit_folder"],
             slurm_max_num_timeout=self.params["max_num_timeout"],
         )
-        executor.update_parameters(**self.job_parameters(nproc, gpus))
+        executor.update_parameters(**self.job_parameters(shape, gpus))
         for number, overrides in zip(numbers, job_overrides, strict=True):
             print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
         state = Singleton.get_state()
@@ -210,8 +214,9 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
     def _outcome(self, job, overrides, number: int, state: tuple[str, str]) -> JobReturn:
         """The point's JobReturn; a job that ended without an ok record is recorded here."""
-        try:
-            returned = job.results()[0] if job.paths.result_pickle.exists() else None
+        try:  # rank 0's (task 0's): submitit's job.results() would wait for every task's,
+            # and for a task that died without one, on accounting (sacct) a cluster may not run
+            returned = job.task(0).result() if job.paths.result_pickle.exists() else None
         except Exception as err:  # the job raised, or submitit gave up on it
             returned, why = None, describe(err)
         else:
@@ -232,6 +237,9 @@ class SlurmLauncher(SubmititSlurmLauncher):
             # requeued at its time limit, its rerun ended without a result: on SLURM 22.05
             # the rerun may get the time-limit signal at once, before submitit can catch it
             why = f"requeued {requeues} time(s) at its time limit; the rerun left no result"
+        lost = tasks_lost(job)  # a rank that died: its node, from srun (a point across nodes)
+        if lost and scheduler_state not in STATUS_OF:
+            why = f"lost {'; '.join(lost)}" + (f"; {why}" if why else "")
         timed_out = why is not None and ("timed-out" in why or "time limit" in why)
         slurm_status = STATUS_OF.get(scheduler_state, "timeout" if timed_out else "error")
         error = (
@@ -243,6 +251,8 @@ class SlurmLauncher(SubmititSlurmLauncher):
         with open_dict(task):
             del task["hydra"]
         spec = to_spec(task, here=False)
+        if spec.dist.nproc > 1:  # its ranks were the job's tasks: measured in rank 0's process
+            spec = in_place(spec)
         point = Job(job_dir=job_dir, overrides=list(overrides), sweep_dir=job_dir.parent)
         final = record_ended_outside(spec, point, slurm_status, error, job.job_id, node or None)
         return JobReturn(

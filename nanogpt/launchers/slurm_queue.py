@@ -1,12 +1,14 @@
 """What SLURM and submitit say about a sweep's jobs, for `hydra/launcher=slurm`
 (launchers/slurm.py): whether SLURM is here and answers, each job's state from the scheduler
-(squeue keeps ended jobs for MinJobAge; accounting, sacct, may not run), and how often a job's
-runs asked to be requeued (submitit's log). One line and exit 2 where SLURM is missing.
+(squeue keeps ended jobs for MinJobAge; accounting, sacct, may not run), how often a job's
+runs asked to be requeued (submitit's log), and which of its tasks died where (srun's own
+lines in that log). One line and exit 2 where SLURM is missing.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +102,18 @@ def requeues_logged(job) -> int:
     """How often the job's runs asked SLURM to requeue it: submitit's logger writes
     "... - Requeued job N" just after `scontrol requeue`, at its time limit or on preemption."""
     return job_log(job).count(" - Requeued job ")
+
+
+# srun's line for tasks that ended badly, in the job's log: "srun: error: NODE: task 1: Killed",
+# "srun: error: NODE: tasks 0-1: Exited with exit code 1"
+TASK_ENDED = re.compile(r"^srun: error: (\S+): (tasks? [0-9,\-]+): (.+)$", re.MULTILINE)
+
+
+def tasks_lost(job) -> list[str]:
+    """The job's tasks (every task a rank) that SLURM saw die or fail, each as 'task 1 on node
+    NODE: Killed' (srun's own account, the node as SLURM names it)."""
+    found = TASK_ENDED.findall(job_log(job))
+    return [f"{tasks} on node {node}: {how.strip()}" for node, tasks, how in dict.fromkeys(found)]
 
 
 def cancel(job_ids: list[str]) -> None:

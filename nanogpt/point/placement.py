@@ -1,7 +1,9 @@
 """Where a point ran, for its record: its SLURM job and node, and the points beside it.
 
 Under SLURM (hydra/launcher=slurm) the job's own environment says where it runs: the job (an
-array task, as `scancel`/`squeue` name it), the node, how often it was requeued. Under
+array task, as `scancel`/`squeue` name it), the node, how often it was requeued, and, for a
+point across nodes, each rank's node (the ranks tell each other when they join:
+distributed.rank_nodes). Under
 hydra/launcher=parallel several points run at once on one machine, each in its own set of cores
 or on its own GPU; they share memory bandwidth, PCIe and the host, so each record lists the
 points that ran beside it. The launcher names a folder (CORUN_ENV) where every point it runs
@@ -15,6 +17,7 @@ import os
 import time
 from pathlib import Path
 
+from nanogpt.distributed import TIMEOUT_S, World, rank_nodes
 from nanogpt.files import read_json, write_json
 from nanogpt.results.record import Setup
 
@@ -35,6 +38,12 @@ def fill(setup: Setup) -> None:
     if setup.slurm_job_id:
         setup.slurm_node = env.get("SLURMD_NODENAME")
         setup.slurm_restarts = int(env.get("SLURM_RESTART_COUNT", 0))
+        # each rank's node, as the ranks told each other (a world of one: this node)
+        ranks = rank_nodes() or [setup.slurm_node]
+        if all(ranks):
+            setup.rank_nodes, setup.nodes = ranks, len(set(ranks))
+    if World.from_env().size > 1:
+        setup.dist_timeout_s = TIMEOUT_S
     if env.get(CORUN_ENV):
         if hasattr(os, "sched_getaffinity"):
             setup.cpu_set = sorted(os.sched_getaffinity(0))

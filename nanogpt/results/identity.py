@@ -54,6 +54,7 @@ LATER_KEYS = {
     "model": ("build",),
     "data": ("tokenizer", "val_fraction"),
     "bench": ("target_loss", "eval_every", "eval_batches", "max_steps", "max_s"),
+    "dist": ("nodes",),
 }
 
 # optimizer=from_model: the keys of the runner's own optimizers, which the model's method never

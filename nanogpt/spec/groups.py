@@ -172,7 +172,10 @@ class LoggerConfig:
 
 @dataclass
 class DistConfig:
-    nproc: int = 1  # >1: each point runs under torchrun with this many processes
+    nproc: int = 1  # the point's ranks, all nodes: >1 runs it under torchrun (or SLURM's tasks)
+    # The machines its ranks span (hydra/launcher=slurm only): nproc / nodes ranks on each,
+    # the first node the ranks' rendezvous (docs/distributed.md)
+    nodes: int = 1
     strategy: Strategy = Strategy.ddp  # with more than one rank: ddp | fsdp2
     reshard_after_forward: bool = True  # fsdp2: free gathered parameters after forward
 

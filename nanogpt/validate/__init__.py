@@ -79,8 +79,10 @@ def check_sizes(spec: RunSpec) -> None:
         "bench.diagnose_steps": b.diagnose_steps,
         "logger.log_interval": spec.logger.log_interval,
         "dist.nproc": spec.dist.nproc,
+        "dist.nodes": spec.dist.nodes,
     }.items():
         _at_least(key, value, 1)
+    check_nodes(spec.dist.nproc, spec.dist.nodes)
     if b.min_measure_steps > b.measure_steps:
         raise ConfigError(
             "bench.min_measure_steps",
@@ -117,6 +119,16 @@ def check_sizes(spec: RunSpec) -> None:
     if spec.hardware.peak_tflops is not None and spec.hardware.peak_tflops <= 0:
         raise ConfigError(
             "hardware.peak_tflops", "must be positive", "give TFLOP/s or null for the datasheet"
+        )
+
+
+def check_nodes(nproc: int, nodes: int) -> None:
+    """dist.nproc is the point's ranks on all its nodes: as many on each."""
+    if nproc % nodes:
+        raise ConfigError(
+            "dist.nproc",
+            f"is {nproc}, which dist.nodes={nodes} does not divide (the same ranks on each node)",
+            f"set dist.nproc to a multiple of {nodes}, e.g. {nodes * max(1, nproc // nodes)}",
         )
 
 

@@ -48,6 +48,9 @@ class Setup:
     slurm_job_id: str | None = None  # "ARRAYJOB_TASK" (scancel/squeue take it) or the job id
     slurm_node: str | None = None
     slurm_restarts: int | None = None  # times SLURM requeued the job before this run
+    nodes: int | None = None  # SLURM: the nodes the point's ranks ran on
+    rank_nodes: list | None = json_only()  # SLURM: each rank's node (SLURMD_NODENAME), by rank
+    dist_timeout_s: float | None = None  # more than one rank: a collective's timeout
     cpu_set: list | None = json_only()  # the cores the point was pinned to (launcher=parallel)
     gpu_set: str | None = json_only()  # CUDA_VISIBLE_DEVICES the launcher gave it
     co_running: list | None = None  # overrides of the points that ran beside it ([]: none)
