@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.errors import ConfigError
-from nanogpt.measure import byo, byo_figures
+from nanogpt.measure import byo, flops
 from nanogpt.spec import (
     Attention,
     DistConfig,
@@ -82,7 +82,7 @@ def test_the_contracts_three_returns_give_the_loss(tmp_path, returns):
     idx = torch.randint(0, 64, (2, 16))
     _, loss = model(idx, idx)
     assert loss.dim() == 0 and loss.requires_grad
-    assert byo_figures.flops_of(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)), model)[
+    assert flops.flops_of(_spec(tmp_path, name, TINY.replace("{RETURN}", returns)), model)[
         "flops_source"
     ].startswith("counted")
 
@@ -103,10 +103,12 @@ def test_init_weights_and_the_flops_hook_are_used(tmp_path):
     spec = _spec(tmp_path, "hooked", HOOKED)
     model = byo.build_user_model(spec)
     assert torch.all(model.inner.head.weight == 0.5)
-    assert byo_figures.flops_of(spec, model) == {
+    assert flops.flops_of(spec, model) == {
         "n_params_flops": model.get_num_params(),
         "flops_per_token": 1016,
-        "flops_per_token_counted": pytest.approx(byo_figures._counted(spec)),
+        "flops_per_token_hw": None,  # a number: no hardware FLOPs (a dict may hold them)
+        "flops_per_token_counted": pytest.approx(flops.counted_per_token(spec, model)),
+        "flops_formula": None,
         "flops_source": "hook: flops_per_token(seq_len)",
     }
     assert model.blocks_name == "layers"
@@ -156,6 +158,17 @@ def test_checkpointing_wraps_the_blocks_found_and_fsdp2_without_them_is_refused(
         counted[checkpointed] = counter.get_total_flops()
     # The block (an 8x8 Linear, tanh) runs its forward again in backward: 2 x B*T x 8 x 8.
     assert counted[True] - counted[False] == 2 * (2 * 16) * 8 * 8
+    # wrapped as a module (torch's checkpoint_wrapper), its forward never reassigned; the roles
+    # sort the same tensors, and a name is the user's own
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from nanogpt.optim import parameter_roles
+
+    assert isinstance(model.blocks[0], CheckpointWrapper) and "forward" not in vars(model.blocks[0])
+    assert model.described_blocks() == "layers: 1 x Sequential"
+    names = {id(p): byo.user_name(n) for n, p in model.named_parameters()}
+    roles = parameter_roles(model, 64)
+    assert sorted(names[id(p)] for p in roles["matrices"]) == ["layers.0.0.weight"]
     flat = TINY.replace("{RETURN}", "loss").replace("nn.ModuleList([", "(").replace("])", ")")
     spec = _spec(tmp_path, "noblocks", flat)
     spec.perf = PerfConfig(activation_checkpointing=True)
@@ -203,7 +216,7 @@ def test_a_model_that_cannot_run_on_meta_is_6n_with_attention_not_counted(tmp_pa
     source = TINY.replace("{RETURN}", "loss if loss.item() < 1e9 else loss")
     spec = _spec(tmp_path, "no_meta", source)
     model = byo.build_user_model(spec)
-    figures = byo_figures.flops_of(spec, model)
+    figures = flops.flops_of(spec, model)
     assert figures["flops_per_token"] == 6 * model.get_num_params()
     assert figures["flops_per_token_counted"] is None
     assert figures["flops_source"].startswith(
@@ -303,7 +316,7 @@ def test_nanochats_estimate_flops_hook_is_used(tmp_path):
         + "\n    def estimate_flops(self):\n        return 4242.4\n"
     )
     spec = _spec(tmp_path, "nanochat_like", source)
-    figures = byo_figures.flops_of(spec, byo.build_user_model(spec))
+    figures = flops.flops_of(spec, byo.build_user_model(spec))
     assert figures["flops_per_token"] == 4242
     assert figures["flops_source"] == "hook: estimate_flops()"
 

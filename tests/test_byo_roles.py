@@ -155,6 +155,10 @@ def test_odd_shapes_train_ok_under_every_optimizer(odd_sweep):
         "other": 4,
     }
     assert roles["matrices"]["stepped_by"] == "Muon" and roles["other"]["stepped_by"] == "AdamW"
+    # the model named: its blocks and their class; on a CPU no host sync is counted, and why
+    assert records["muon"]["model_blocks"] == "blocks: 2 x Block"
+    assert records["muon"]["host_sync_in_step"] is None
+    assert records["muon"]["host_sync_note"].startswith("not counted on cpu")
     assert roles["other"]["n_params"] == 2 * (2 * 16 * 16) + 16 * 16 + 16
     # from_model: a class the state table lacks, its state counted after the first warmup step
     own = records["from_model"]

@@ -174,7 +174,8 @@ def test_gpu_points_finish_ok(perf, tmp_path):
     check(spec)
     record = measured(spec, tmp_path)
     assert record.status == "ok", record.error
-    assert record.setup.host_sync_in_step is False
+    # no host sync in a step (counted under torch's sync debug mode, when diagnosed)
+    assert record.setup.host_sync_in_step in (0, None), record.setup.host_sync_note
     assert record.timing.measured_steps >= spec.bench.min_measure_steps
     assert record.rates.mfu is None or 0 < record.rates.mfu < 1
 

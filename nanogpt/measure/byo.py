@@ -14,7 +14,6 @@ Its FLOPs and memory figures: measure/byo_figures.py.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import traceback
@@ -23,7 +22,10 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    _CHECKPOINT_WRAPPED_MODULE,
+    checkpoint_wrapper,
+)
 
 from nanogpt.errors import ConfigError
 from nanogpt.spec import Attention, Dtype, Loss, RunSpec, Strategy
@@ -85,6 +87,13 @@ class UserModel(nn.Module):
         (one host read, before any timed step; the trainer calls it outside the compiled
         forward, so no flag of it is a guard that recompiles)."""
         _check_loss(loss, self.target)
+
+    def described_blocks(self) -> str:
+        """The blocks found, for the record: "layers: 2 x Block", or why none."""
+        if self.blocks_name is None:
+            return f"none found (looked for {', '.join(BLOCK_NAMES)}): the whole model is one"
+        classes = dict.fromkeys(type(_unwrapped(b)).__name__ for b in self.blocks)
+        return f"{self.blocks_name}: {len(self.blocks)} x {' / '.join(classes)}"
 
     def get_num_params(self, non_embedding: bool = False) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -203,8 +212,11 @@ def refuse_knobs(spec: RunSpec, model: UserModel) -> None:
                 "name it transformer.h or layers",
             )
     if perf.activation_checkpointing:
-        for block in model.blocks:
-            block.forward = functools.partial(_checkpointed, block.forward)
+        # each block wrapped as a module (torch's checkpoint_wrapper, as torchtitan wraps its
+        # blocks), never its forward reassigned: FSDP2 shards the wrapper, the roles sort the same
+        # tensors, and names are the user's (`user_name` drops the wrapper's part)
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = checkpoint_wrapper(block)
     config = getattr(model.inner, "config", None)
     longest = getattr(config, "block_size", None) or getattr(config, "max_position_embeddings", 0)
     if isinstance(longest, int) and 0 < longest < spec.model.block_size:
@@ -224,9 +236,14 @@ def refuse_knobs(spec: RunSpec, model: UserModel) -> None:
         )
 
 
-def _checkpointed(forward, *args, **kwargs):
-    """A block's forward under activation checkpointing (recomputed in backward)."""
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+def user_name(name: str) -> str:
+    """A parameter's or module's name as the user's model names it: without UserModel's
+    `inner.` and checkpoint_wrapper's `_checkpoint_wrapped_module.`."""
+    return name.removeprefix("inner.").replace(_CHECKPOINT_WRAPPED_MODULE + ".", "")
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    return getattr(module, _CHECKPOINT_WRAPPED_MODULE, module)
 
 
 def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:

@@ -32,7 +32,7 @@ import torch
 from nanogpt.devices import synchronize
 from nanogpt.distributed import World, slowest_per_step
 from nanogpt.faults import classify, describe
-from nanogpt.measure import memory
+from nanogpt.measure import memory, observe
 from nanogpt.measure.compile_health import CompileProbe
 from nanogpt.measure.contention import ContentionProbe
 from nanogpt.measure.diagnose import run_diagnosis
@@ -168,6 +168,9 @@ def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, hi
     count_optimizer_state(spec, trainer, record.optimizer)  # the state the steps created
     # After the measured steps and their memory peaks: the profiled steps enter no statistic.
     run_diagnosis(spec, trainer, record, log, ceilings.matmul_emulated)
+    record.setup.host_sync_in_step, record.setup.host_sync_note = observe.host_syncs(
+        trainer, spec.bench.diagnose
+    )
 
 
 def _graph_mode(spec: RunSpec) -> str | None:

@@ -85,6 +85,7 @@ class Observation:
     sdpa_called: bool | None = None
     notes: list = field(default_factory=list)  # what was asked and acted on nothing, in words
     unobserved: str | None = None  # why nothing was observed (the record says it, not the console)
+    blocks: str | None = None  # the blocks found (byo.UserModel.described_blocks)
 
     def peak_dtype(self, asked: Dtype) -> Dtype:
         """The dtype whose peak MFU divides by: the observed one where it is known."""
@@ -97,15 +98,17 @@ def first_step(spec: RunSpec) -> Observation:
     from nanogpt.measure.byo_figures import meta_copy
 
     asked = spec.perf.dtype
+    blocks = None
     try:
         copy, idx = meta_copy(spec)
+        blocks = copy.described_blocks()
         matmuls, sdpa = MatmulDtypes(), SdpaCalls()
         with sdpa, matmuls:
             _, loss = copy(idx, idx)
             loss.backward()
     except Exception as err:  # noqa: BLE001 - not observed: say why, measure on
         why = f"first step not observed on meta ({type(err).__name__}: {str(err)[:120]})"
-        return Observation(unobserved=why)
+        return Observation(unobserved=why, blocks=blocks)
     seen = dict(matmuls.seen)
     if asked in AUTOCAST:
         dtype = AUTOCAST[asked]  # autocast casts every matmul's inputs (not on meta: by rule)
@@ -130,7 +133,7 @@ def first_step(spec: RunSpec) -> Observation:
             f"perf.attention={spec.perf.attention.value} acted on nothing: {target} never calls "
             "torch.nn.functional.scaled_dot_product_attention"
         )
-    return Observation(dtype, seen, sdpa.calls > 0, notes)
+    return Observation(dtype, seen, sdpa.calls > 0, notes, blocks=blocks)
 
 
 def fill(setup, seen: Observation, is_main: bool = True) -> None:
@@ -138,6 +141,32 @@ def fill(setup, seen: Observation, is_main: bool = True) -> None:
     setup.matmul_dtype = seen.matmul_dtype
     setup.matmul_dtypes = seen.matmul_dtypes or None
     setup.sdpa_called = seen.sdpa_called
+    setup.model_blocks = seen.blocks
     setup.observed_note = "; ".join([*seen.notes, *filter(None, [seen.unobserved])]) or None
     for note in seen.notes if is_main else ():  # a model that failed its build has none
         log.warning(note)
+
+
+def host_syncs(trainer, diagnosed: bool) -> tuple[int | None, str]:
+    """The host syncs of one training step, counted on CUDA by torch's sync debug mode (each
+    synchronizing call, such as a GradScaler reading found_inf with a non-fused optimizer or a
+    `.item()`, warns once), in one step after the diagnosis: no measured step runs under it.
+    Null with the reason elsewhere."""
+    if trainer.device.type != "cuda":
+        return None, f"not counted on {trainer.device.type}: torch's sync debug mode is CUDA's"
+    if not diagnosed:
+        return None, "not counted: it runs with the diagnosis (bench.diagnose=false)"
+    import warnings
+
+    torch.cuda.synchronize(trainer.device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    torch.cuda.synchronize(trainer.device)
+    count = sum("synchroniz" in str(w.message) for w in caught)
+    return count, "torch.cuda.set_sync_debug_mode('warn'), one step after the diagnosis"

@@ -46,7 +46,6 @@ def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
         fp8_converted=len(fp8["converted"]) if fp8 is not None else None,
         fp8_layers=fp8,
         optimizer_impl_used=trainer.optimizer_impl_used,
-        host_sync_in_step=trainer.host_sync_in_step,
         inductor_cache=_inductor_cache_state() if perf.compile else None,
         mem_estimate_bytes=estimate["total"],
         mem_estimate=estimate,

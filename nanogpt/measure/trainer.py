@@ -22,7 +22,7 @@ from nanogpt.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.distributed import World
 from nanogpt.faults import Fault
 from nanogpt.lr_schedule import is_flat, lr_factor
-from nanogpt.measure.byo import build_user_model
+from nanogpt.measure.byo import build_user_model, user_name
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.optim import build_optimizer, implementation, role_groups
 from nanogpt.sharding import apply_fsdp2, set_gradient_sync
@@ -97,6 +97,10 @@ class Trainer:
         self.fp8_layers = None
         if perf.fp8 is not Fp8.none:
             self.fp8_layers = float8.convert(self.raw_model, perf.fp8)
+            if spec.model.build:  # the user's own layer names, not the wrapper's (inner.)
+                layers = self.fp8_layers
+                layers["converted"] = [user_name(n) for n in layers["converted"]]
+                layers["kept"] = [{**k, "layer": user_name(k["layer"])} for k in layers["kept"]]
         self.fsdp = spec.dist.strategy is Strategy.fsdp2 and world.size > 1
         mode = None if perf.compile_mode == "default" else perf.compile_mode
         if self.fsdp:

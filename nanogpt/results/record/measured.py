@@ -32,7 +32,10 @@ class Setup:
     fp8_converted: int | None = None  # Linears swapped for torchao's Float8Linear
     fp8_layers: dict | None = json_only()  # {"converted": [names], "kept": [{layer, reason}]}
     optimizer_impl_used: str | None = None  # fused | foreach | for_loop: what actually steps
-    host_sync_in_step: bool | None = None  # GradScaler with a non-fused optimizer reads the host
+    # host syncs in one step (CUDA: torch's sync debug mode, measure/observe.host_syncs); null
+    # elsewhere, host_sync_note says why
+    host_sync_in_step: int | None = None
+    host_sync_note: str | None = None
     # A user's model's first step, observed on its meta copy (measure/observe.py): the dtype its
     # matmuls ran in (MFU's peak is that dtype's), their calls by dtype, whether it called SDPA,
     # and what was asked of it that acted on nothing
