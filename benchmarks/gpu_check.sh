@@ -136,12 +136,15 @@ dry_run() {
 
 # --- --prepare: here, beside ../shared, what the GPU machine lacks, into the ignored .gpu/ ---
 # Wheels for the image's Python 3.12 and torch 2.11, no dependencies pulled (the image has
-# numpy, requests, filelock, fsspec, pyyaml, tqdm, packaging): torchao 0.18 needs torch >= 2.11
-# (its __init__ loads its kernels from 2.11 on); transformers 4.57, the last 4.x, needs torch
-# >= 2.2 and huggingface_hub < 1 (whose 1.x pulls httpx, typer and more), tokenizers 0.22.
+# numpy, requests, idna, filelock, fsspec, pyyaml, tqdm, packaging): torchao 0.18 needs torch
+# >= 2.11 (its __init__ loads its kernels from 2.11 on); transformers 5.24 (the version the CPU
+# tests run; torch >= 2.6), with what its import needs beyond the image: huggingface_hub 2.4,
+# tokenizers, safetensors, and the hub's httpx2 with httpcore2, anyio, h11, sniffio and
+# truststore (found by importing it and training a Llama step with the image's packages alone).
 # pyarrow (40-55 MB) stays home: a sweep without it writes no parquet and says so.
-WHEELS=(torchao==0.18.0 transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.1
-  safetensors==0.6.2)
+WHEELS=(torchao==0.18.0 transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3
+  safetensors==0.8.0 httpx2==2.16.2 httpcore2==2.16.2 anyio==4.16.0 h11==0.16.0 sniffio==1.3.1
+  truststore==0.10.5)
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64)
 
@@ -152,12 +155,12 @@ prepare() {
     return 1
   fi
   mkdir -p .gpu/tiktoken_cache .gpu/ttl
-  rm -f .gpu/pyarrow-*.whl  # an earlier --prepare's: it stays home now
+  rm -f .gpu/*.whl  # an earlier --prepare's (pyarrow, another version): what WHEELS says now
   cp -f "$wheels"/*.whl .gpu/
   cp -f "$SHARED"/tiktoken_cache/* .gpu/tiktoken_cache/ 2>/dev/null
   chmod -R u+w .gpu  # ../shared's files are read-only: a second --prepare overwrites them
   if ! "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp "${PLATFORMS[@]}" -d .gpu "${WHEELS[@]}"; then
+    --implementation cp "${PLATFORMS[@]}" -d .gpu "${WHEELS[@]}" 2> >(grep -v '^WARNING' >&2); then
     echo "gpu_check --prepare: pip download ${WHEELS[*]} failed (no network?)" >&2
     return 1
   fi

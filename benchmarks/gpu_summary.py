@@ -46,7 +46,7 @@ def missing(r: Record, what: str) -> str:
         return f"the point ended {r.status}: {r.error or 'no error recorded'}"
     if r.time_to_loss.ttl_target_loss is not None:
         return f"{what}: none, a time-to-loss run trains to its target with no measured window"
-    return f"{what} not recorded (a record written before the field existed?)"
+    return f"{what}: left null by the code that measured this point, no reason recorded"
 
 
 def gib(n: int | float) -> str:
