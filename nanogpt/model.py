@@ -8,6 +8,10 @@ Interface as nanoGPT: `GPTConfig`, `GPT(config)`, `forward(idx, targets) -> (log
 
 Performance knobs the sweep varies live here too: which attention kernel runs (`attention`)
 and whether block activations are recomputed in the backward pass (`activation_checkpointing`).
+
+The GPT keeps the contract the runner asks of a user's model (docs/models.md): its FLOPs and its
+activation memory are its own hooks, `flops_per_token(seq_len)` and `activation_memory(...)`,
+which measure/flops.py and measure/estimate.py call for every model alike.
 """
 
 from __future__ import annotations
@@ -21,6 +25,87 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from nanogpt.chunked_loss import chunked_cross_entropy
+
+FLOPS_FORMULA = "6N + 12*L*H*Q*T (PaLM appendix B); N = params excluding position embedding"
+
+# The activation and logits terms' coefficients, fitted together to the peaks one H100 80GB
+# measured on 2026-11-23 (torch 2.11; ../shared/device/h100-2026-11-23.md, summarised in
+# docs/benchmarks.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW, flash attention:
+#   eager 11.31 GiB, eager with activation checkpointing 7.76 GiB, compiled 9.08 GiB.
+# Eager and checkpointed share the logits and differ by 11 layers' activations: those two fix
+# the activations (38.9 bytes) and the eager logits (9.30 bytes a logit, 2 of them bf16); the
+# compiled point, its activations assumed the same, fixes the compiled logits (5.43). Rounded,
+# the estimate is within 0.1 % of all three (tests/test_model_flops.py holds it to 5 %). These
+# are effective bytes: at the peak (the start of backward) the gradients are not allocated yet
+# while autocast's weight copies and Inductor's buffers are, and the fit absorbs that.
+ACTIVATION_BYTES = 39  # a layer, a token, a channel, 16-bit: Korthikanti's 34, plus the
+#                        residual stream, fp32 under autocast, saved at both LayerNorms
+LOGITS_EXTRA_BYTES = {False: 7.3, True: 3.4}  # a logit beyond its compute-dtype copy, eager
+#   (log_softmax's fp32 output and its fp32 gradient, nearly two fp32 copies) and compiled
+#   (Inductor fuses the upcast into the loss kernels: less than one)
+
+
+def chunk_bytes(act_bytes: int, compiled: bool) -> int:
+    """Bytes a logit of one chunk holds at the chunk's peak (nanogpt/chunked_loss.py's forward).
+    Eager: the fp32 upcast z beside torch.logsumexp's temporary of its input, which ATen
+    allocates whole (logsumexp_out_impl computes exp(z - max) into a new tensor before summing):
+    4 + 4 whatever the compute dtype (the 16-bit product is freed once upcast). Compiled:
+    Inductor fuses the reduction and holds the product and its fp32 upcast, act_bytes + 4."""
+    return act_bytes + 4 if compiled else 8
+
+
+def activation_memory_of(
+    *,
+    n_layer: int,
+    n_head: int,
+    n_embd: int,
+    vocab_size: int,
+    batch_size: int,
+    seq_len: int,
+    act_bytes: int,
+    attention: str,
+    activation_checkpointing: bool,
+    loss: str = "full",
+    loss_chunk: int = 2048,
+    compiled: bool = False,
+) -> dict[str, int]:
+    """The bytes a GPT of this shape keeps for backward, by part: "activations" and "logits".
+
+    Activations per layer follow Korthikanti et al. (2022), "Reducing Activation Recomputation
+    in Large Transformer Models", section 4.1: s*b*h*(34 + 5*a*s/h) bytes with 16-bit
+    activations, ACTIVATION_BYTES (fitted, above) for its 34; the 5*a*s/h term is the
+    materialised attention matrix, which fused (flash / memory-efficient) kernels never store.
+    fp32 activations (act_bytes 4) double the 16-bit parts. With checkpointing each layer keeps
+    only its input, plus one layer being recomputed.
+    Logits (b*s*vocab) take their compute dtype's bytes plus LOGITS_EXTRA_BYTES (fitted,
+    above): eager, log_softmax's fp32 output and its fp32 gradient; compiled, Inductor fuses
+    the upcast into the loss kernels and holds less. With loss=chunked
+    (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, at `chunk_bytes` a logit
+    (eager 8: the fp32 logits and logsumexp's fp32 temporary; compiled, the compute dtype and
+    fp32), plus what it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32, and
+    under autocast the head's weight in the compute dtype. (So compiled, at GPT-2's width, the
+    chunked loss can hold more than the full one.) tests/test_memory_estimate.py holds the
+    chunked term to the allocator's peak on a CPU.
+    """
+    tokens = batch_size * seq_len
+    per_layer = tokens * n_embd * ACTIVATION_BYTES * act_bytes // 2
+    if attention in ("manual", "math"):
+        per_layer += 5 * n_head * seq_len * tokens * act_bytes // 2
+    if activation_checkpointing:
+        activations = n_layer * tokens * n_embd * act_bytes + per_layer
+    else:
+        activations = n_layer * per_layer
+    if loss == "chunked":
+        chunk = min(loss_chunk, tokens)
+        logits = (
+            chunk * vocab_size * chunk_bytes(act_bytes, compiled)
+            + 4 * tokens * n_embd  # dx, whole
+            + 4 * vocab_size * n_embd  # dW, fp32, whole
+            + (act_bytes * vocab_size * n_embd if act_bytes < 4 else 0)  # the head's 16-bit copy
+        )
+    else:
+        logits = round(tokens * vocab_size * (act_bytes + LOGITS_EXTRA_BYTES[compiled]))
+    return {"activations": activations, "logits": logits}
 
 
 @dataclass
@@ -160,6 +245,52 @@ class GPT(nn.Module):
         position embeddings are left out: they cost no matmul FLOPs (nanoGPT's convention)."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.wpe.weight.numel() if non_embedding else n
+
+    # The runner's hooks (docs/models.md), as a user's model may have them.
+
+    def flops_per_token(self, seq_len: int) -> dict:
+        """FLOPs of one forward+backward per token at `seq_len` (FLOPS_FORMULA, Chowdhery et
+        al., 2022, "PaLM", appendix B; nanoGPT's MFU): "model" = 6N + 12*L*H*Q*T, N the
+        parameters that take part in matmuls (all but the position embedding; the tied head
+        once), 6N = 2N forward + 4N backward, the second term attention's QK^T and AV over the
+        full T x T square, as dense kernels compute it. "hardware" adds the recompute of
+        activation checkpointing, each block's forward again in backward (2 N_blocks +
+        4 L H Q T): real work that does not advance the model, so MFU leaves it out and HFU
+        (Korthikanti et al., 2022) counts it."""
+        cfg = self.config
+        attention = cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * seq_len
+        model = 6 * self.get_num_params(non_embedding=True) + 12 * attention
+        hardware = model
+        if cfg.activation_checkpointing:
+            hardware += 2 * sum(p.numel() for p in self.blocks.parameters()) + 4 * attention
+        return {"model": model, "hardware": hardware, "formula": FLOPS_FORMULA}
+
+    def activation_memory(
+        self,
+        batch_size: int,
+        seq_len: int,
+        dtype: torch.dtype,
+        activation_checkpointing: bool = False,
+        compiled: bool = False,
+    ) -> dict[str, int]:
+        """The bytes one micro-batch keeps for backward, by part (activation_memory_of): what
+        the runner cannot know of a model; it counts weights, gradients, optimizer state and
+        the parallelism's buffers itself (measure/estimate.py)."""
+        cfg = self.config
+        return activation_memory_of(
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            n_embd=cfg.n_embd,
+            vocab_size=cfg.vocab_size,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            act_bytes=dtype.itemsize,
+            attention=cfg.attention,
+            activation_checkpointing=activation_checkpointing,
+            loss=cfg.loss,
+            loss_chunk=cfg.loss_chunk,
+            compiled=compiled,
+        )
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanogpt.measure import byo, byo_figures
+from nanogpt.measure import byo, flops
 
 from .conftest import REPO, with_micro
 
@@ -103,7 +103,7 @@ def test_a_transformers_model_keeps_the_contract(overrides, blocks):
     assert all(isinstance(b.forward, functools.partial) for b in model.blocks)
     loss.backward()
     assert all(p.grad is not None for p in model.blocks[1].parameters())
-    figures = byo_figures.flops_of(spec, model)
+    figures = flops.flops_of(spec, model)
     assert figures["flops_source"] == "counted: FlopCounterMode, one step on a meta copy"
     assert figures["flops_per_token"] == round(figures["flops_per_token_counted"]) > 0
     # What the counter saw is nanoGPT's formula (PaLM's appendix B): 6 FLOPs a matmul weight

@@ -15,9 +15,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanogpt.chunked_loss import ChunkedLinearCrossEntropy, chunked_cross_entropy
-from nanogpt.measure.estimate import LOGITS_EXTRA_BYTES, estimate_memory
+from nanogpt.measure.estimate import estimate_memory
 from nanogpt.measure.flops import counted_flops_per_token
-from nanogpt.model import GPT, GPTConfig
+from nanogpt.model import GPT, LOGITS_EXTRA_BYTES, GPTConfig
 from nanogpt.results.store import read_result
 from nanogpt.results.tidy import read_summary
 

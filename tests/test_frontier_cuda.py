@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nanogpt import float8
-from nanogpt.measure.estimate import LOGITS_EXTRA_BYTES
+from nanogpt.model import LOGITS_EXTRA_BYTES
 from nanogpt.results.store import read_result
 
 pytestmark = [

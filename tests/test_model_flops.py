@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nanogpt.measure.estimate import estimate_memory
-from nanogpt.measure.flops import counted_flops_per_token, flops_per_token, model_flops
+from nanogpt.measure.flops import counted_flops_per_token
 from nanogpt.model import GPT, GPTConfig
 from nanogpt.results.stats import summarize
 
@@ -58,24 +58,23 @@ def test_gpt2_flops_per_token_equals_hand_computed_formula():
     hand = 6 * n + 12 * 12 * 12 * 64 * 1024
     with torch.device("meta"):
         model = GPT(GPTConfig())
-    figures = model_flops(model)
-    assert figures["n_params_flops"] == n
-    assert figures["flops_per_token"] == hand == flops_per_token(n, 12, 12, 64, 1024)
+    assert model.get_num_params() == n
+    assert model.flops_per_token(1024)["model"] == hand
 
 
 def test_counted_flops_agree_with_formula_within_a_few_percent():
     with torch.device("meta"):
         model = GPT(GPTConfig())
-    formula = model_flops(model)["flops_per_token"]
+    formula = model.flops_per_token(1024)["model"]
     counted = counted_flops_per_token(GPTConfig())
     assert abs(counted - formula) / formula < 0.03
 
 
 def test_activation_checkpointing_adds_recompute_to_hardware_flops_only():
     cfg = GPTConfig(**{**TINY.__dict__, "activation_checkpointing": True})
-    figures = model_flops(GPT(cfg))
-    assert figures["flops_per_token_hw"] > figures["flops_per_token"]
-    assert figures["flops_per_token"] == model_flops(GPT(TINY))["flops_per_token"]
+    figures = GPT(cfg).flops_per_token(cfg.block_size)
+    assert figures["hardware"] > figures["model"]
+    assert figures["model"] == GPT(TINY).flops_per_token(cfg.block_size)["model"]
 
 
 def test_memory_estimate_grows_with_batch_and_shrinks_with_checkpointing():
@@ -108,7 +107,7 @@ def test_summarize_statistics():
 
 # The peaks one H100 80GB measured on 2026-11-23 (torch 2.11; ../shared/device/
 # h100-2026-11-23.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW: what the estimate's
-# activation and logits coefficients were fitted to (nanogpt/measure/estimate.py).
+# activation and logits coefficients were fitted to (nanogpt/model.py).
 H100_PEAKS_GIB = {"compiled": 9.08, "eager": 11.31, "checkpointing": 7.76}
 
 

@@ -1,86 +1,86 @@
-"""The analytic memory estimate of a point of the built-in GPT: weights, gradients, optimizer
-state (by role: optim_rules), activations and logits, so a user can see where memory goes and
-what batch size fits, beside what measure/memory.py's probes saw. Its coefficients are fitted
-to an H100's measured peaks (below). A user's model (model.build) gets its own, exact parts
-only (measure/byo_figures.py): this formula describes this GPT alone.
+"""The analytic memory estimate of a point, for every model by one path (`estimate_of`), so a user
+can see where memory goes and what batch size fits, beside what measure/memory.py's probes saw.
+
+Two halves:
+- what the runner knows of any model, exact from its tensors and the point's settings
+  (`runner_parts`): weights, gradients, optimizer state (by role: optim_rules; or, with
+  optimizer=from_model, from the classes the model's method made), DDP's buckets, and under FSDP2
+  each rank's shards, the parameters gathered for compute and the gradients kept unsharded
+  while accumulating;
+- what only the model knows, the bytes one micro-batch keeps for backward, from the model's hook
+  `activation_memory(batch_size, seq_len, dtype, activation_checkpointing, compiled)`
+  (docs/models.md). The built-in GPT has one (nanogpt/model.py: Korthikanti's formula, fitted to
+  an H100's peaks); a model without one has its activations null with the reason, and so no
+  total. The GPT's formula is never applied to another model.
 """
 
 from __future__ import annotations
 
+import torch
+
+from nanogpt.devices import AUTOCAST_DTYPES
+from nanogpt.model import activation_memory_of
 from nanogpt.optim import role_counts
-from nanogpt.optim_rules import estimated_state
+from nanogpt.optim_rules import STATE_SLOTS, estimated_state
 from nanogpt.spec import RunSpec
+
+HOOK = "activation_memory(batch_size, seq_len, dtype, activation_checkpointing, compiled)"
 
 
 def estimate_of(
-    spec: RunSpec, model, world_size: int, strategy: str, groups: list[dict] | None = None
+    spec: RunSpec,
+    model,
+    world_size: int,
+    strategy: str,
+    groups: list[dict] | None = None,
+    optimizer=None,
 ) -> dict:
-    """estimate_memory for a point: its spec's shapes and settings, `model` (a GPT, possibly on
-    the meta device) for the exact parameter counts (by role: `groups`, the trainer's role
-    groups, where there are some). The one place a spec becomes the estimate's arguments: the
-    measured point (measure/setup.py) and the search's pruning (tune/fit.py)."""
+    """The estimate of a point, by component, for any model: the built-in GPT (possibly on the
+    meta device) or a user's (byo.UserModel). `groups`: the trainer's role groups, where there
+    are some; `optimizer`: the optimizer the model's own method made (optimizer=from_model). The
+    one place a spec becomes the estimate: the measured point (measure/setup.py) and the
+    search's pruning (tune/fit.py)."""
     perf = spec.perf
-    return estimate_memory(
-        n_params=model.get_num_params(non_embedding=False),
-        n_layer=spec.model.n_layer,
-        n_head=spec.model.n_head,
-        n_embd=spec.model.n_embd,
-        block_size=spec.model.block_size,
-        vocab_size=spec.model.vocab_size,
-        batch_size=perf.batch_size,
-        optimizer=spec.optimizer.name,
-        optimizer_state_by_role=estimated_state(
-            spec.optimizer, role_counts(model, spec.model.vocab_size, groups)
-        )[0],
-        dtype=perf.dtype.value,
-        attention=perf.attention.value,
-        activation_checkpointing=perf.activation_checkpointing,
-        loss=perf.loss.value,
-        loss_chunk=perf.loss_chunk,
+    params = list(model.parameters())
+    if spec.optimizer.name == "from_model":
+        state, rule = _own_state(optimizer)
+        by_role = {}
+    else:
+        counts = role_counts(model, spec.model.vocab_size, groups)
+        by_role, rule = estimated_state(spec.optimizer, counts)
+        state = sum(by_role.values())
+    dtype = AUTOCAST_DTYPES.get(perf.dtype, torch.float32)  # what activations are computed in
+    parts = runner_parts(
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        state_bytes=state,
+        n_params=sum(p.numel() for p in params),
+        n_block_params=sum(p.numel() for p in model.blocks.parameters()),
+        n_blocks=len(model.blocks),
+        act_bytes=dtype.itemsize,
         world_size=world_size,
         strategy=strategy,
         reshard_after_forward=spec.dist.reshard_after_forward,
-        n_block_params=sum(p.numel() for p in model.blocks.parameters()),
         grad_accum=perf.grad_accum,
-        compiled=perf.compile,
     )
-
-
-# The activation and logits terms' coefficients, fitted together to the peaks one H100 80GB
-# measured on 2026-11-23 (torch 2.11; ../shared/device/h100-2026-11-23.md, summarised in
-# docs/benchmarks.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW, flash attention:
-#   eager 11.31 GiB, eager with activation checkpointing 7.76 GiB, compiled 9.08 GiB.
-# Eager and checkpointed share the logits and differ by 11 layers' activations: those two fix
-# the activations (38.9 bytes) and the eager logits (9.30 bytes a logit, 2 of them bf16); the
-# compiled point, its activations assumed the same, fixes the compiled logits (5.43). Rounded,
-# the estimate is within 0.1 % of all three (tests/test_model_flops.py holds it to 5 %). These
-# are effective bytes: at the peak (the start of backward) the gradients are not allocated yet
-# while autocast's weight copies and Inductor's buffers are, and the fit absorbs that.
-ACTIVATION_BYTES = 39  # a layer, a token, a channel, 16-bit: Korthikanti's 34, plus the
-#                        residual stream, fp32 under autocast, saved at both LayerNorms
-LOGITS_EXTRA_BYTES = {False: 7.3, True: 3.4}  # a logit beyond its compute-dtype copy, eager
-#   (log_softmax's fp32 output and its fp32 gradient, nearly two fp32 copies) and compiled
-#   (Inductor fuses the upcast into the loss kernels: less than one)
-
-
-def chunk_bytes(act_bytes: int, compiled: bool) -> int:
-    """Bytes a logit of one chunk holds at the chunk's peak (nanogpt/chunked_loss.py's forward).
-    Eager: the fp32 upcast z beside torch.logsumexp's temporary of its input, which ATen
-    allocates whole (logsumexp_out_impl computes exp(z - max) into a new tensor before summing):
-    4 + 4 whatever the compute dtype (the 16-bit product is freed once upcast). Compiled:
-    Inductor fuses the reduction and holds the product and its fp32 upcast, act_bytes + 4."""
-    return act_bytes + 4 if compiled else 8
-
-
-def ddp_buckets(gradient_bytes: int, world_size: int, strategy: str) -> int | None:
-    """What DistributedDataParallel's reducer holds beside the gradients, or None where no DDP
-    wraps the model (one process, or FSDP2): its buckets, flat buffers as big as every gradient
-    together, allocated when the model is wrapped and held for the run. distributed.py wraps
-    with gradient_as_bucket_view off (torch's default), so the gradients are copied into the
-    buckets for the all-reduce and back, never views of them. Every rank holds all of them."""
-    if strategy != "ddp" or world_size < 2:
-        return None
-    return gradient_bytes
+    inner = getattr(model, "inner", model)  # a user's model inside byo.UserModel
+    note = None
+    if callable(getattr(inner, "activation_memory", None)):
+        parts |= inner.activation_memory(
+            perf.batch_size,
+            spec.model.block_size,
+            dtype=dtype,
+            activation_checkpointing=perf.activation_checkpointing,
+            compiled=perf.compile,
+        )
+    else:
+        parts["activations"] = None
+        note = (
+            f"activations not estimated: {getattr(model, 'target', type(inner).__name__)} has "
+            f"no hook {HOOK} (docs/models.md); the total is unknown (the measured peak is in the "
+            "record's memory)"
+        )
+    return _whole(parts, by_role, shards(world_size, strategy), rule, note)
 
 
 def estimate_memory(
@@ -106,82 +106,139 @@ def estimate_memory(
     compiled: bool = False,
     optimizer_state_by_role: dict[str, int] | None = None,
 ) -> dict:
-    """Analytic training memory in bytes, by component.
+    """The same estimate for a built-in GPT given by its shapes (no model built): the runner's
+    parts (`runner_parts`) with fp32 parameters and gradients, plus the GPT's activation parts
+    (model.activation_memory_of). The optimizer state is `optimizer_state_by_role` when given
+    (optim_rules.estimated_state: AdamW 8 bytes a parameter, Muon 4), else AdamW's two fp32
+    moments or SGD's one."""
+    act_bytes = 2 if dtype in ("bf16", "fp16") else 4
+    states = {"adamw": 2, "sgd": 1}.get(optimizer, 2)
+    by_role = optimizer_state_by_role
+    parts = runner_parts(
+        param_bytes=4 * n_params,
+        grad_bytes=4 * n_params,
+        state_bytes=sum(by_role.values()) if by_role is not None else 4 * states * n_params,
+        n_params=n_params,
+        n_block_params=n_block_params,
+        n_blocks=n_layer,
+        act_bytes=act_bytes,
+        world_size=world_size,
+        strategy=strategy,
+        reshard_after_forward=reshard_after_forward,
+        grad_accum=grad_accum,
+    )
+    parts |= activation_memory_of(
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        vocab_size=vocab_size,
+        batch_size=batch_size,
+        seq_len=block_size,
+        act_bytes=act_bytes,
+        attention=attention,
+        activation_checkpointing=activation_checkpointing,
+        loss=loss,
+        loss_chunk=loss_chunk,
+        compiled=compiled,
+    )
+    return _whole(parts, by_role, shards(world_size, strategy))
 
-    Parameters stay fp32 under autocast; gradients match them. AdamW keeps two fp32 moments,
-    SGD with momentum one. `optimizer_state_by_role` (bytes by role of parameter, from
-    optim_rules.estimated_state: AdamW 8 a parameter, Muon 4) replaces that count when given,
-    and the estimate lists it by role ("optimizer_state_by_role", outside the total's parts).
-    Activations per layer follow Korthikanti et al. (2022), "Reducing
-    Activation Recomputation in Large Transformer Models", section 4.1: s*b*h*(34 + 5*a*s/h)
-    bytes with 16-bit activations, ACTIVATION_BYTES (fitted, above) for its 34; the 5*a*s/h term
-    is the materialised attention matrix, which fused (flash / memory-efficient) kernels never
-    store. fp32 activations double the 16-bit
-    parts. With checkpointing each layer keeps only its input, plus one layer being recomputed.
-    Logits (b*s*vocab) take their compute dtype's bytes plus LOGITS_EXTRA_BYTES (fitted,
-    above): eager, log_softmax's fp32 output and its fp32 gradient; compiled, Inductor fuses
-    the upcast into the loss kernels and holds less. With
-    loss=chunked (nanogpt/chunked_loss.py) only one chunk's logits exist at a time, at
-    `chunk_bytes` a logit (eager 8: the fp32 logits and logsumexp's fp32 temporary; compiled,
-    the compute dtype and fp32), plus what it keeps whole: dx (b*s*n_embd) and dW
-    (vocab*n_embd), both fp32, and under autocast the head's weight in the compute dtype.
-    (So compiled, at GPT-2's width, the chunked loss can hold more than the full one.)
-    tests/test_memory_estimate.py holds the chunked term to the allocator's peak on a CPU.
 
-    With strategy=ddp over two ranks or more, each rank holds DDP's buckets beside its
-    gradients ("ddp_buckets", `ddp_buckets`: as big as the gradients; tested on torch's reducer).
+def shards(world_size: int, strategy: str) -> int:
+    """What weights, gradients and optimizer state are divided by on a rank: FSDP2's ranks."""
+    return world_size if strategy == "fsdp2" else 1
 
-    With strategy=fsdp2 over world_size ranks, the figures are per rank: weights, gradients and
-    optimizer state are sharded (1/world_size each), and the parameters gathered for compute
-    are added as "gathered_params" in the compute dtype: with reshard_after_forward, the
+
+def runner_parts(
+    *,
+    param_bytes: int,
+    grad_bytes: int,
+    state_bytes: int | None,
+    n_params: int,
+    n_block_params: int,
+    n_blocks: int,
+    act_bytes: int,
+    world_size: int,
+    strategy: str,
+    reshard_after_forward: bool,
+    grad_accum: int,
+) -> dict:
+    """What a rank holds beside the activations, in bytes, for any model.
+
+    Parameters stay fp32 under autocast; gradients match them. With strategy=ddp over two ranks
+    or more, each rank holds DDP's buckets beside its gradients ("ddp_buckets", `ddp_buckets`).
+    With strategy=fsdp2 over world_size ranks, weights, gradients and optimizer state are
+    sharded (1/world_size each), and the parameters gathered for compute are added as
+    "gathered_params" in the compute dtype (`act_bytes`): with reshard_after_forward, the
     root's (embeddings, final LayerNorm) plus two blocks' (the one computing and the one
     prefetched); without it, all of them, held from forward to backward. With grad_accum > 1,
     FSDP2 skips the reduce-scatter on all but the last micro-step and keeps each parameter's
     gradient unsharded, in fp32 (its reduce dtype), across them: "unsharded_gradients".
+    `state_bytes` None: a class the state table lacks (counted after the first step instead).
     """
-    act_bytes = 2 if dtype in ("bf16", "fp16") else 4
-    tokens = batch_size * block_size
-    per_layer = tokens * n_embd * ACTIVATION_BYTES * act_bytes // 2
-    if attention in ("manual", "math"):
-        per_layer += 5 * n_head * block_size * tokens * act_bytes // 2
-    if activation_checkpointing:
-        activations = n_layer * tokens * n_embd * act_bytes + per_layer
-    else:
-        activations = n_layer * per_layer
-    states = {"adamw": 2, "sgd": 1}.get(optimizer, 2)
-    if loss == "chunked":
-        chunk = min(loss_chunk, tokens)
-        logits = (
-            chunk * vocab_size * chunk_bytes(act_bytes, compiled)
-            + 4 * tokens * n_embd  # dx, whole
-            + 4 * vocab_size * n_embd  # dW, fp32, whole
-            + (act_bytes * vocab_size * n_embd if act_bytes < 4 else 0)  # the head's 16-bit copy
-        )
-    else:
-        logits = round(tokens * vocab_size * (act_bytes + LOGITS_EXTRA_BYTES[compiled]))
-    shards = world_size if strategy == "fsdp2" else 1
+    split = shards(world_size, strategy)
     parts = {
-        "weights": 4 * n_params // shards,
-        "gradients": 4 * n_params // shards,
-        "optimizer_state": 4 * states * n_params // shards,
-        "activations": activations,
-        "logits": logits,
+        "weights": param_bytes // split,
+        "gradients": grad_bytes // split,
+        "optimizer_state": None if state_bytes is None else state_bytes // split,
     }
     buckets = ddp_buckets(parts["gradients"], world_size, strategy)
     if buckets is not None:
         parts["ddp_buckets"] = buckets
     if strategy == "fsdp2":
-        per_block = n_block_params // max(n_layer, 1)
+        per_block = n_block_params // max(n_blocks, 1)
         gathered = n_params
         if reshard_after_forward:
             gathered = n_params - n_block_params + 2 * min(per_block, n_block_params)
         parts["gathered_params"] = act_bytes * gathered
         if grad_accum > 1:
             parts["unsharded_gradients"] = 4 * n_params
-    if optimizer_state_by_role is not None:
-        parts["optimizer_state"] = sum(optimizer_state_by_role.values()) // shards
-    parts["total"] = sum(parts.values())
-    if optimizer_state_by_role is not None:
-        by_role = optimizer_state_by_role.items()
-        parts["optimizer_state_by_role"] = {role: b // shards for role, b in by_role}
     return parts
+
+
+def ddp_buckets(gradient_bytes: int, world_size: int, strategy: str) -> int | None:
+    """What DistributedDataParallel's reducer holds beside the gradients, or None where no DDP
+    wraps the model (one process, or FSDP2): its buckets, flat buffers as big as every gradient
+    together, allocated when the model is wrapped and held for the run. distributed.py wraps
+    with gradient_as_bucket_view off (torch's default), so the gradients are copied into the
+    buckets for the all-reduce and back, never views of them. Every rank holds all of them."""
+    if strategy != "ddp" or world_size < 2:
+        return None
+    return gradient_bytes
+
+
+def _whole(
+    parts: dict,
+    by_role: dict[str, int] | None,
+    split: int,
+    rule: str | None = None,
+    note: str | None = None,
+) -> dict:
+    """The parts with their total (null when any part is unknown) and, outside the total's
+    sum, the optimizer state by role ("optimizer_state_by_role"), its rule and a note."""
+    known = None not in parts.values()
+    parts["total"] = sum(parts.values()) if known else None
+    if by_role is not None:
+        parts["optimizer_state_by_role"] = {role: b // split for role, b in by_role.items()}
+    if rule is not None:
+        parts["optimizer_state_rule"] = rule
+    if note is not None:
+        parts["note"] = note
+    return parts
+
+
+def _own_state(optimizer) -> tuple[int | None, str]:
+    """The state bytes the model's own optimizer(s) will keep, from each part's class
+    (optim_rules.STATE_SLOTS: fp32 slots a parameter); None when a class is not in the table."""
+    parts = getattr(optimizer, "parts", [optimizer])
+    total, rules = 0, []
+    for part in parts:
+        name = type(part).__name__
+        slots = STATE_SLOTS.get(name)
+        if name == "SGD":
+            slots = int(any(g.get("momentum") for g in part.param_groups))
+        if slots is None:
+            return None, f"{name} is not in the table of optimizer state (optim_rules.py)"
+        rules.append(f"{name} {4 * slots}")
+        total += sum(4 * slots * p.numel() for g in part.param_groups for p in g["params"])
+    return total, "bytes a parameter: " + ", ".join(dict.fromkeys(rules))

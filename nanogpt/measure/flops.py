@@ -1,60 +1,83 @@
-"""FLOPs per token: the analytic formula and a counted value.
+"""FLOPs per token of one forward+backward, for every model by one path (`flops_of`).
 
-Formula (Chowdhery et al., 2022, "PaLM", appendix B; the same as nanoGPT's MFU):
-    flops_per_token = 6 * N + 12 * L * H * Q * T
-N = parameters that take part in matmuls: every parameter except the position embedding
-(the token embedding counts once, as the tied lm_head matmul). 6N = 2N forward + 4N backward.
-The second term is attention's QK^T and AV matmuls (L layers, H heads, Q head dim, T context),
-counted over the full T x T square, as dense kernels compute it.
-
-Activation checkpointing recomputes each block's forward in backward. That work is real but does
-not advance the model, so MFU keeps the formula above and HFU ("hardware FLOPs", Korthikanti et
-al., 2022) adds the recompute: 2 * N_blocks + 4 * L * H * Q * T per token.
-
-The counted value runs one forward+backward under torch.utils.flop_counter.FlopCounterMode on a
-copy of the model on the meta device: shapes only, no memory, no compute.
+In order, the first that answers (`flops_source` says which):
+- the model's hook `flops_per_token(seq_len)` (docs/models.md): a number, or a dict with
+  "model" (what MFU divides), optionally "hardware" (with the recompute of activation
+  checkpointing: flops_per_token_hw and HFU) and "formula" (flops_formula). The built-in GPT has
+  one: PaLM's formula (nanogpt/model.py GPT.flops_per_token, FLOPS_FORMULA);
+- nanochat's `estimate_flops()`, the same figure;
+- one forward+backward counted by torch's FlopCounterMode on a copy of the model built on the
+  meta device (shapes only: no memory, no compute; attention counted as the SDPA call's
+  matmuls, which on CPU a counter on real tensors would miss);
+- else 6N over every parameter, attention not counted, with the reason.
+The counted figure is recorded beside the hook's (flops_per_token_counted), as a check.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from nanogpt.measure.byo_figures import meta_copy
 from nanogpt.model import GPT, GPTConfig
+from nanogpt.spec import RunSpec
 
-FORMULA = "6N + 12*L*H*Q*T (PaLM appendix B); N = params excluding position embedding"
-
-
-def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
-    return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
+COUNTED = "counted: FlopCounterMode, one step on a meta copy"
 
 
-def recompute_flops_per_token(
-    n_block_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int
-) -> int:
-    """Extra forward work per token when every block is recomputed (activation checkpointing)."""
-    return 2 * n_block_params + 4 * n_layer * n_head * head_dim * seq_len
+def flops_of(spec: RunSpec, model) -> dict:
+    """The FLOPs figures of the model a point trains (`model`: the built-in GPT or a user's,
+    byo.UserModel) and where they came from: Setup's n_params_flops, flops_per_token,
+    flops_per_token_hw, flops_per_token_counted, flops_formula, flops_source."""
+    inner, seq = getattr(model, "inner", model), spec.model.block_size
+    counted, counted_note = None, None
+    try:
+        counted = counted_per_token(spec, model)
+    except Exception as err:  # noqa: BLE001 - a model that cannot run on meta: say so, go on
+        counted_note = f"not counted on meta ({type(err).__name__}: {str(err)[:120]})"
+    hardware, formula = None, None
+    if callable(getattr(inner, "flops_per_token", None)):
+        figure, source = inner.flops_per_token(seq), "hook: flops_per_token(seq_len)"
+        if isinstance(figure, Mapping):  # model FLOPs, and hardware FLOPs and the formula
+            figure, hardware, formula = (
+                figure["model"],
+                figure.get("hardware"),
+                figure.get("formula"),
+            )
+    elif callable(getattr(inner, "estimate_flops", None)):
+        figure, source = inner.estimate_flops(), "hook: estimate_flops()"
+    elif counted:
+        figure, source = counted, COUNTED
+    else:
+        figure = 6 * model.get_num_params()
+        source = "6N, N = every parameter; attention not counted"
+        if counted_note:
+            source += f"; {counted_note}"
+    return {
+        "n_params_flops": model.get_num_params(),  # the GPT's: without the position embedding
+        "flops_per_token": int(round(figure)),
+        "flops_per_token_hw": None if hardware is None else int(round(hardware)),
+        "flops_per_token_counted": counted,
+        "flops_formula": formula,
+        "flops_source": source,
+    }
 
 
-def model_flops(model: GPT) -> dict[str, int]:
-    """Formula FLOPs per token for a model, model-FLOPs and hardware-FLOPs (with recompute)."""
-    cfg = model.config
-    head_dim = cfg.n_embd // cfg.n_head
-    n = model.get_num_params(non_embedding=True)
-    per_token = flops_per_token(n, cfg.n_layer, cfg.n_head, head_dim, cfg.block_size)
-    hardware = per_token
-    if cfg.activation_checkpointing:
-        n_blocks = sum(p.numel() for p in model.blocks.parameters())
-        hardware += recompute_flops_per_token(
-            n_blocks, cfg.n_layer, cfg.n_head, head_dim, cfg.block_size
-        )
-    return {"n_params_flops": n, "flops_per_token": per_token, "flops_per_token_hw": hardware}
+def counted_per_token(spec: RunSpec, model) -> float | None:
+    """One forward+backward of a sequence counted on a copy built on the meta device: the
+    user's model from model.build (byo_figures.meta_copy), the GPT from its config."""
+    if spec.model.build:
+        copy, idx = meta_copy(spec)
+        total = _count(copy, idx).get_total_flops()
+        return total / idx.shape[1] if total else None
+    return counted_flops_per_token(model.config)
 
 
 def counted_flops_per_token(config: GPTConfig) -> float:
-    """FLOPs of one forward+backward per token, counted by FlopCounterMode on the meta device."""
+    """FLOPs of one forward+backward per token of a GPT, counted on the meta device."""
     return _counted(config).get_total_flops() / config.block_size
 
 
@@ -69,12 +92,16 @@ def counted_head_share(config: GPTConfig) -> float:
 
 
 def _counted(config: GPTConfig) -> FlopCounterMode:
-    """One forward+backward of a sequence, counted on a copy of the model on the meta device."""
+    """One forward+backward of a sequence, counted on a copy of the GPT on the meta device."""
     # Count model FLOPs: the recompute of activation checkpointing is not model work.
     config = dataclasses.replace(config, activation_checkpointing=False)
     with torch.device("meta"):
         model = GPT(config)
         idx = torch.zeros(1, config.block_size, dtype=torch.long)
+    return _count(model, idx)
+
+
+def _count(model, idx: torch.Tensor) -> FlopCounterMode:
     counter = FlopCounterMode(display=False)
     with counter:
         _, loss = model(idx, idx)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nanogpt.measure import byo_figures, flops
+from nanogpt.measure import flops
 from nanogpt.measure.estimate import estimate_of
 from nanogpt.measure.trainer import Trainer
 from nanogpt.optim import state_bytes, stepped_classes
@@ -21,20 +21,11 @@ from nanogpt.spec import RunSpec
 def describe_setup(spec: RunSpec, trainer: Trainer) -> Setup:
     model, perf = trainer.raw_model, spec.perf
     strategy = "fsdp2" if trainer.fsdp else "ddp"
-    if spec.model.build:  # the user's model: its own figures, or none (measure/byo_figures.py)
-        counts = {
-            **byo_figures.flops_of(spec, model),
-            "flops_per_token_hw": None,
-            "flops_formula": None,
-        }
-        estimate = byo_figures.memory_of(
-            spec, model, trainer.world.size, strategy, trainer.optimizer
-        )
-    else:
-        counts = flops.model_flops(model)
-        counts["flops_per_token_counted"] = flops.counted_flops_per_token(model.config)
-        counts["flops_formula"], counts["flops_source"] = flops.FORMULA, "formula"
-        estimate = estimate_of(spec, model, trainer.world.size, strategy, trainer.role_groups)
+    # Every model's figures by one path, the built-in GPT's from its own hooks (model.py)
+    counts = flops.flops_of(spec, model)
+    estimate = estimate_of(
+        spec, model, trainer.world.size, strategy, trainer.role_groups, trainer.optimizer
+    )
     fp8 = trainer.fp8_layers
     return Setup(
         device=str(trainer.device),
