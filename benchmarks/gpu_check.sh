@@ -54,6 +54,7 @@ TEST_S=2       # a CUDA test, on average: the H200 ran 38 in the 75 s after pyte
 #                chunked-loss test's 4 points at the default windows among them (short now)
 N_TESTS=40     # tests marked cuda (pytest -m cuda --collect-only -q, 2026-11-28)
 WHEELS_S=8     # the wheels the image lacks installed into a folder on PYTHONPATH
+IMPORTS_S=5    # one check of what imports (torch, torchao, transformers, Hydra, optuna ...)
 MARGIN_PCT=30  # every box is its arithmetic plus at least this much
 
 SHORT=(bench.warmup_s=1 bench.measure_s=2 bench.diagnose=false)  # a path checked, not a figure
@@ -63,7 +64,7 @@ SHORT=(bench.warmup_s=1 bench.measure_s=2 bench.diagnose=false)  # a path checke
 PARTS=(setup muon user_model transformers reduce_overhead chunked_loss fp8 time_to_loss
   cuda_tests readme_sweep search default_gap)
 declare -A ARITH=(
-  [setup]="START + WHEELS_S"
+  [setup]="START + WHEELS_S + 2*IMPORTS_S"
   [muon]="SWEEP + 2*POINT"
   [user_model]="SWEEP + 2*POINT + COLD_SMALL"
   [transformers]="SWEEP + TF_IMPORT + POINT + COLD_SMALL"
@@ -117,7 +118,8 @@ dry_run() {
   local part values total
   echo "constants (s): START=$START SWEEP=$SWEEP BUILD=$BUILD WINDOW=$WINDOW POINT=$POINT" \
     "COLD=$COLD COLD_SMALL=$COLD_SMALL GRAPHS=$GRAPHS FP8_SWAP=$FP8_SWAP TF_IMPORT=$TF_IMPORT" \
-    "TTL_MAX_S=$TTL_MAX_S PYTEST=$PYTEST TEST_S=$TEST_S N_TESTS=$N_TESTS WHEELS_S=$WHEELS_S"
+    "TTL_MAX_S=$TTL_MAX_S PYTEST=$PYTEST TEST_S=$TEST_S N_TESTS=$N_TESTS WHEELS_S=$WHEELS_S" \
+    "IMPORTS_S=$IMPORTS_S"
   printf '%-16s %6s  %s\n' part box "arithmetic; what"
   for part in "${PARTS[@]}"; do
     [[ " ${DROPPED[*]} " == *" $part "* ]] && continue
@@ -256,7 +258,7 @@ run_part() {  # PART: run by this script itself (--part), under `timeout`, in th
         "--basetemp=$WORK/cuda_tests" ;;
     readme_sweep) sweep readme_sweep perf.compile=true,false perf.dtype=bf16,fp16 ;;
     search)
-      sweep search hydra/sweeper=tune bench.device=cuda perf.compile=false \
+      sweep search hydra/sweeper=tune perf.compile=false \
         "perf.dtype=choice(bf16,fp16)" hydra.sweeper.n_trials=2 hydra.sweeper.finalists=2 \
         hydra.sweeper.repeats=1 "${SHORT[@]}" ;;
     default_gap)
@@ -326,6 +328,9 @@ for whl in .gpu/*.whl; do
   names+=("$(basename "$whl" | cut -d- -f1 | tr '[:upper:]' '[:lower:]')")
 done
 lacking=" $("$PY" -c "$IMPORTS" "${names[@]}" | tr '\n' ' ')"
+# transformers pins its hub, tokenizers and safetensors: where it is installed, so are they (an
+# image's older huggingface_hub would fail its import)
+[[ $lacking == *" transformers "* ]] && lacking+="huggingface_hub tokenizers safetensors "
 missing=()
 for i in "${!wheels[@]}"; do
   [[ $lacking == *" ${names[$i]} "* ]] && missing+=("${wheels[$i]}")

@@ -160,7 +160,7 @@ def headline(r: Record) -> str:
     ttl = r.time_to_loss
     if ttl.ttl_target_loss is not None:
         reached = f"{ttl.time_to_loss_s:.2f} s, {ttl.ttl_steps} steps" if ttl.ttl_reached else ""
-        parts.append(f"time to loss {ttl.ttl_target_loss}: {reached or ttl.ttl_note}")
+        parts.append(f"time to loss {ttl.ttl_target_loss}: {reached or ttl.ttl_note or 'none'}")
     parts.append(f"{r.setup.device_name or r.setup.device or 'no device recorded'}")
     if r.error:
         parts.append(f"error: {r.error}")
