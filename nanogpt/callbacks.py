@@ -158,6 +158,21 @@ class SweepReport(Callback):
             sys.exit(code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """The table, then the sweep's exit: 130 if a run was interrupted, 1 if one failed.
+        Hydra only warns about a callback that raises (and exits 0): an error here is one line
+        and exit 1."""
+        try:
+            self._end(config)
+        except Exception as err:  # noqa: BLE001 - any error: one line, never exit 0
+            sweep_dir = Path(config.hydra.sweep.dir)
+            print(
+                f"error: the sweep's table: {type(err).__name__}: {err} (every record is kept; "
+                f"`python -m nanogpt.report {sweep_dir}` builds it again)",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+
+    def _end(self, config: DictConfig) -> None:
         logs.sweep_console()  # the sweep's own lines (its W&B summary run) as a job's are
         sweep_dir, table = self._table(config)
         logger = OmegaConf.to_object(config.logger)

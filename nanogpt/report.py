@@ -37,7 +37,12 @@ from nanogpt.tune import publish
 # The saved config's keys this entry point takes its defaults from, (section, key) -> its
 # flag: the settings every entry point publishes a table with (tune/publish.py)
 SETTINGS = publish.SETTINGS
-SAVED_CONFIGS = ("multirun.yaml", ".hydra/config.yaml", "*/.hydra/config.yaml")
+SAVED_CONFIGS = (
+    "multirun.yaml",
+    ".hydra/config.yaml",
+    "*/run-*/.hydra/config.yaml",  # a run's (POINT/run-R)
+    "*/.hydra/config.yaml",  # a point's, in a sweep written before runs were jobs
+)
 
 # Sweep against sweep, each point's interval must cover the noise between processes: on the 2-core
 # VM, the same point in two single-repeat sweeps differed by up to 21 % (benchmarks/

@@ -332,7 +332,7 @@ def case_sweep(root: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
     jobs = {}
     for job, name in enumerate(cases):  # Hydra's basic sweeper runs a comma list in its order
         job_dir = sweep_dir / str(job)
-        assert f"+case={name}" in (job_dir / ".hydra" / "overrides.yaml").read_text()
+        assert f"+case={name}" in (job_dir / "run-1" / ".hydra" / "overrides.yaml").read_text()
         jobs[name] = job_dir
     return jobs
 

@@ -107,17 +107,18 @@ def test_the_measured_config_is_every_key_of_the_measured_groups():
 
 @pytest.mark.slow  # the record's environment() asks git for the commit
 def test_a_point_id_is_computed_once_per_point_and_carried(tmp_path, monkeypatch):
-    """run_point computes the point's id once, for all its repeats, and carries it in its Job
-    (point/handoff.py): the record's point_id is that value; neither the worker (its W&B run's
-    id) nor the record computes it again. In this process (bench.isolate=false)."""
+    """A single run of a point with two runs computes the point's id once, for both, and
+    carries it in its Job (point/handoff.py): the record's point_id is that value; neither the
+    worker (its W&B run's id) nor the record computes it again. In this process
+    (bench.isolate=false)."""
     from nanogpt.point.handoff import Job
-    from nanogpt.point.job import run_point
+    from nanogpt.point.job import run_single
     from nanogpt.results import identity
 
     spec = spec_of("bench.isolate=false", "bench.repeats=2", "bench.diagnose=false")
     expected, digests, digest = point_id_of(spec), [], identity.point_id
     monkeypatch.setattr(identity, "point_id", lambda m: digests.append(digest(m)) or digests[-1])
-    assert run_point(spec, Job(tmp_path, overrides=["bench.repeats=2"])) == "ok"
+    assert run_single(spec, Job(tmp_path, overrides=["bench.repeats=2"])).status == "ok"
     assert digests == [expected]  # once per point, whatever it has of repeats
     assert read_result(tmp_path / "result.json")["point_id"] == expected
 
@@ -160,7 +161,7 @@ def test_resume_skips_what_was_measured_whatever_else_changed(tmp_path):
         "report.plots=true",
         "cost.usd_per_hour=2",
     )
-    assert "resume: skipped 2 point(s)" in again.stdout
+    assert "resume: kept 2 run(s) of 2 point(s)" in again.stdout
     second = records(sweep_dir)
     assert set(second) == {1, 2, 3}
     for size in (1, 2):
@@ -171,7 +172,7 @@ def test_resume_skips_what_was_measured_whatever_else_changed(tmp_path):
 
     # A key the loop measures with makes new points.
     third = run("perf.batch_size=1", "logger.log_interval=2")
-    assert "resume: skipped" not in third.stdout
+    assert "resume: kept" not in third.stdout
     remeasured = read_result(sweep_dir / "0" / "result.json")
     assert remeasured["measured_config"]["logger"]["log_interval"] == 2
     assert remeasured["finished_at"] != first[1]["finished_at"]
@@ -269,7 +270,7 @@ def test_every_job_dir_holds_its_points_log_and_a_file_gets_plain_lines(sweep):
     proc, sweep_dir = sweep("bench.isolate=true,false", *LOGGED)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for job in ("0", "1"):
-        log = (sweep_dir / job / "run.log").read_text()
+        log = (sweep_dir / job / "run-1" / "run.log").read_text()  # POINT/run-R
         assert len(progress_lines(log)) == 2  # 4 measured steps, a window of 2
         record = read_result(sweep_dir / job / "result.json")
         assert f"[ok] {record['overrides_str']}: step " in log

@@ -566,7 +566,7 @@ def test_verdict_is_in_the_table_the_recommendation_and_wandb(diagnosed_sweep):
     assert all(line.endswith(verdict) for line in said), (said, verdict)
     from tests.wandb_reader import read_run, run_file
 
-    (run_dir,) = sorted((job_dir / "wandb").glob("offline-run-*"))
+    (run_dir,) = sorted((job_dir / "run-1" / "wandb").glob("offline-run-*"))
     run = read_run(run_file(run_dir))
     for key in ("bottleneck", "bottleneck_hint", "diag_step_device_frac", "diag_step_host_frac"):
         assert run.summary[f"diagnosis/{key}"] == record[key]  # namespaced by part

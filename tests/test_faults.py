@@ -169,7 +169,7 @@ def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
     stderr = tmp_path / "stderr.txt"
     try:
         # The job's log has a progress line once the first measured window is in: the loop runs.
-        log = sweep_dir / "0" / "run.log"
+        log = sweep_dir / "0" / "run-1" / "run.log"
         wait_for(
             lambda: log.is_file() and b"measure step" in log.read_bytes(),
             what="the first measured window",
@@ -252,7 +252,7 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
     points = ("perf.batch_size=1,2",)
     proc, sweep_dir = start_sweep(tmp_path, *points)
     try:
-        wait_for(lambda: (sweep_dir / "1" / "job.json").exists(), what="point 1 to start")
+        wait_for(lambda: (sweep_dir / "1" / "run-1" / "job.json").exists(), what="point 1 to start")
         parent = psutil.Process(proc.pid)
         wait_for(lambda: parent.children(), timeout=30, what="point 1's measuring process")
         children = parent.children(recursive=True)
@@ -273,14 +273,14 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
     again = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
 
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "resume: skipped 1 point(s)" in again.stdout
+    assert "resume: kept 1 run(s) of 1 point(s)" in again.stdout
     assert f"skipped unreadable record: {sweep_dir / '9' / 'result.json'}" in again.stderr
     table = read_summary(sweep_dir)
     batch_sizes = sorted(
         dict(o.split("=") for o in row.split())["perf.batch_size"] for row in table["overrides"]
     )
     assert batch_sizes == ["1", "2"] and set(table["status"]) == {"ok"}  # each point once
-    assert not list(sweep_dir.glob("*/measurement.json"))
+    assert not list(sweep_dir.glob("*/run-*/measurement.json"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,11 +500,11 @@ def test_a_full_disk_is_one_line_keeps_the_records_and_the_rerun_resumes(tmp_pat
     assert (out / "code").read_text().strip() == "74", lines[-5:]
     assert "Traceback" not in "\n".join(lines)
     assert lines[-1].startswith("error: ") and "No space left on device" in lines[-1]
-    kept = [read_result(p) for p in (out / "sweep").glob("*/result.json")]
+    kept = [read_result(p) for p in (out / "sweep").glob("*/run-*/result.json")]
     assert 1 <= len(kept) < 6 and all(r["status"] == "ok" for r in kept)  # whole, readable
     again = run_cli(
         "-m", *with_micro(points), f"hydra.sweep.dir={out}/sweep", cwd=tmp_path, timeout=300
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resume: skipped {len(kept)} point(s)" in again.stdout
+    assert f"resume: kept {len(kept)} run(s) of {len(kept)} point(s)" in again.stdout
     assert len(read_summary(out / "sweep")) == 6

@@ -326,7 +326,7 @@ def test_a_point_measured_beside_a_busy_process_is_flagged(crowded_sweep):
     assert "[contended: another process used the device" in proc.stdout  # the recommendation
     from tests.wandb_reader import read_run, run_file
 
-    (run_dir,) = sorted((job_dir / "wandb").glob("offline-run-*"))
+    (run_dir,) = sorted((job_dir / "run-1" / "wandb").glob("offline-run-*"))
     assert read_run(run_file(run_dir)).summary[summary_key("contended")] is True
 
 

@@ -65,7 +65,7 @@ def test_two_by_two_sweep_gives_four_records_and_a_four_row_table(micro_sweep):
     for path in results:
         record = read_result(path)
         assert record["device"] == "cpu" and record["world_size"] == 1
-        assert (path.parent / ".hydra" / "config.yaml").is_file()
+        assert (path.parent / "run-1" / ".hydra" / "config.yaml").is_file()
         assert record["env"]["torch"]
     assert "tokens_per_s" in proc.stdout  # the table is printed
 

@@ -69,8 +69,12 @@ def _value(trial: optuna.trial.FrozenTrial, key: str) -> str:
 
 
 def _records(sweep_dir) -> dict:
-    """job dir -> result.json, every record below the sweep dir."""
-    return {p.parent.name: read_result(p) for p in sorted(sweep_dir.rglob("result.json"))}
+    """point dir -> result.json, every point's record below the sweep dir (not its runs')."""
+    return {
+        p.parent.name: read_result(p)
+        for p in sorted(sweep_dir.rglob("result.json"))
+        if not p.parent.name.startswith("run-")
+    }
 
 
 # --- the plain logic ---------------------------------------------------------------------------
@@ -460,12 +464,12 @@ def test_ctrl_c_stops_a_search_in_one_line_and_the_same_command_resumes_it(tmp_p
     # what run.main returns for Hydra's own sweepers: a kept point's recorded figures
     job, record = next((j, r) for j, r in after.items() if r["status"] == "ok")
     two = _spec("tune.objective=[tokens_per_s,peak_memory_gib]")
-    assert objective_of(two, sweep_dir / job) == (
+    assert objective_of(two, record) == (
         record["tokens_per_s"],
         record["mem_peak_rss_bytes"] / 2**30,
     )
-    assert objective_of(_spec(), sweep_dir / job) == record["tokens_per_s"]
-    assert math.isnan(objective_of(_spec(), tmp_path / "no_such_job"))
+    assert objective_of(_spec(), record) == record["tokens_per_s"]
+    assert math.isnan(objective_of(_spec(), {}))
     _ctrl_c_prints_the_table_nanogpt_report_prints(sweep_dir, capsys)
 
 

@@ -51,11 +51,12 @@ class Outcome:
     status: str
     record: dict = field(default_factory=dict)
     objective: float | tuple | None = None
+    job_dir: str | None = None  # where the run is (POINT/run-R)
 
 
 def run_point(spec: RunSpec, job: Job) -> Outcome:
     """Measure run `job.run` of a point (or keep its ok record), write its record; its Outcome."""
-    pid = point_id_of(spec)  # once per run: carried in the Job to the worker and the record
+    pid = job.point_id or point_id_of(spec)  # carried in the Job to the worker and the record
     job = dataclasses.replace(job, point_id=pid)
     number = job.run or 1
     if job.sweep_dir:
@@ -64,7 +65,7 @@ def run_point(spec: RunSpec, job: Job) -> Outcome:
         if not spec.bench.rerun:
             kept = _kept(spec, job, number)
             if kept is not None:
-                return Outcome("skipped", kept)
+                return Outcome("skipped", kept, job_dir=str(job.job_dir))
     job.job_dir.mkdir(parents=True, exist_ok=True)
     if job.run and spec.bench.repeats > 1:
         job = dataclasses.replace(job, repeat=f"{number}/{spec.bench.repeats}")
@@ -106,6 +107,7 @@ def run_single(spec: RunSpec, job: Job) -> Outcome:
     JOB_DIR/run-R, then pooled into JOB_DIR, as a sweep's point is; with one run, JOB_DIR."""
     if spec.bench.repeats <= 1:
         return run_point(spec, job)
+    job = dataclasses.replace(job, point_id=point_id_of(spec))  # once for all its runs
     outcomes = []
     for number in range(1, spec.bench.repeats + 1):
         run = dataclasses.replace(job, job_dir=store.run_dir(job.job_dir, number), run=number)

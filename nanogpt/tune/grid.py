@@ -109,10 +109,17 @@ def run_rounds(launcher, points: list[Point], first_job: int = 0) -> Rounds:
         returns = list(launcher.launch(batch, initial_job_idx=number))
         number += len(batch)
         done.returns.append(returns)
-        for point, job_return in zip(going, returns, strict=True):
-            outcome = outcome_of(job_return)
-            done.outcomes[point.index].append(outcome)
-            done.interrupted |= outcome.status == "interrupted"
+        outcomes = [outcome_of(r) for r in returns]
+        if len(outcomes) == len(going):
+            paired = dict(zip((p.index for p in going), outcomes, strict=True))
+        else:  # a launcher stopped by a signal returns the runs that ran: found by job dir
+            paired = {Path(o.job_dir).parent.name: o for o in outcomes if o.job_dir}
+            paired = {p.index: paired[str(p.index)] for p in going if str(p.index) in paired}
+            done.interrupted = True
+        for point in going:
+            if point.index in paired:
+                done.outcomes[point.index].append(paired[point.index])
+                done.interrupted |= paired[point.index].status == "interrupted"
         if done.interrupted:  # a signal stopped a run: the sweep stops (its table is built)
             break
     return done

@@ -1,0 +1,156 @@
+"""A run is a job (nanogpt/tune/grid.py): the grid sweeper launches one round of runs per
+launch — run r of every point after every run r - 1 ended — under any launcher; a killed or
+interrupted sweep, run again, measures only its missing runs. Real `python -m nanogpt.run -m`
+sweeps of micro time-to-loss points on tinyshakespeare."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nanogpt.results import time_to_loss as ttl
+from nanogpt.results.store import read_result
+from nanogpt.results.tidy import read_summary
+
+from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
+
+PARALLEL = ["hydra/launcher=parallel", "hydra.launcher.slots=1"]
+# Two points to a target: 4.0 is read at the second evaluation (after 2 steps: test_time_to_loss)
+TARGET = [
+    "data=text",
+    f"data.path={SHAKESPEARE}",
+    "data.tokenizer=char",
+    "model.vocab_size=65",
+    "optimizer.lr=1e-2,2e-2",
+    "bench.target_loss=4.0",
+    "bench.eval_every=2",
+    "bench.eval_batches=2",
+    "bench.max_steps=4",
+]
+
+
+def ttl_args(sweep_dir, *extra: str) -> list[str]:
+    return ["-m", *with_micro([*TARGET, *extra]), f"hydra.sweep.dir={sweep_dir}"]
+
+
+def runs_of(sweep_dir) -> dict[tuple[int, int], dict]:
+    """(point, run) -> the run's record, from POINT/run-R/result.json."""
+    found = {}
+    for path in sweep_dir.glob("*/run-*/result.json"):
+        point, run = int(path.parent.parent.name), int(path.parent.name.removeprefix("run-"))
+        found[(point, run)] = read_result(path)
+    return found
+
+
+def assert_rounds(sweep_dir, points: int, runs: int) -> None:
+    """Every run r of every point started after every run r - 1 ended (each run's own span)."""
+    found = runs_of(sweep_dir)
+    assert set(found) == {(p, r) for p in range(points) for r in range(1, runs + 1)}
+    assert {rec["status"] for rec in found.values()} == {"ok"}
+    span = {key: rec["ttl_run_times"][0] for key, rec in found.items()}
+    for run in range(2, runs + 1):
+        ended = max(span[(p, run - 1)][1] for p in range(points))
+        started = min(span[(p, run)][0] for p in range(points))
+        assert ended < started, (run, span)
+
+
+@needs_shared
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "parallel"])
+def test_a_target_sweep_alternates_its_runs_under_any_launcher(tmp_path, launcher):
+    sweep_dir = tmp_path / "sweep"
+    extra = PARALLEL if launcher == "parallel" else []
+    proc = run_cli(*ttl_args(sweep_dir, "bench.repeats=3", *extra), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "grid: 2 point(s) × up to 3 runs" in proc.stdout
+    assert_rounds(sweep_dir, points=2, runs=3)
+    table = read_summary(sweep_dir)
+    assert table["ttl_runs"].tolist() == [3, 3]
+    assert table["ttl_run_order"].iloc[1] == ttl.ALTERNATED
+
+
+@needs_shared
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "parallel"])
+def test_a_killed_sweep_rerun_measures_only_its_missing_runs(tmp_path, launcher):
+    """SIGKILL to the sweep's process group once point 0's run 2 is recorded, then the same
+    command: the runs recorded ok before are kept (not measured again), the others measured
+    once, and the table is an uninterrupted sweep's: 2 rows of 3 runs, alternated."""
+    sweep_dir = tmp_path / "sweep"
+    extra = PARALLEL if launcher == "parallel" else []
+    args = ttl_args(sweep_dir, "bench.repeats=3", *extra)
+    command = [sys.executable, "-m", "nanogpt.run", *args]
+    proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (sweep_dir / "0" / "run-2" / "result.json").is_file():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "run 2 of point 0 never ended"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = {key: rec["finished_at"] for key, rec in runs_of(sweep_dir).items()}
+    before = {key: at for key, at in before.items() if runs_of(sweep_dir)[key]["status"] == "ok"}
+    assert (0, 1) in before and (0, 2) in before and len(before) < 6
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resume: kept {len(before)} run(s) of 2 point(s)" in again.stdout
+    after = runs_of(sweep_dir)
+    for key, finished in before.items():  # kept, not measured again
+        assert after[key]["finished_at"] == finished
+    measured = [key for key in after if key not in before]
+    assert len(measured) == 6 - len(before)  # each missing run once
+    assert_rounds(sweep_dir, points=2, runs=3)
+    table = read_summary(sweep_dir)
+    assert table["ttl_runs"].tolist() == [3, 3] and set(table["status"]) == {"ok"}
+    assert table["ttl_run_order"].iloc[1] == ttl.ALTERNATED
+
+
+@needs_shared
+@pytest.mark.slow
+def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_resumes(tmp_path):
+    """The 'Why' of issue 43: Ctrl-C in a run (one SIGINT to the process group, as a terminal
+    sends it) under hydra/launcher=parallel, then the same command: it completes, where every
+    rerun used to stop at once on the earlier attempt's `interrupted` record."""
+    sweep_dir = tmp_path / "sweep"
+    # each evaluation reads 50 batches: a run lasts seconds, the signal lands inside it
+    args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=50", *PARALLEL)
+    command = [sys.executable, "-m", "nanogpt.run", *args]
+    proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (sweep_dir / "0" / "run-1" / "job.json").is_file():  # the run has started
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "run 1 never started"
+            time.sleep(0.02)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, proc.stderr.read().decode()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert read_result(sweep_dir / "0" / "run-1" / "result.json")["status"] == "interrupted"
+    again = run_cli(*args, cwd=tmp_path)  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    table = read_summary(sweep_dir)
+    assert set(table["status"]) == {"ok"} and table["ttl_runs"].tolist() == [2, 2]
+
+
+def test_hydras_own_sweeper_refuses_more_than_one_run_a_point_in_one_line(tmp_path):
+    proc = run_cli(
+        "-m",
+        "hydra/sweeper=basic",
+        *with_micro(["bench.repeats=2", "perf.batch_size=1,2"]),
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: bench.repeats: is 2 but hydra/sweeper=basic runs one job")
+    assert "bench.repeats=1" in line and not (tmp_path / "sweep" / "0").exists()
