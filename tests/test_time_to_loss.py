@@ -20,12 +20,12 @@ from nanogpt.measure.trainer import build_trainer
 from nanogpt.reporters.loss_plot import validation_loss
 from nanogpt.reporters.plot_parts import NoData
 from nanogpt.reporters.wandb_sink import WandbSink, start_run
+from nanogpt.results import store
 from nanogpt.results import time_to_loss as ttl
 from nanogpt.results.derive import Ceilings, Peak
 from nanogpt.results.labels import point_labels
 from nanogpt.results.record import Record
 from nanogpt.results.record.time_to_loss import TimeToLoss
-from nanogpt.results import store
 from nanogpt.results.store import read_result
 from nanogpt.results.table import build_table
 from nanogpt.results.tidy import read_summary
