@@ -1,13 +1,8 @@
 """Optimizers by role: each parameter of the model belongs to one role (matrices, embeddings,
-head, scalars, other; nanogpt/optim_rules.py says which and what each role's defaults are), a param
-group per role, and one object the trainer steps.
+head, scalars, other; nanogpt/optim_rules.py says which), a param group per role, and one
+object the trainer steps, made by the optimizer's recipe (nanogpt/optimizers/: one module an
+optimizer: adamw, sgd, muon, from_model).
 
-- adamw, sgd: nanoGPT's configure_optimizers: weight decay on the 2-D roles only, never on
-  biases and LayerNorm gains (Loshchilov & Hutter, 2019, decoupled decay).
-- muon: torch.optim.Muon on the block matrices, AdamW on the rest, stepped as one optimizer
-  (`Combined`): the GradScaler, clipping and the diagnosis see one step.
-- from_model: the model's own factory (nanoGPT's configure_optimizers, nanochat's
-  setup_optimizer), called with optimizer.args; a list it returns is stepped as one (`Combined`).
 - optimizer.build: any class, named as Hydra names it ({_target_: torch.optim.Adagrad,
   _partial_: true, ...}), called with the role groups and its other keys. The spec carries the
   node as plain values (library code imports no Hydra); it is built as model.build is
@@ -21,8 +16,12 @@ import torch
 
 from nanogpt.errors import ConfigError
 from nanogpt.optim_rules import ROLES, role_settings, stepped_by
+from nanogpt.optimizers import recipe, torch_groups
+from nanogpt.optimizers.combined import Combined
 from nanogpt.spec import OptimizerConfig, OptimizerImpl
 from nanogpt.targets import TargetError, instantiate
+
+__all__ = ["Combined"]
 
 # torch.optim's implementation switches: fused (one kernel for all params), foreach
 # (multi-tensor ops), for_loop (one param at a time). auto leaves torch to choose.
@@ -91,34 +90,21 @@ def build_optimizer(
     """`prefer_fused`: with impl=auto, take the fused implementation. The trainer asks for it on
     CUDA, for every dtype: it is what GPU trainers run (nanoGPT's train.py), and with fp16 a
     non-fused optimizer makes GradScaler.step read found_inf to the host every step, a sync
-    inside the measured loop; a fused one checks it on the device. With optimizer=muon the
-    flags are the AdamW part's: torch.optim.Muon has one implementation, a tensor at a time.
-    `groups`: the role groups (role_groups), when the caller has them already; `code_dir`:
-    where optimizer.build's module is found (model.code_dir)."""
-    if cfg.name == "from_model":
-        return from_model(model, cfg, device_type)
+    inside the measured loop; a fused one checks it on the device. A recipe without a fused
+    path drops the flag (muon's flags are its AdamW part's). `groups`: the role groups
+    (role_groups), when the caller has them already; `code_dir`: where optimizer.build's module
+    is found (model.code_dir)."""
+    made = recipe(cfg.name)
+    if made.own_groups:
+        return made.build(model=model, opt=cfg, device_type=device_type)
     if groups is None:
         groups = role_groups(model, cfg, vocab_size or model.config.vocab_size)
     flags = IMPL_FLAGS[cfg.impl]
     if prefer_fused and cfg.impl is OptimizerImpl.auto:
         flags = IMPL_FLAGS[OptimizerImpl.fused]
     if cfg.build and cfg.build.get("_target_"):
-        return _built(cfg.build, _torch_groups(groups), code_dir)
-    if cfg.name == "sgd":
-        return torch.optim.SGD(_torch_groups(groups), lr=cfg.lr, momentum=cfg.momentum, **flags)
-    adamw = [g for g in groups if g["stepped_by"] == "AdamW"]
-    betas = tuple(cfg.betas)
-    if cfg.name != "muon":
-        return torch.optim.AdamW(_torch_groups(adamw), lr=cfg.lr, betas=betas, **flags)
-    muon = torch.optim.Muon(
-        _torch_groups([g for g in groups if g["stepped_by"] == "Muon"]),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        adjust_lr_fn=cfg.adjust_lr_fn,
-    )
-    if not adamw:
-        return muon
-    return Combined([muon, torch.optim.AdamW(_torch_groups(adamw), betas=betas, **flags)])
+        return _built(cfg.build, torch_groups(groups), code_dir)
+    return made.build(groups=groups, opt=cfg, flags=flags, device_type=device_type)
 
 
 def _built(build: dict, groups: list[dict], code_dir: str | None):
@@ -136,82 +122,10 @@ def _built(build: dict, groups: list[dict], code_dir: str | None):
         raise ConfigError("optimizer.build", problem, fix) from None
 
 
-def from_model(model: torch.nn.Module, cfg: OptimizerConfig, device_type: str):
-    """optimizer=from_model: `model.<optimizer.method>(**optimizer.args)`, the device type
-    given as `optimizer.device_arg` when named. The user's model (measure/byo.py's UserModel)
-    is asked, not its wrapper. One optimizer, or a list of them stepped as one (`Combined`, as
-    nanochat's setup_optimizer returns Muon and AdamW): what is not one is one line."""
-    inner, target = getattr(model, "inner", model), getattr(model, "target", "the model")
-    method = getattr(inner, cfg.method, None)
-    if not callable(method):
-        raise ConfigError(
-            "optimizer.method",
-            f"{target} has no method {cfg.method}()",
-            "name the model's optimizer factory, or use optimizer=adamw, sgd or muon",
-        )
-    # a list from the config (Hydra's betas: [0.9, 0.95]) is the tuple the forks pass
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.args.items()}
-    if cfg.device_arg:
-        kwargs[cfg.device_arg] = device_type
-    call = f"{target}.{cfg.method}({', '.join(kwargs)})"
-    try:
-        made = method(**kwargs)
-    except TypeError as err:
-        fix = "give optimizer.args the method's own arguments"
-        raise ConfigError("optimizer.args", f"{call} refused its arguments: {err}", fix) from None
-    parts = list(made) if isinstance(made, list | tuple) else [made]
-    if not parts or not all(isinstance(p, torch.optim.Optimizer) for p in parts):
-        kinds = ", ".join(type(p).__name__ for p in parts) or "an empty list"
-        raise ConfigError(
-            "optimizer.method",
-            f"{call} returned {kinds}, not a torch.optim.Optimizer or a list of them",
-            "return the optimizer(s) the model trains with",
-        )
-    return parts[0] if len(parts) == 1 else Combined(parts)
-
-
 def stepped_classes(optimizer) -> str:
     """The classes that step, e.g. "Muon + AdamW" (a Combined's parts in order)."""
     parts = optimizer.parts if isinstance(optimizer, Combined) else [optimizer]
     return " + ".join(dict.fromkeys(type(p).__name__ for p in parts))
-
-
-def _torch_groups(groups: list[dict]) -> list[dict]:
-    """The groups as torch.optim takes them: params, lr, weight_decay (no bookkeeping keys)."""
-    return [{k: g[k] for k in ("params", "lr", "weight_decay")} for g in groups]
-
-
-class Combined:
-    """Several optimizers stepped as one, as nanochat's MuonAdamW steps Muon and AdamW: one
-    `step`, `zero_grad` and `state_dict`, and `param_groups` that are the parts' own groups
-    (the same dicts), so GradScaler.unscale_ unscales every part's gradients and GradScaler.step
-    steps all parts or, after an inf, none. Each part's step keeps its own profiler range
-    (`Optimizer.step#Muon.step`), which the diagnosis counts as optimizer time."""
-
-    def __init__(self, parts: list[torch.optim.Optimizer]):
-        self.parts = parts
-        self.param_groups = [group for part in parts for group in part.param_groups]
-
-    @property
-    def state(self) -> dict:
-        return {p: s for part in self.parts for p, s in part.state.items()}
-
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for part in self.parts:
-            part.step()
-        return loss
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for part in self.parts:
-            part.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict:
-        return {"parts": [part.state_dict() for part in self.parts]}
-
-    def load_state_dict(self, state: dict) -> None:
-        for part, own in zip(self.parts, state["parts"], strict=True):
-            part.load_state_dict(own)
 
 
 def implementation(optimizer) -> str:
@@ -244,14 +158,20 @@ def state_bytes(optimizer, params: list) -> int:
     return sum(t.numel() * t.element_size() for t in local)
 
 
+class RoleCounts(dict):
+    """Parameters by role (elements), with each role's tensor shapes (`shapes`): what the
+    memory estimate counts state for, a tensor at a time (optim_rules.estimated_state)."""
+
+    def __init__(self, params_by_role: dict[str, list]):
+        super().__init__({r: sum(p.numel() for p in ps) for r, ps in params_by_role.items()})
+        self.shapes = {r: [tuple(p.shape) for p in ps] for r, ps in params_by_role.items()}
+
+
 def role_counts(
     model: torch.nn.Module, vocab_size: int, groups: list[dict] | None = None
-) -> dict[str, int]:
-    """Parameters by role (elements, not tensors): what the memory estimate counts state for.
-    `groups`: the role groups already made (the trainer's), read instead of sorting again."""
+) -> RoleCounts:
+    """Parameters by role (elements, not tensors, and their shapes). `groups`: the role groups
+    already made (the trainer's), read instead of sorting again."""
     if groups is not None:
-        return {g["role"]: sum(p.numel() for p in g["params"]) for g in groups}
-    return {
-        role: sum(p.numel() for p in params)
-        for role, params in parameter_roles(model, vocab_size).items()
-    }
+        return RoleCounts({g["role"]: g["params"] for g in groups})
+    return RoleCounts(parameter_roles(model, vocab_size))

@@ -237,7 +237,38 @@ def test_each_refusal_is_one_line_naming_the_key(expected):
 
 
 def test_a_torch_without_muon_is_refused_in_one_line(monkeypatch):
-    assert optim_rules.muon_missing() is None  # this torch has it
-    monkeypatch.setattr(optim_rules, "torch_version", lambda: "2.8.0+cpu")
+    from nanogpt.optimizers import muon
+
+    assert muon.muon_missing() is None  # this torch has it
+    monkeypatch.setattr(muon, "torch_version", lambda: "2.8.0+cpu")
     line = sweep_refusal("optimizer=muon")
     assert "optimizer: torch 2.8.0+cpu has no torch.optim.Muon" in line and "\n" not in line
+
+
+def test_adamw_sgd_and_muon_keep_their_point_id_as_registry_recipes():
+    """Each optimizer is a module of nanogpt/optimizers/ now: records written before (a micro
+    sweep of adamw, sgd and muon, tests/data/optimizer_points.json) are found by a resume. Their
+    optimizer keys are measured as before, so the point_id is the one recorded (the other groups
+    are the record's own: a change there is no change of this refactor's)."""
+    import json
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.app import to_spec
+    from nanogpt.configs import CONF_DIR
+    from nanogpt.results.identity import measured_config, point_id
+
+    fixture = json.loads((Path(__file__).parent / "data" / "optimizer_points.json").read_text())
+    assert [r["overrides"][0] for r in fixture] == [
+        "optimizer=adamw",
+        "optimizer=sgd",
+        "optimizer=muon",
+    ]
+    for record in fixture:
+        assert point_id(record["measured_config"]) == record["point_id"]
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            spec = to_spec(compose("config", overrides=record["overrides"]))
+        now = measured_config(spec)["optimizer"]
+        assert now == record["measured_config"]["optimizer"], record["overrides"][0]
+        assert point_id({**record["measured_config"], "optimizer": now}) == record["point_id"]

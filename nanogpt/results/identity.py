@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from nanogpt import optimizers
 from nanogpt.spec import RunSpec, spec_to_dict
 from nanogpt.targets import source_digest
 
@@ -57,10 +58,6 @@ LATER_KEYS = {
     "dist": ("nodes",),
 }
 
-# optimizer=from_model: the keys of the runner's own optimizers, which the model's method never
-# receives (it gets optimizer.args); grad_clip and the schedule stay: the trainer applies them.
-FROM_MODEL_UNUSED = ("betas", "weight_decay", "momentum", "adjust_lr_fn", "roles", "impl")
-
 
 def measured_config(spec: RunSpec) -> dict:
     """The resolved keys that make up the point: every key that can change a figure."""
@@ -77,9 +74,10 @@ def measured_config(spec: RunSpec) -> dict:
         for key in keys:
             if measured[group].get(key) == defaults[group][key]:
                 del measured[group][key]
-    if spec.optimizer.name == "from_model":  # the model's own method gets its args alone
-        for key in FROM_MODEL_UNUSED:
-            measured["optimizer"].pop(key, None)
+    # optimizer.* keys the optimizer never receives (from_model's method gets its args alone)
+    recipe = optimizers.registry().get(spec.optimizer.name)
+    for key in recipe.unused_keys if recipe else ():
+        measured["optimizer"].pop(key, None)
     # A user's model or optimizer is its code too: a changed source file is another point.
     for group, build in (("model", spec.model.build), ("optimizer", spec.optimizer.build)):
         if (build or {}).get("_target_"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from nanogpt import optimizers
 from nanogpt.data import check_data
 from nanogpt.errors import ConfigError
 from nanogpt.faults import Fault
@@ -162,11 +163,12 @@ def check_choices(spec: RunSpec) -> None:
             f"'{spec.perf.compile_mode}' is not a torch.compile mode",
             f"use one of {', '.join(COMPILE_MODES)}",
         )
-    if spec.optimizer.name not in ("adamw", "sgd", "muon", "from_model"):
+    if spec.optimizer.name not in optimizers.names():  # a module of nanogpt/optimizers/ each
         raise ConfigError(
             "optimizer.name",
             f"'{spec.optimizer.name}' is unknown",
-            "use optimizer=adamw, sgd, muon or from_model, or optimizer.build._target_=CLASS",
+            f"use optimizer={', '.join(optimizers.names())}, or "
+            "optimizer.build._target_=CLASS",
         )
     if spec.logger.backend not in ("wandb", "none"):
         raise ConfigError(
