@@ -42,7 +42,9 @@ START=5        # a process's start: Python, torch, the CUDA context
 SWEEP=6        # a multirun's own: Hydra composes and checks every point; the table at its end
 BUILD=2        # a point's model built, its FLOPs counted on meta, its memory estimated
 WINDOW=3       # SHORT below: bench.warmup_s=1 + bench.measure_s=2 (the windows are timed)
-POINT=$((START + BUILD + WINDOW))  # an eager point in its own process, short windows
+DIAG=2         # the diagnosis after the window: the profiler's start (about 1 s), a warmup and
+#                one recorded step, then the step whose host syncs are counted (measure/observe.py)
+POINT=$((START + BUILD + WINDOW + DIAG))  # an eager point in its own process, short windows
 COLD=26        # a cold Inductor compile of GPT-2 124M, forward and backward, one process
 COLD_SMALL=12  # the same for a 4-layer model (compile time grows with the layers it unrolls)
 GRAPHS=3       # reduce-overhead: CUDA graphs recorded in warmup (3 steps, bench.warmup_steps)
@@ -57,7 +59,8 @@ WHEELS_S=8     # the wheels the image lacks installed into a folder on PYTHONPAT
 IMPORTS_S=5    # one check of what imports (torch, torchao, transformers, Hydra, optuna ...)
 MARGIN_PCT=30  # every box is its arithmetic plus at least this much
 
-SHORT=(bench.warmup_s=1 bench.measure_s=2 bench.diagnose=false)  # a path checked, not a figure
+# A path checked, not a speed: short windows; the diagnosis stays (host syncs are counted in it)
+SHORT=(bench.warmup_s=1 bench.measure_s=2 bench.diagnose_steps=1)
 
 # The parts, most at risk first (code no GPU has run yet), then what stays of the earlier check.
 # ARITH is each box's arithmetic, names from above; BOX = ARITH x (1 + MARGIN_PCT %), rounded up.
@@ -116,7 +119,7 @@ done
 
 dry_run() {
   local part values total
-  echo "constants (s): START=$START SWEEP=$SWEEP BUILD=$BUILD WINDOW=$WINDOW POINT=$POINT" \
+  echo "constants (s): START=$START SWEEP=$SWEEP BUILD=$BUILD WINDOW=$WINDOW DIAG=$DIAG POINT=$POINT" \
     "COLD=$COLD COLD_SMALL=$COLD_SMALL GRAPHS=$GRAPHS FP8_SWAP=$FP8_SWAP TF_IMPORT=$TF_IMPORT" \
     "TTL_MAX_S=$TTL_MAX_S PYTEST=$PYTEST TEST_S=$TEST_S N_TESTS=$N_TESTS WHEELS_S=$WHEELS_S" \
     "IMPORTS_S=$IMPORTS_S"
@@ -260,10 +263,10 @@ run_part() {  # PART: run by this script itself (--part), under `timeout`, in th
     search)
       sweep search hydra/sweeper=tune perf.compile=false \
         "perf.dtype=choice(bf16,fp16)" hydra.sweeper.n_trials=2 hydra.sweeper.finalists=2 \
-        hydra.sweeper.repeats=1 "${SHORT[@]}" ;;
+        hydra.sweeper.repeats=1 "${SHORT[@]}" bench.diagnose=false ;;
     default_gap)
       exec "$PY" benchmarks/default_gap.py --rounds 1 perf.dtype=bf16 perf.compile=true \
-        "${SHORT[@]}" ;;
+        "${SHORT[@]}" bench.diagnose=false ;;
     *) echo "gpu_check: no part $1: ${PARTS[*]}" >&2; return 2 ;;
   esac
 }

@@ -100,11 +100,11 @@ def compile_count(get: Callable[[Record], int | None], what: str):
 
 
 def host_sync(r: Record):
-    if r.setup.host_sync_in_step:
-        return "yes", "GradScaler with a non-fused optimizer reads found_inf on the host each step"
+    """Counted on CUDA by torch's sync debug mode over one step after the diagnosis (a
+    GradScaler reading found_inf with a non-fused optimizer, an `.item()`)."""
     if r.setup.host_sync_in_step is not None:
-        return "none", "no GradScaler, or a fused optimizer: the step reads nothing on the host"
-    return None, missing(r, "host_sync_in_step")
+        return str(r.setup.host_sync_in_step), r.setup.host_sync_note or "measure/observe.py"
+    return None, r.setup.host_sync_note or missing(r, "host syncs")
 
 
 def optimizer_impl(r: Record):
