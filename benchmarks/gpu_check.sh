@@ -23,6 +23,7 @@
 #
 #   bash benchmarks/gpu_check.sh --dry-run        # each part's box, its arithmetic, the total
 #   bash benchmarks/gpu_check.sh --summary DIR    # the per-point figures of any sweep dir
+#   bash benchmarks/gpu_check.sh --overrides PART # a sweep part's overrides, one a line
 #
 # On a machine where torch sees no CUDA device it says so in one line and exits 1. The exit is
 # non-zero when any part failed or ran out of its box. PYTHON picks the interpreter (python3).
@@ -247,7 +248,7 @@ run_part() {  # PART: run by this script itself (--part), under `timeout`, in th
     fp8)
       sweep fp8 "${GPT2_4[@]}" perf.fp8=tensorwise perf.dtype=bf16 perf.compile=true "${SHORT[@]}" ;;
     time_to_loss)
-      if [ ! -f .gpu/ttl/train.bin ]; then
+      if [ -z "${PRINT_ONLY:-}" ] && [ ! -f .gpu/ttl/train.bin ]; then
         echo "gpu_check: no .gpu/ttl/train.bin: run bash benchmarks/gpu_check.sh --prepare here first" >&2
         return 1
       fi
@@ -274,6 +275,10 @@ run_part() {  # PART: run by this script itself (--part), under `timeout`, in th
 sweep() {  # NAME OVERRIDES...: one multirun on CUDA into WORK/NAME
   local name=$1
   shift
+  if [ -n "${PRINT_ONLY:-}" ]; then  # --overrides: what it would run, one override a line
+    printf '%s\n' logger=none bench.device=cuda "$@"
+    return 0
+  fi
   # exec: the sweep is the process `timeout` signals (SIGTERM: the point recorded `interrupted`
   # and the table built), then kills 3 s later; a shell between would die and leave it running.
   exec "$PY" -m nanogpt.run -m logger=none bench.device=cuda "hydra.sweep.dir=$WORK/$name" "$@"
@@ -283,9 +288,16 @@ case "${1:-}" in
   --dry-run) dry_run; exit $? ;;
   --prepare) prepare; exit $? ;;
   --summary) summarize "${2:-}"; exit $? ;;
+  --overrides)  # PART: a sweep part's overrides, as its multirun gets them (tests compose them)
+    case ${2:-} in
+      setup | cuda_tests | default_gap | "") echo "gpu_check --overrides: ${2:-(none)} is no sweep part" >&2; exit 2 ;;
+    esac
+    PRINT_ONLY=1 run_part "$2"; exit $? ;;
   --part) run_part "$2"; exit $? ;;
   "") ;;
-  *) echo "gpu_check: unknown argument $1: none, --dry-run, --prepare or --summary DIR" >&2; exit 2 ;;
+  *)
+    echo "gpu_check: unknown argument $1: none, --dry-run, --prepare, --summary DIR or --overrides PART" >&2
+    exit 2 ;;
 esac
 
 # One line and exit 1 where torch sees no CUDA device (or there is no torch).

@@ -146,6 +146,37 @@ def test_gpu_check_dry_run_has_a_part_per_path_each_box_its_arithmetic_within_ni
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
+def test_every_sweep_part_of_the_gpu_check_composes_and_validates_for_a_cuda_machine(tmp_path):
+    """Each sweep part's points, composed and checked as its multirun checks them before the
+    first is measured (app.check_points; here=False: this machine's devices are not asked), so
+    a renamed key or a refused combination shows here, not on the loan."""
+    from hydra import initialize_config_dir
+
+    from nanogpt.app import check_points
+    from nanogpt.configs import CONF_DIR, expand
+
+    out = gpu_check("--dry-run", tmp_path=tmp_path).stdout
+    parts = re.findall(r"^(\w+)\s+\d+ s  ", out, flags=re.M)
+    parts += re.findall(r"^dropped: (\w+) ", out, flags=re.M)
+    checked = []
+    for part in parts:
+        proc = gpu_check("--overrides", part, tmp_path=tmp_path)
+        if part in (
+            "setup",
+            "cuda_tests",
+            "default_gap",
+        ):  # no sweep: a shell step, pytest, a script
+            assert proc.returncode == 2 and "no sweep part" in proc.stderr
+            continue
+        assert proc.returncode == 0, (part, proc.stderr)
+        overrides = proc.stdout.splitlines()
+        assert "bench.device=cuda" in overrides
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            check_points(expand(overrides), None, here=False)  # raises ConfigError, naming the key
+        checked.append(part)
+    assert set(PATHS) - {"cuda_tests"} <= set(checked)
+
+
 def test_docs_table_of_the_gpu_check_is_the_dry_runs(tmp_path):
     """docs/benchmarks.md's table of the check: the parts that run, their boxes and sums."""
     out = gpu_check("--dry-run", tmp_path=tmp_path).stdout
