@@ -56,6 +56,7 @@ OUTPUT_ONLY = [
     "cost.usd_per_kwh=0.3",
     "bench.rerun=true",
     "data.cache_dir=/tmp/elsewhere",
+    "bench.repeats=2",  # how many runs, not what a run measures: a resume keeps the ok ones
 ]
 MEASURED = [
     "perf.batch_size=3",
@@ -64,7 +65,6 @@ MEASURED = [
     "optimizer.lr=0.001",
     "optimizer.roles.embeddings.lr=0.001",  # a key left out at its default (identity.py)
     "data=text",
-    "bench.repeats=2",
     "bench.measure_steps=5",
     "bench.isolate=false",
     "dist.nproc=2",
