@@ -81,7 +81,8 @@ class OptimizerConfig:
     build: dict[str, Any] = field(default_factory=dict)
     # optimizer=from_model: the model's own factory, called as `model.<method>(**args)` (nanoGPT's
     # configure_optimizers, nanochat's setup_optimizer); `device_arg` names the argument the
-    # runner fills with the point's device type ("cuda", "cpu"), empty for none.
+    # runner fills with the point's device type ("cuda", "cpu"), empty for none. `args` are also
+    # an optimizer class's own keyword arguments where its recipe takes them (adafactor's).
     method: str = ""
     args: dict[str, Any] = field(default_factory=dict)
     device_arg: str = ""
