@@ -342,7 +342,7 @@ for whl in .gpu/*.whl; do
   wheels+=("$whl")
   names+=("$(basename "$whl" | cut -d- -f1 | tr '[:upper:]' '[:lower:]')")
 done
-lacking=" $("$PY" -c "$IMPORTS" "${names[@]}" | tr '\n' ' ')"
+lacking=" $("$PY" -c "$IMPORTS" "${names[@]}" 2>/dev/null | tr '\n' ' ')"
 # transformers pins its hub, tokenizers and safetensors: where it is installed, so are they (an
 # image's older huggingface_hub would fail its import)
 [[ $lacking == *" transformers "* ]] && lacking+="huggingface_hub tokenizers safetensors "
@@ -357,8 +357,11 @@ fi
 # Unbuffered: a part's log holds what it printed up to the moment its box ran out.
 export PYTHONPATH="$WORK/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" WANDB_MODE=disabled PYTHONUNBUFFERED=1
 [ -d .gpu/tiktoken_cache ] && export TIKTOKEN_CACHE_DIR=$PWD/.gpu/tiktoken_cache
+# Cold, as the boxes are reckoned: empty Inductor and Triton caches of this run's own, whatever
+# ran on the machine before (a point's record says `inductor_cache`: cold or warm)
+export TORCHINDUCTOR_CACHE_DIR=$WORK/caches/inductor TRITON_CACHE_DIR=$WORK/caches/triton
 optional=(hydra omegaconf optuna pyarrow tiktoken pynvml pytest_timeout wandb torchao transformers submitit)
-absent=" $("$PY" -c "$IMPORTS" "${optional[@]}" | tr '\n' ' ')"
+absent=" $("$PY" -c "$IMPORTS" "${optional[@]}" 2>/dev/null | tr '\n' ' ')"
 GPU_CHECK_TEST_TIMEOUT=""
 [[ $absent == *" pytest_timeout "* ]] || GPU_CHECK_TEST_TIMEOUT="--timeout=60"
 export PY WORK GPU_CHECK_TEST_TIMEOUT
@@ -391,7 +394,8 @@ show() {  # NAME: what the summary keeps of a part: each point's figures, then i
 }
 
 archive() {  # the records so far, replaced whole (a loan cut mid-tar keeps the last one)
-  tar -czf "$OUT/records.tar.gz.tmp" -C "$WORK" --exclude=./site --exclude='*.pt.trace.json*' . \
+  tar -czf "$OUT/records.tar.gz.tmp" -C "$WORK" --exclude=./site --exclude=./caches \
+    --exclude=inductor_cache --exclude='*.pt.trace.json*' --exclude='*.pickle' . \
     2>/dev/null && mv "$OUT/records.tar.gz.tmp" "$OUT/records.tar.gz"
 }
 
