@@ -177,6 +177,22 @@ def test_every_sweep_part_of_the_gpu_check_composes_and_validates_for_a_cuda_mac
     assert set(PATHS) - {"cuda_tests"} <= set(checked)
 
 
+def test_a_sweep_without_pyarrow_writes_no_parquet_and_says_so_in_one_line(sweep, tmp_path):
+    """The GPU image has no pyarrow and none travels: the table is still built and written
+    (summary.csv, summary.md), the parquet files are not, and one line says why."""
+    shadow = tmp_path / "no_pyarrow" / "pyarrow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no pyarrow on this machine')\n")
+    proc, sweep_dir = sweep(
+        "perf.batch_size=1", "bench.diagnose=false", env={"PYTHONPATH": str(shadow.parent)}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in proc.stdout.splitlines() if "parquet" in line]
+    assert said == ["summary.parquet, steps.parquet: not written, no pyarrow (pip install pyarrow)"]
+    assert (sweep_dir / "summary.csv").is_file() and (sweep_dir / "summary.md").is_file()
+    assert not list(sweep_dir.glob("*.parquet"))
+
+
 def test_docs_table_of_the_gpu_check_is_the_dry_runs(tmp_path):
     """docs/benchmarks.md's table of the check: the parts that run, their boxes and sums."""
     out = gpu_check("--dry-run", tmp_path=tmp_path).stdout
