@@ -85,7 +85,7 @@ declare -A WHAT=(
   [setup]="the CUDA check, .gpu/'s wheels the image lacks installed, what imports noted"
   [muon]="optimizer=muon, bf16 and fp16 (GradScaler), eager GPT-2, on hydra/launcher=parallel"
   [user_model]="benchmarks/modern_gpt.py as model.build (RoPE, GQA), eager and compiled, bf16"
-  [transformers]="a transformers Llama (AutoModelForCausalLM.from_config), 4 layers, compiled"
+  [transformers]="a transformers Llama (AutoModelForCausalLM.from_config), 2 layers, compiled"
   [reduce_overhead]="perf.compile_mode=reduce-overhead, GPT-2 width, 4 layers: the CUDA-graph peak"
   [chunked_loss]="perf.loss=chunked, GPT-2, batch 8, eager and compiled"
   [fp8]="perf.fp8=tensorwise (torchao), GPT-2 width, 4 layers, compiled"
@@ -213,13 +213,14 @@ summarize() {  # DIR: the per-point figures of a sweep dir (benchmarks/gpu_summa
 
 # --- the parts -------------------------------------------------------------------------------
 GPT2_4=(model=gpt2 model.n_layer=4)  # GPT-2's width, 4 layers: a compile in COLD_SMALL
-LLAMA=(  # docs/models.md's keys, sized for a GPU
+LLAMA=(  # docs/models.md's keys, sized for a GPU; 2 layers: Dynamo traces transformers' code
+#          slower than the GPT's, so its compile stays within COLD_SMALL
   model.build._target_=transformers.AutoModelForCausalLM.from_config
   model.build.config._target_=transformers.LlamaConfig
   "model.build.config.vocab_size=\${model.vocab_size}"
   "model.build.config.max_position_embeddings=\${model.block_size}"
   model.build.config.hidden_size=512 model.build.config.intermediate_size=1376
-  model.build.config.num_hidden_layers=4 model.build.config.num_attention_heads=8
+  model.build.config.num_hidden_layers=2 model.build.config.num_attention_heads=8
   model.build.config.num_key_value_heads=2 model.vocab_size=32000 model.block_size=512
 )
 MODERN=(  # benchmarks/modern_gpt.py, as a user sweeps it (benchmarks/byo_overhead.py)
