@@ -28,7 +28,7 @@ from nanogpt import logs
 from nanogpt.app import check_points
 from nanogpt.configs import OUR_SWEEPERS, repeats_refusal, runs_here, sweep_points
 from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit
+from nanogpt.faults import CONFIG_EXIT, exit_code, interrupted_exit, signal_hook
 from nanogpt.point.job import Outcome, point_status
 from nanogpt.point.placement import CORUN_ENV
 from nanogpt.reporters import wandb_sink, wandb_view
@@ -132,6 +132,9 @@ class SweepReport(Callback):
         except ConfigError as err:
             print(f"error: {err} (nothing was measured)", file=sys.stderr)
             sys.exit(CONFIG_EXIT)
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        signal_hook("job-start")  # TESTING ONLY: a test's signal here (Hydra composed the job)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         """An interrupted point stops the sweep (after its table); a single run exits with its

@@ -149,3 +149,29 @@ class Fault:
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         return loss * float("nan")
+
+
+# TESTING ONLY: "MOMENT:N:SIGNAL:COUNTER" sends SIGNAL (INT or TERM) to this process's group,
+# as a terminal's Ctrl-C or a scheduler does, at the N-th time any process of the sweep reaches
+# MOMENT (counted in the file COUNTER): tests reach a moment deterministically, not by timing
+# luck. Moments: `record-written` (a run's job has written its record, before it returns) and
+# `job-start` (Hydra has composed the next job and is starting it: Hydra's own code).
+SIGNAL_HOOK_ENV = "NANOGPT_TEST_SIGNAL"
+
+
+def signal_hook(moment: str) -> None:
+    """TESTING ONLY (SIGNAL_HOOK_ENV): the signal of a test that asked for it at `moment`."""
+    text = os.environ.get(SIGNAL_HOOK_ENV)
+    if not text:
+        return
+    want, count, name, counter = text.split(":", 3)
+    if want != moment:
+        return
+    fd = os.open(counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b".")  # one byte an occurrence, appended atomically by every process
+        reached = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if reached == int(count):
+        os.killpg(os.getpgrp(), getattr(signal, f"SIG{name}"))

@@ -154,3 +154,50 @@ def test_hydras_own_sweeper_refuses_more_than_one_run_a_point_in_one_line(tmp_pa
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: bench.repeats: is 2 but hydra/sweeper=basic runs one job")
     assert "bench.repeats=1" in line and not (tmp_path / "sweep" / "0").exists()
+
+
+# --- Ctrl-C at any moment (issue 44) ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "parallel"])
+@pytest.mark.parametrize(
+    "moment,nth",
+    [
+        ("record-written", 1),  # point 0's run has written its record, its job not yet returned
+        ("job-start", 2),  # Hydra has composed point 1's job and is starting it
+    ],
+)
+def test_ctrl_c_at_a_moment_ends_with_130_a_table_and_no_traceback(tmp_path, launcher, moment, nth):
+    """One SIGINT to the sweep's process group (a terminal's Ctrl-C) at a moment reached
+    deterministically (faults.signal_hook), under the basic and the parallel launcher: exit
+    130, one line, the table of what is done, no traceback; the same command then completes."""
+    from nanogpt.faults import SIGNAL_HOOK_ENV
+
+    sweep_dir = tmp_path / "sweep"
+    extra = PARALLEL if launcher == "parallel" else []
+    args = ["-m", *with_micro(["perf.batch_size=1,2", *extra]), f"hydra.sweep.dir={sweep_dir}"]
+    hook = {SIGNAL_HOOK_ENV: f"{moment}:{nth}:INT:{tmp_path / 'reached'}"}
+    command = [sys.executable, "-m", "nanogpt.run", *args]
+    proc = start_in_terminal(
+        command,
+        tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **hook},
+    )
+    try:
+        out, err = (b.decode() for b in proc.communicate(timeout=240))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted at"), err[-3000:]
+    assert f"hydra.sweep.dir={sweep_dir}" in err
+    table = read_summary(sweep_dir)  # the table of what is done
+    assert table["status"].tolist() == ["ok"] and "table:" in out
+    again = run_cli(*args, cwd=tmp_path)  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume: kept 1 run(s) of 1 point(s)" in again.stdout
+    assert read_summary(sweep_dir)["status"].tolist() == ["ok", "ok"]

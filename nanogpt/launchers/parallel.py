@@ -54,7 +54,7 @@ from omegaconf import OmegaConf, open_dict
 
 from nanogpt.configs import expose_checkout_plugins
 from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm, interrupted_exit
+from nanogpt.faults import CONFIG_EXIT, Stopped, handle_sigterm
 from nanogpt.point import placement
 from nanogpt.point.job import Outcome
 from nanogpt.point.slots import check_counts, enter, gpus_for, host_cores, plan
@@ -163,13 +163,8 @@ class ParallelLauncher(Launcher):
         while not done.empty():  # answers sent as the slots stopped
             number, plain = done.get()
             returns[number] = _job_return(plain)
-        if interrupted and not returns:  # stopped before any point ran: no table to build
-            print(
-                "interrupted before any point ran; rerun the same command with "
-                f"hydra.sweep.dir={notes.parent} to resume (ok points are kept)",
-                file=sys.stderr,
-            )
-            sys.exit(interrupted_exit())
+        if interrupted and not returns:  # no run returned: the sweeper's Ctrl-C (its table of
+            raise KeyboardInterrupt  # what is on disk, one line, 130), as if it had it itself
         return [returns[number] for number, _ in work if number in returns]
 
     @staticmethod

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanogpt.distributed import World
+from nanogpt.faults import signal_hook
 from nanogpt.point import forkserver, placement
 from nanogpt.point.handoff import Handoff, Job
 from nanogpt.point.process import run_child
@@ -81,6 +82,7 @@ def run_point(spec: RunSpec, job: Job) -> Outcome:
     result = record.to_dict()
     if job.sweep_dir:
         store.index(job.sweep_dir).add(job.job_dir, result)
+    signal_hook("record-written")  # TESTING ONLY: a test's signal at this moment, if asked
     log.info(summary_line(record, run_name(job.overrides, job.sweep_dir, job.repeat)))
     return Outcome(record.status, result)
 

@@ -23,10 +23,11 @@ The search (hydra/sweeper=tune) launches its candidates' runs through `run_round
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
@@ -36,9 +37,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from nanogpt.configs import expand
 from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT
+from nanogpt.faults import CONFIG_EXIT, handle_sigterm, interrupted_exit
 from nanogpt.point.job import Outcome
-from nanogpt.results.store import RUN_PREFIX
+from nanogpt.results.store import RESULT_FILE, RUN_PREFIX
+from nanogpt.tune.publish import publish, settings_of
 
 KEPT, DONE = "skipped", ("ok", "skipped")
 # What the sweeper reads of each point to give it its runs: bench.repeats (its default follows
@@ -63,6 +65,7 @@ class Rounds:
     returns: list[list[JobReturn]]
     outcomes: dict[int, list[Outcome]]
     interrupted: bool = False
+    at: str = "the sweep's start"  # the round being launched, for an interruption's line
 
     def kept_line(self) -> str | None:
         """`resume: kept N runs of M points`, where a resume kept any."""
@@ -92,10 +95,14 @@ def outcome_of(job_return: JobReturn) -> Outcome:
     return Outcome("error", {"status": "error", "error": f"the job returned {value!r}"})
 
 
-def run_rounds(launcher, points: list[Point], first_job: int = 0) -> Rounds:
+def run_rounds(
+    launcher, points: list[Point], first_job: int = 0, done: Rounds | None = None
+) -> Rounds:
     """Launch `points`' runs round by round: run r of every point still going (its runs so far
-    ok or kept) in one launch, after every run r - 1 ended."""
-    done = Rounds([], {p.index: [] for p in points})
+    ok or kept) in one launch, after every run r - 1 ended. `done` (filled as the rounds go,
+    so a caller stopped by a signal knows where it was): a fresh Rounds by default."""
+    done = done or Rounds([], {})
+    done.outcomes.update({p.index: [] for p in points})
     number = first_job
     for run in range(1, max((p.runs for p in points), default=0) + 1):
         going = [
@@ -105,6 +112,7 @@ def run_rounds(launcher, points: list[Point], first_job: int = 0) -> Rounds:
         ]
         if not going:
             break
+        done.at = f"run {run} of {len(going)} point(s)"
         batch = [[*p.overrides, f"hydra.sweep.subdir={p.index}/{RUN_PREFIX}{run}"] for p in going]
         returns = list(launcher.launch(batch, initial_job_idx=number))
         number += len(batch)
@@ -155,11 +163,37 @@ class Grid:
         if most > 1:
             print(f"grid: {len(points)} point(s) × up to {most} runs, run r of every point first")
             sys.stdout.flush()
-        done = run_rounds(self.launcher, points)
+        handle_sigterm()  # SIGTERM from here on stops the sweep as Ctrl-C does (exit 143)
+        done = Rounds([], {})
+        try:
+            run_rounds(self.launcher, points, done=done)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM in this process: in a run's job (the
+            self._stop(sweep_dir, done)  # basic launcher), between runs, or while Hydra
+        if done.interrupted:  # composes the next job; or a launcher that saw it stop its runs
+            self._stop(sweep_dir, done)
         line = done.kept_line()
         if line:
             print(line)
         return done.returns
+
+    def _stop(self, sweep_dir: Path, done: Rounds) -> NoReturn:
+        """The table of what is done, one line, exit 130 (143 after SIGTERM); a second signal
+        while the table is written: its one line only (nanogpt.report builds it)."""
+        try:
+            if any(sweep_dir.rglob(RESULT_FILE)):
+                publish(sweep_dir, settings_of(self.config))
+        except KeyboardInterrupt:
+            print(
+                f"interrupted while writing the table; build it with `python -m nanogpt.report "
+                f"{sweep_dir}` (every record is kept)",
+                file=sys.stderr,
+            )
+            sys.stdout.flush()
+            os._exit(interrupted_exit())
+        resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
+        print(f"interrupted at {done.at}; {resume} (ok runs are kept)", file=sys.stderr)
+        sys.stdout.flush()
+        sys.exit(interrupted_exit())
 
     def points(self, arguments: list[str]) -> list[Point]:
         """The sweep's points (hydra.sweeper.params, then the command line), each with its
