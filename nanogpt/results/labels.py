@@ -41,8 +41,8 @@ def run_name(overrides: list[str], sweep_dir: Path | None, run: str | None = Non
     (no multirun.yaml yet), every override."""
     varied = varied_keys(str(sweep_dir)) if sweep_dir else None
     named = [o for o in overrides if varied is None or override_key(o) in varied]
-    if varied is not None and not named:  # a point that sets no swept key: its defaults
-        named = [o for o in overrides if override_key(o) is None]
+    if not named:  # a sweep that varies nothing (one point): what it sets, as swept_keys says
+        named = overrides
     name = " ".join(named) or "defaults"
     return f"{name} (run {run})" if run else name
 
