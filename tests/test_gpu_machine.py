@@ -205,15 +205,49 @@ def test_docs_table_of_the_gpu_check_is_the_dry_runs(tmp_path):
     assert f"{total} s in all" in section
 
 
+def load_gpu_summary():
+    """benchmarks/gpu_summary.py as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location("gpu_summary", GPU_SUMMARY)
+    module = sys.modules["gpu_summary"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_summary_flags_a_cuda_point_whose_path_left_its_figures_null():
+    """The check's verdict on an ok CUDA point: the allocator's peaks and, compiled, torch's
+    counters must come back; the estimate within 10 % of the CUDA peak. A record as a CUDA
+    point's job writes it (results/record/), its figures set to what the flags judge."""
+    from nanogpt.results.record import Record
+
+    gpu_summary = load_gpu_summary()
+    good = Record(status="ok")
+    good.setup.device, good.asked.compile = "cuda:0", True
+    good.memory.mem_peak_allocated_bytes = good.memory.mem_warmup_peak_allocated_bytes = 100
+    good.rates.peak_memory_bytes, good.rates.peak_memory_from = 100, "cuda measured"
+    good.setup.mem_estimate_bytes = 105
+    good.compile.graph_breaks = 0
+    assert gpu_summary.flags(good) == []
+    bad = Record.from_dict({**good.to_dict(), "graph_breaks": None, "compile_note": "no counter"})
+    bad.memory.mem_warmup_peak_allocated_bytes = None
+    bad.setup.mem_estimate_bytes = 125
+    assert gpu_summary.flags(bad) == [
+        "a CUDA point without the allocator's peaks",
+        "compiled, yet no compile counters (no counter)",
+        "the estimate is +25.0 % off the peak (more than 10 %)",
+    ]
+    bad.status = "oom"  # a failed point says so in its status: nothing more to flag
+    assert gpu_summary.flags(bad) == []
+    bad.status, bad.setup.device = "ok", "cpu"  # a CPU point has no allocator's peaks to judge
+    assert gpu_summary.flags(bad) == []
+
+
 def test_gpu_check_summary_gives_every_figure_a_value_or_the_reason_it_is_null(
     micro_sweep, tmp_path
 ):
     """--summary on a real CPU sweep: each point's block names every figure the loan judges,
     each with a value or the reason it is null; read through the record's schema
     (benchmarks/gpu_summary.py), so a renamed field stops it here."""
-    spec = importlib.util.spec_from_file_location("gpu_summary", GPU_SUMMARY)
-    gpu_summary = sys.modules["gpu_summary"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_summary)
+    gpu_summary = load_gpu_summary()
     _, sweep_dir = micro_sweep
     proc = gpu_check("--summary", str(sweep_dir), tmp_path=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -236,6 +270,7 @@ def test_gpu_check_summary_gives_every_figure_a_value_or_the_reason_it_is_null(
     )
     assert "not the CUDA allocator's the estimate models" in blocks[0]
     assert "| graph breaks | null | not compiled |" in blocks[0]
+    assert all("\ncheck: ok\n" in block for block in blocks)  # a CPU point: nothing to flag
     assert re.search(r"\| optimizer implementation \| (foreach|for_loop)", blocks[0])
     # a bad dir: one line, exit 2
     bad = gpu_check("--summary", str(tmp_path / "none"), tmp_path=tmp_path)
