@@ -201,3 +201,49 @@ def test_ctrl_c_at_a_moment_ends_with_130_a_table_and_no_traceback(tmp_path, lau
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume: kept 1 run(s) of 1 point(s)" in again.stdout
     assert read_summary(sweep_dir)["status"].tolist() == ["ok", "ok"]
+
+
+# --- a run's record is read once (issue 44) -----------------------------------------------------
+
+# Runs nanogpt.run as `python -m` does, counting this process's opens of each run's result.json
+# (an audit hook: every open() of the interpreter), written to OUT at exit.
+COUNTING = """
+import atexit, collections, json, runpy, sys
+out, opened = sys.argv.pop(1), collections.Counter()
+def hook(event, args):
+    if event == "open" and isinstance(args[0], str) and args[0].endswith("result.json"):
+        if "/run-" in args[0] and "w" not in str(args[1] or "r"):
+            opened[args[0]] += 1
+sys.addaudithook(hook)
+atexit.register(lambda: open(out, "w").write(json.dumps(opened)))
+sys.argv[0] = "nanogpt.run"
+runpy.run_module("nanogpt.run", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_sweep_process_opens_each_runs_record_at_most_once(tmp_path):
+    """The job owns its run's record and hands it back in memory (the objective, the status,
+    a kept run); the resume's index reads the sweep dir once a process; the table pools each
+    point's runs from what it holds or reads them once. Counted for real (sys.addaudithook) in
+    the sweep process of a 2-point, 2-run sweep on the basic launcher (its jobs run there), then
+    of its resume with one run more a point."""
+    import json
+
+    sweep_dir = tmp_path / "sweep"
+    for repeats in (2, 3):
+        out = tmp_path / f"opened_{repeats}.json"
+        args = with_micro(["perf.batch_size=1,2", f"bench.repeats={repeats}"])
+        command = [sys.executable, "-c", COUNTING, str(out), "-m", *args]
+        proc = subprocess.run(
+            [*command, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        opened = json.loads(out.read_text())
+        runs = list(sweep_dir.glob("*/run-*/result.json"))
+        assert len(runs) == 2 * repeats
+        assert max(opened.values(), default=0) <= 1, opened  # each run's at most once
+        # the resume reads the 4 kept runs' records once (its index), the new ones not at all
+        assert len(opened) == (0 if repeats == 2 else 4), opened
+    assert "resume: kept 4 run(s) of 2 point(s)" in proc.stdout
+    assert read_summary(sweep_dir)["repeats"].tolist() == [3, 3]

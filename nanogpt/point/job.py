@@ -62,9 +62,12 @@ def run_point(spec: RunSpec, job: Job) -> Outcome:
     number = job.run or 1
     if job.sweep_dir:
         point_dir = job.job_dir.parent if job.run else job.job_dir
-        store.move_other_point(job.sweep_dir, point_dir, pid, job.overrides)
+        # what finds this point's records: its point_id, the one it had while bench.repeats
+        # was part of it (a pooled record of before), its overrides (before point_id)
+        keys = [pid, legacy_point_id_of(spec), "overrides:" + point_key(job.overrides)]
+        store.move_other_point(job.sweep_dir, point_dir, keys)
         if not spec.bench.rerun:
-            kept = _kept(spec, job, number)
+            kept = _kept(job, keys, number)
             if kept is not None:
                 return Outcome("skipped", kept, job_dir=str(job.job_dir))
     job.job_dir.mkdir(parents=True, exist_ok=True)
@@ -87,21 +90,19 @@ def run_point(spec: RunSpec, job: Job) -> Outcome:
     return Outcome(record.status, result)
 
 
-def _kept(spec: RunSpec, job: Job, number: int) -> dict | None:
+def _kept(job: Job, keys: list[str], number: int) -> dict | None:
     """The ok record of this run kept from an earlier run of the sweep (copied into this job's
     dir when it lies elsewhere: a resumed sweep whose list of points changed), or None."""
-    keys = [job.point_id, legacy_point_id_of(spec), "overrides:" + point_key(job.overrides)]
     found = store.index(job.sweep_dir).find(keys, number)
     if found is None:
         return None
-    where, pooled = found
+    where, pooled, record = found
     if pooled:  # one pooled record, written before runs were jobs: all the point's runs
         point_dir = job.job_dir.parent if job.run else job.job_dir
-        record = store.copy_record(where, point_dir)
         log.info("[skip] %s: ok pooled record in %s (all its runs)", job.name, where)
-        return record
+        return store.copy_record(where, point_dir, record)
     log.info("[skip] %s: ok record in %s (bench.rerun=true measures it again)", job.name, where)
-    return store.copy_record(where, job.job_dir)
+    return store.copy_record(where, job.job_dir, record)
 
 
 def run_single(spec: RunSpec, job: Job) -> Outcome:

@@ -3,7 +3,7 @@
 A sweep dir holds a dir per point (its index) and in it a dir per run, POINT/run-R, set by the
 sweeper (nanogpt/tune/grid.py); each run's job writes its own record there, atomically
 (nanogpt/files.py), by the job process alone. The point's own result.json beside its runs is
-their pool (results/repeats.pool_runs). A sweep written before runs were jobs has one pooled
+their pool (`pool_runs`). A sweep written before runs were jobs has one pooled
 result.json a point and no run dirs: it still reads, as all its runs.
 
 A sweep dir is found run by run: a point's identity is what it measures (`point_id`,
@@ -86,14 +86,19 @@ def read_steps(job_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def pool_runs(point_dir: Path) -> Record | None:
+def pool_runs(point_dir: Path, known: dict[Path, dict] | None = None) -> Record | None:
     """The point's record from its runs' (POINT/run-R), written to POINT/result.json and
     steps.csv; None for a point dir without runs (a record written before runs were jobs stays
     as it is). All ok: their pool, every figure derived once (results/figures.derive_point, as
     for one run); otherwise the first run that was not ok is the point's record (a later run of
     a failed point is never measured). A point with fewer runs than it asked (a sweep stopped
-    between rounds) is the pool of those it has: its run count says so."""
-    runs = [(number, read_result(d / RESULT_FILE), d) for number, d in run_dirs(point_dir)]
+    between rounds) is the pool of those it has: its run count says so. `known`: records this
+    process holds (the resume's Index), by resolved dir: not read again."""
+    known = known or {}
+    runs = [
+        (number, known.get(d.resolve()) or read_result(d / RESULT_FILE), d)
+        for number, d in run_dirs(point_dir)
+    ]
     runs = [(number, r, d) for number, r, d in runs if r is not None]
     if not runs:
         return None
@@ -114,17 +119,24 @@ def pool_runs(point_dir: Path) -> Record | None:
     return record
 
 
-def pool_sweep(sweep_dir: Path) -> None:
-    """Every point of a sweep dir pooled from its runs (pool_runs), the dirs moved aside too."""
+def pool_sweep(sweep_dir: Path) -> dict[Path, Record]:
+    """Every point of a sweep dir pooled from its runs (pool_runs), the dirs moved aside too,
+    where a run is newer than the pool; the records pooled now, by point dir (resolved)."""
     runs = list(Path(sweep_dir).rglob(f"{RUN_PREFIX}*/{RESULT_FILE}"))
     newest: dict[Path, float] = {}
     for path in runs:
         point_dir = path.parent.parent
         newest[point_dir] = max(newest.get(point_dir, 0.0), path.stat().st_mtime)
+    held = _INDEXES.get(str(Path(sweep_dir).resolve()))  # the runs this process holds
+    known = held.records if held else {}
+    pooled_now = {}
     for point_dir, ran in sorted(newest.items()):
         pooled = point_dir / RESULT_FILE
         if not pooled.is_file() or pooled.stat().st_mtime < ran:  # else: pooled since
-            pool_runs(point_dir)
+            record = pool_runs(point_dir, known)
+            if record is not None:
+                pooled_now[point_dir.resolve()] = record
+    return pooled_now
 
 
 def sweep_id(sweep_dir: Path) -> str:
@@ -133,16 +145,21 @@ def sweep_id(sweep_dir: Path) -> str:
     return "/".join(Path(sweep_dir).resolve().parts[-2:])
 
 
-def iter_records(sweep_dir: Path, moved: bool = True, runs: bool = False):
+def iter_records(
+    sweep_dir: Path, moved: bool = True, runs: bool = False, known: dict | None = None
+):
     """(path, record or None) for every point's result.json below a sweep dir (runs=True: the
     runs' too, POINT/run-R/result.json); moved=False leaves out those under SWEEP_DIR/moved/
-    (points the sweep no longer has there: no rows of its table)."""
+    (points the sweep no longer has there: no rows of its table). `known`: flat records this
+    process holds, by resolved dir: given, not read again."""
     aside = Path(sweep_dir) / MOVED_DIR
+    known = known or {}
     for path in sorted(Path(sweep_dir).rglob(RESULT_FILE)):
         if not runs and run_number(path.parent) is not None:
             continue
         if moved or not path.is_relative_to(aside):
-            yield path, read_result(path)
+            held = known.get(path.parent.resolve())
+            yield path, dict(held) if held is not None else read_result(path)
 
 
 def same_point(record: dict, pid: str, overrides: list[str]) -> bool:
@@ -166,29 +183,44 @@ class Index:
     def __init__(self, sweep_dir: Path):
         self.runs: dict[tuple[str, int], Path] = {}
         self.pooled: dict[str, Path] = {}
+        self.owner: dict[Path, str] = {}  # an ok record's dir (resolved) -> its point's key
+        self.records: dict[Path, dict] = {}  # an ok record's dir (resolved) -> the record
         for path, record in iter_records(Path(sweep_dir), runs=True):
             if not record or record.get("status") != "ok":
                 continue
+            self.owner[path.parent.resolve()] = _key(record)
+            self.records[path.parent.resolve()] = record
             number = run_number(path.parent)
             if number is not None:
                 self.runs[(_key(record), number)] = path.parent
             elif not run_dirs(path.parent):
                 self.pooled[_key(record)] = path.parent
 
-    def find(self, keys: list[str], number: int) -> tuple[Path, bool] | None:
-        """(dir, pooled) of an ok record of run `number` of the point found by any of `keys`:
-        the run's own, or an old pooled record of the point (all its runs)."""
+    def find(self, keys: list[str], number: int) -> tuple[Path, bool, dict] | None:
+        """(dir, pooled, record) of an ok record of run `number` of the point found by any of
+        `keys`: the run's own, or an old pooled record of the point (all its runs)."""
         for key in keys:
             candidates = ((self.runs.get((key, number)), False), (self.pooled.get(key), True))
             for found, pooled in candidates:
                 if found is not None and (found / RESULT_FILE).is_file():
-                    return found, pooled
+                    return found, pooled, self.records[Path(found).resolve()]
         return None
 
     def add(self, job_dir: Path, record: dict) -> None:
         number = run_number(job_dir)
         if record.get("status") == "ok" and number is not None:
             self.runs[(_key(record), number)] = Path(job_dir)
+            self.owner[Path(job_dir).resolve()] = _key(record)
+            self.records[Path(job_dir).resolve()] = record
+
+    def others_in(self, point_dir: Path, keys: list[str]) -> list[tuple[Path, str]]:
+        """(dir, key) of the ok records of another point in point_dir or its run dirs."""
+        point_dir = Path(point_dir).resolve()
+        return [
+            (where, key)
+            for where, key in self.owner.items()
+            if point_dir in (where, where.parent) and key not in keys
+        ]
 
 
 _INDEXES: dict[str, Index] = {}
@@ -202,31 +234,29 @@ def index(sweep_dir: Path) -> Index:
     return _INDEXES[key]
 
 
-def move_other_point(sweep_dir: Path, point_dir: Path, pid: str, overrides: list[str]) -> None:
-    """Before a point writes a run into point_dir: the records of another point there (dirs are
+def move_other_point(sweep_dir: Path, point_dir: Path, keys: list[str]) -> None:
+    """Before a point (found by any of `keys`: its point_id, the one it had before, its
+    overrides) writes a run into point_dir: the ok records of another point there (dirs are
     numbered by position, and a resumed sweep's list of points may have changed) move to
     SWEEP_DIR/moved/ID/ (its runs as ID/run-R), where a later point of the sweep still finds
-    them. Renames only: a record is never half in one place."""
-    point_dir = Path(point_dir)
-    records = [(point_dir, read_result(point_dir / RESULT_FILE))]
-    records += [(d, read_result(d / RESULT_FILE)) for _, d in run_dirs(point_dir)]
-    for where, record in records:
-        if not record or same_point(record, pid, overrides):
-            continue
-        target = Path(sweep_dir) / MOVED_DIR / _key(record).replace("/", "_")
+    them. Renames only: a record is never half in one place. Asks the Index: no file read."""
+    point_dir = Path(point_dir).resolve()
+    others = index(sweep_dir).others_in(point_dir, keys)
+    for where, key in others:
+        target = Path(sweep_dir) / MOVED_DIR / key.replace("/", "_")
         if where != point_dir:
             target = target / where.name
         target.mkdir(parents=True, exist_ok=True)
         for name in (STEPS_FILE, RESULT_FILE):  # result.json last: it says the record is whole
             if (where / name).is_file():
                 os.replace(where / name, target / name)
-    _INDEXES.pop(str(Path(sweep_dir).resolve()), None)  # paths changed: read again when asked
+    if others:  # paths changed: read again when next asked
+        _INDEXES.pop(str(Path(sweep_dir).resolve()), None)
 
 
-def copy_record(source: Path, job_dir: Path) -> dict:
-    """An ok record kept from another dir (a resumed sweep whose points moved) copied into
-    job_dir, steps first; the record read."""
-    record = read_result(Path(source) / RESULT_FILE) or {}
+def copy_record(source: Path, job_dir: Path, record: dict) -> dict:
+    """An ok record (as read) kept from another dir (a resumed sweep whose points moved) copied
+    into job_dir, steps first; the record."""
     if Path(source).resolve() != Path(job_dir).resolve():
         Path(job_dir).mkdir(parents=True, exist_ok=True)
         if (Path(source) / STEPS_FILE).is_file():

@@ -40,10 +40,10 @@ def load_records(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
     point's runs are pooled first (store.pool_sweep: POINT/result.json). A record moved aside
     (SWEEP_DIR/moved/: a resumed sweep whose points changed) is no row: the table is the
     sweep's current points."""
-    store.pool_sweep(sweep_dir)
+    pooled = {where: record.to_dict() for where, record in store.pool_sweep(sweep_dir).items()}
     by_point: dict[str, dict] = {}
     unreadable = []
-    for path, record in store.iter_records(sweep_dir, moved=False):
+    for path, record in store.iter_records(sweep_dir, moved=False, known=pooled):
         if record is None:
             unreadable.append(path)
             continue
