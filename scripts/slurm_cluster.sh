@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# A real one-node SLURM cluster for tests (tests/slurm/), from Debian's packages (22.05):
-#   scripts/slurm_cluster.sh install      apt-get the packages if sbatch or slurmctld is missing
-#   scripts/slurm_cluster.sh start DIR    munge, slurmctld and slurmd with all their state in DIR;
-#                                         prints `export SLURM_CONF=DIR/slurm.conf` (clients)
-#   scripts/slurm_cluster.sh stop DIR     stop the three daemons started in DIR
+# A real SLURM cluster of NODES nodes on this one machine, for tests (tests/slurm/), from
+# Debian's packages (22.05):
+#   scripts/slurm_cluster.sh install             apt-get the packages if sbatch or slurmctld is
+#                                                missing
+#   scripts/slurm_cluster.sh start DIR [NODES]   munge, slurmctld and a slurmd per node (default
+#                                                1) with all their state in DIR; prints
+#                                                `export SLURM_CONF=DIR/slurm.conf` (clients)
+#   scripts/slurm_cluster.sh stop DIR            stop every daemon started in DIR, drop its names
 #
 # No systemd, no cgroups: processes are tracked through /proc (proctrack/linuxproc), tasks are
-# not bound (task/none), the node is this machine with its real CPU count and memory, and
-# cons_tres gives each job its own CPUs, so two single-CPU jobs run at once on two cores. munge
+# not bound (task/none), and cons_tres gives each job its own CPUs, so two single-CPU jobs run
+# at once on two cores. Every node is this machine: each declares all its cores and memory
+# (oversubscribed: N nodes claim N times the cores, so a 2-rank point still fits one node), and
+# runs its own slurmd (`slurmd -N NAME`) on its own Port=, with its spool, pid and log file
+# (%n: the node's name). The node names are unique to DIR (two clusters never share one) and
+# must resolve, as on a real cluster: a job's ranks meet at its first node by name (MASTER_ADDR,
+# submitit), so `start` adds a line for them to /etc/hosts (127.0.0.1), marked with DIR, and
+# `stop` removes that line, and only that one. munge
 # runs as its own user, on a socket in DIR, so a munge the machine already runs is left alone.
 # slurmctld and slurmd run as root (SlurmUser=root): jobs run as the user who submits them.
 set -euo pipefail
@@ -33,13 +42,50 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# The nodes' names: a prefix from DIR's path (unique to the cluster), then 1..NODES
+node_names() {
+  local dir=$1 count=$2 prefix i
+  prefix="c$(printf '%s' "$dir" | md5sum | cut -c1-6)n"
+  for i in $(seq "$count"); do printf '%s%s\n' "$prefix" "$i"; done
+}
+
+HOSTS=/etc/hosts
+hosts_mark() { printf '# nanogpt slurm_cluster %s' "$1"; }
+
+# /etc/hosts without the line marked for DIR (written in place: it may be a mount point)
+hosts_drop() {
+  local mark; mark=$(hosts_mark "$1")
+  [ -w "$HOSTS" ] || return 0
+  if grep -qF " $mark" "$HOSTS"; then
+    local kept; kept=$(awk -v m=" $mark" 'substr($0, length($0) - length(m) + 1) != m' "$HOSTS")
+    printf '%s\n' "$kept" >"$HOSTS"
+  fi
+}
+
+hosts_add() {
+  local dir=$1; shift
+  if [ ! -w "$HOSTS" ]; then
+    echo "slurm_cluster: cannot write $HOSTS to make the node names $* resolve (needs root)" >&2
+    return 1
+  fi
+  hosts_drop "$dir"
+  printf '127.0.0.1 %s %s\n' "$*" "$(hosts_mark "$dir")" >>"$HOSTS"
+}
+
 start() {
   local dir; dir=$(realpath -m "$1")
+  local count=${2:-1}
+  if ! [[ "$count" =~ ^[1-9][0-9]*$ ]]; then
+    echo "slurm_cluster: NODES is '$count'; give a count of nodes, 1 or more" >&2
+    return 2
+  fi
   mkdir -p "$dir"/{munge,state,spool,log}
   chmod 755 "$dir"
   local host; host=$(hostname -s)
   local cpus; cpus=$(nproc --all)
   local mem_mb; mem_mb=$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)
+  local names; mapfile -t names < <(node_names "$dir" "$count")
+  hosts_add "$dir" "${names[@]}"
 
   # munge: its key (the package makes one; else one of our own), its socket in DIR
   local key=/etc/munge/munge.key
@@ -59,18 +105,17 @@ start() {
 ClusterName=nanogpt-test
 SlurmctldHost=$host
 SlurmctldPort=$(free_port)
-SlurmdPort=$(free_port)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket=$dir/munge/munge.socket
 CredType=cred/munge
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -88,21 +133,30 @@ SlurmdTimeout=30
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
-NodeName=$host CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
+  local name
+  for name in "${names[@]}"; do
+    mkdir -p "$dir/spool/$name"
+    echo "NodeName=$name NodeHostname=$host NodeAddr=127.0.0.1 Port=$(free_port)" \
+      "CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN" >>"$dir/slurm.conf"
+  done
+  local list; list=$(IFS=,; echo "${names[*]}")
+  echo "PartitionName=debug Nodes=$list Default=YES MaxTime=INFINITE State=UP" \
+    "OverSubscribe=NO" >>"$dir/slurm.conf"
   export SLURM_CONF="$dir/slurm.conf"
   slurmctld -i -f "$SLURM_CONF"   # -i: no state from an earlier run
-  slurmd -f "$SLURM_CONF"
-  # up: the node answers and is idle
+  for name in "${names[@]}"; do
+    slurmd -f "$SLURM_CONF" -N "$name"
+  done
+  # up: every node answers and is idle
   for _ in $(seq 60); do
-    if sinfo -h -o %T 2>/dev/null | grep -qx idle; then
+    if [ "$(sinfo -h -N -o %T 2>/dev/null | grep -cx idle)" = "$count" ]; then
       echo "export SLURM_CONF=$SLURM_CONF"
       return 0
     fi
     sleep 1
   done
-  echo "slurm_cluster: the node did not come up within 60 s (logs in $dir/log)" >&2
+  echo "slurm_cluster: not every node came up within 60 s (logs in $dir/log)" >&2
   stop "$dir"
   return 1
 }
@@ -110,18 +164,20 @@ CONF
 stop() {
   local dir; dir=$(realpath -m "$1")
   local pidfile pid
-  for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+  for pidfile in "$dir"/slurmd*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
     [ -s "$pidfile" ] || continue
     pid=$(cat "$pidfile")
     kill "$pid" 2>/dev/null || continue
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   done
+  hosts_drop "$dir"
 }
 
 case "${1:-}" in
   install) install ;;
-  start) [ $# -eq 2 ] || { echo "usage: $0 start DIR" >&2; exit 2; }; install; start "$2" ;;
+  start) [ $# -eq 2 ] || [ $# -eq 3 ] || { echo "usage: $0 start DIR [NODES]" >&2; exit 2; }
+    install; start "$2" "${3:-1}" ;;
   stop) [ $# -eq 2 ] || { echo "usage: $0 stop DIR" >&2; exit 2; }; stop "$2" ;;
-  *) echo "usage: $0 install | start DIR | stop DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 install | start DIR [NODES] | stop DIR" >&2; exit 2 ;;
 esac

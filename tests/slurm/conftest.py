@@ -1,8 +1,11 @@
-"""A real one-node SLURM cluster (scripts/slurm_cluster.sh) for the tests in this folder.
+"""Real SLURM clusters (scripts/slurm_cluster.sh) for the tests in this folder: one of one node
+(`slurm_env`, the tests of one machine's points) and one of two nodes (`slurm2_env`, points
+across nodes and sweeps spread over them), both on this machine.
 
 Every test here carries the `slurm` marker (and `slow`): `make test` leaves them out, `make
-test-slurm` runs them. The cluster starts once per session, with its state in a temporary
-folder, and stops after. Where SLURM cannot be installed or started, the tests skip and say why.
+test-slurm` runs them. Each cluster starts once per session, the first time a test asks for it,
+with its state in a temporary folder, and stops after. Where SLURM cannot be installed or
+started, the tests skip and say why.
 """
 
 from __future__ import annotations
@@ -37,15 +40,17 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="session")
-def slurm_env():
-    """Start the cluster; the environment its clients need (SLURM_CONF)."""
+def start_cluster(nodes: int):
+    """Start a cluster of `nodes` nodes; yield the environment its clients need (SLURM_CONF)."""
     if shutil.which("bash") is None:
         pytest.skip("no bash to run scripts/slurm_cluster.sh")
     state = Path(tempfile.mkdtemp(prefix="nanogpt-slurm-"))
     os.chmod(state, 0o755)
     started = subprocess.run(
-        ["bash", str(SCRIPT), "start", str(state)], capture_output=True, text=True, timeout=600
+        ["bash", str(SCRIPT), "start", str(state), str(nodes)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if started.returncode != 0:
         why = (started.stderr.strip().splitlines() or ["no reason given"])[-1]
@@ -56,13 +61,33 @@ def slurm_env():
     shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def slurm_env():
+    """A one-node cluster."""
+    yield from start_cluster(1)
+
+
+@pytest.fixture(scope="session")
+def slurm2_env():
+    """A two-node cluster: two slurmd on this machine, each node with all its cores."""
+    yield from start_cluster(2)
+
+
+def node_names(env: dict) -> list[str]:
+    """The cluster's nodes, as SLURM names them (unique to the cluster, not the hostname)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, env={**os.environ, **env}
+    ).stdout
+    return sorted(set(out.split()))
+
+
 def slurm_args(overrides, sweep_dir: Path) -> list[str]:
     return ["-m", *SLURM, *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
 
 
-@pytest.fixture
-def slurm_sweep(tmp_path, slurm_env):
-    """Run a micro sweep through hydra/launcher=slurm; returns (process, sweep_dir)."""
+def sweeper(tmp_path, env: dict):
+    """Run a micro sweep through hydra/launcher=slurm on the cluster of `env`; returns
+    (process, sweep_dir)."""
 
     def _run(*overrides: str, sweep_dir: Path | None = None, timeout: float = 600):
         sweep_dir = sweep_dir or tmp_path / "sweep"
@@ -72,7 +97,7 @@ def slurm_sweep(tmp_path, slurm_env):
             capture_output=True,
             text=True,
             timeout=timeout,
-            env={**os.environ, **slurm_env},
+            env={**os.environ, **env},
         )
         return proc, sweep_dir
 
@@ -80,8 +105,19 @@ def slurm_sweep(tmp_path, slurm_env):
 
 
 @pytest.fixture
-def slurm_start(tmp_path, slurm_env):
-    """Start a micro sweep through hydra/launcher=slurm in the background; (Popen, sweep_dir)."""
+def slurm_sweep(tmp_path, slurm_env):
+    return sweeper(tmp_path, slurm_env)
+
+
+@pytest.fixture
+def slurm2_sweep(tmp_path, slurm2_env):
+    return sweeper(tmp_path, slurm2_env)
+
+
+def starter(tmp_path, env: dict):
+    """Start micro sweeps through hydra/launcher=slurm in the background, on the cluster of
+    `env`: yields start(*overrides) -> (Popen, sweep_dir); at the end kills what is left and
+    cancels the cluster's jobs."""
     started = []
 
     def _start(*overrides: str):
@@ -93,7 +129,7 @@ def slurm_start(tmp_path, slurm_env):
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, **slurm_env},
+            env={**os.environ, **env},
         )
         started.append((proc, out))
         return proc, sweep_dir
@@ -104,9 +140,19 @@ def slurm_start(tmp_path, slurm_env):
             proc.kill()
             proc.wait()
         out.close()
-    subprocess.run(
-        ["scancel", "-u", os.environ.get("USER", "root")], env={**os.environ, **slurm_env}
-    )
+    subprocess.run(["scancel", "-u", os.environ.get("USER", "root")], env={**os.environ, **env})
+
+
+@pytest.fixture
+def slurm_start(tmp_path, slurm_env):
+    """Start a micro sweep through hydra/launcher=slurm in the background; (Popen, sweep_dir)."""
+    yield from starter(tmp_path, slurm_env)
+
+
+@pytest.fixture
+def slurm2_start(tmp_path, slurm2_env):
+    """The same on the two-node cluster."""
+    yield from starter(tmp_path, slurm2_env)
 
 
 def squeue(env: dict, *args: str) -> str:

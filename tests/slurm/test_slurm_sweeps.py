@@ -8,27 +8,31 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 
-from nanogpt.results.store import read_result
+from nanogpt.results.store import RUN_PREFIX, read_result
 from nanogpt.results.tidy import read_summary
 from tests.conftest import run_cli, with_micro
-from tests.slurm.conftest import squeue, wait_for
+from tests.slurm.conftest import node_names, squeue, wait_for
 
-NODE = socket.gethostname().split(".")[0]
 LONG = ["bench.measure_steps=100000", "bench.time_budget_s=15"]  # measures for 15 s
 
 
+def run_dir(sweep_dir, number: int):
+    """The dir of point `number`'s first run (POINT/run-1): a SLURM job's own dir."""
+    return sweep_dir / str(number) / f"{RUN_PREFIX}1"
+
+
 def records(sweep_dir) -> dict[str, dict]:
+    """Each point's record, as its job wrote it (its first run's), by the point's index."""
     found = {}
-    for path in sorted(sweep_dir.glob("*/result.json")):
-        found[path.parent.name] = read_result(path)
+    for path in sorted(sweep_dir.glob(f"*/{RUN_PREFIX}1/result.json")):
+        found[path.parent.parent.name] = read_result(path)
     return found
 
 
 def measuring(sweep_dir, number: int) -> bool:
-    log = sweep_dir / str(number) / "run.log"
+    log = run_dir(sweep_dir, number) / "run.log"
     return log.is_file() and b"measure step" in log.read_bytes()
 
 
@@ -41,14 +45,14 @@ def scontrol(env, *args: str) -> None:
     subprocess.run(["scontrol", *args], check=True, env={**os.environ, **env})
 
 
-def test_the_readme_sweep_runs_every_point_as_a_slurm_job(slurm_sweep, tmp_path):
+def test_the_readme_sweep_runs_every_point_as_a_slurm_job(slurm_sweep, slurm_env, tmp_path):
     proc, sweep_dir = slurm_sweep("perf.compile=true,false", "perf.dtype=bf16,fp16")
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = records(sweep_dir)
     assert len(found) == 4 and {r["status"] for r in found.values()} == {"ok"}
     ids = {r["slurm_job_id"] for r in found.values()}
     assert len(ids) == 4 and len({i.split("_")[0] for i in ids}) == 1  # tasks of one job array
-    assert {r["slurm_node"] for r in found.values()} == {NODE}
+    assert {r["slurm_node"] for r in found.values()} == set(node_names(slurm_env))  # its one
     assert {r["slurm_restarts"] for r in found.values()} == {0}
     assert len(list(sweep_dir.glob(".submitit/*/*_submitted.pkl"))) == 4  # real submitit jobs
     # The table a local sweep writes, with the same points: same columns, same rows
@@ -145,7 +149,7 @@ def test_a_job_past_its_time_limit_is_requeued_once_then_recorded_timeout(slurm_
     # the record was written after the rerun started: the launcher waited for it
     (line,) = squeue(slurm_env, "-j", record["slurm_job_id"], "-o", "%S").split()
     rerun = datetime.datetime.fromisoformat(line).timestamp()
-    written = (sweep_dir / "0" / "result.json").stat().st_mtime
+    written = (run_dir(sweep_dir, 0) / "result.json").stat().st_mtime
     assert written >= rerun
     assert len(read_summary(sweep_dir)) == 1
 
@@ -165,7 +169,7 @@ def test_dist_nproc_2_is_two_slurm_tasks_of_one_job_on_a_users_own_model(slurm_s
     assert record["model"] == "modern_gpt.GPT" and record["flops_source"].startswith("counted")
     logs = sorted(sweep_dir.glob(".submitit/*/*_log.out"))
     assert len(logs) == 2  # one log per SLURM task: rank 0 and rank 1
-    assert "torch.distributed.run" not in (sweep_dir / "0" / "run.log").read_text()
+    assert "torch.distributed.run" not in (run_dir(sweep_dir, 0) / "run.log").read_text()
     importers = (tmp_path / "modern_gpt.py.imported").read_text().split()
     assert len(set(importers)) == 2  # the two ranks; a third would be the sweep's process
 
@@ -180,7 +184,7 @@ def test_the_sweep_killed_then_run_again_keeps_its_finished_points(slurm_start, 
     again = slurm_start(*sweep)[0]
     assert again.wait(timeout=600) == 0
     out = (tmp_path / "sweep.out").read_text()
-    assert "resume: skipped 1 point(s)" in out
+    assert "resume: kept 1 run(s) of 1 point(s)" in out
     found = records(sweep_dir)
     assert found["0"]["finished_at"] == first["finished_at"]  # not measured again
     assert found["1"]["status"] == "ok"
