@@ -5,6 +5,7 @@ sweeps of micro time-to-loss points on tinyshakespeare."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -247,3 +248,43 @@ def test_the_sweep_process_opens_each_runs_record_at_most_once(tmp_path):
         assert len(opened) == (0 if repeats == 2 else 4), opened
     assert "resume: kept 4 run(s) of 2 point(s)" in proc.stdout
     assert read_summary(sweep_dir)["repeats"].tolist() == [3, 3]
+
+
+# --- the search hands the launcher batches (issue 44) -------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
+    """hydra/sweeper=tune on hydra/launcher=parallel with 2 slots: the probe rung asks 2 trials
+    before telling (Optuna's constant liar) and launches them as one batch, so both candidates
+    are measured side by side (each record's co_running names the other); the leaders too."""
+    sweep_dir = tmp_path / "sweep"
+    probe = "['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']"
+    args = [
+        "-m",
+        "hydra/sweeper=tune",
+        *with_micro(["perf.batch_size=choice(1,2)"]),
+        "hydra/launcher=parallel",
+        "hydra.launcher.slots=2",
+        "hydra.launcher.cores_per_slot=1",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.leaders=2",
+        "hydra.sweeper.finalists=1",
+        "hydra.sweeper.repeats=2",
+        f"hydra.sweeper.probe={probe}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = json.loads((sweep_dir / "tune_jobs.json").read_text())
+    for rung in ("probe", "full"):
+        records = [
+            read_result(sweep_dir / str(n) / "result.json")
+            for k, n in jobs.items()
+            if k.startswith(rung)
+        ]
+        assert len(records) == 2
+        first, second = records
+        assert first["co_running"] and second["co_running"], (first["co_running"], second)
+        assert first["overrides_str"] != second["overrides_str"]
+    assert (sweep_dir / "best.yaml").is_file()

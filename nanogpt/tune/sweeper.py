@@ -81,12 +81,15 @@ class Search:
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.doing = "the search's start"  # what a Ctrl-C interrupts, for its line
+        self.batch = 1  # candidates a probe batch asks before telling: the launcher's slots
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
         self.hydra_context = hydra_context
         self.config = config
+        # hydra/launcher=parallel runs `slots` candidates side by side: a batch of that many
+        self.batch = max(1, int(config.hydra.launcher.get("slots") or 1))
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
@@ -143,8 +146,8 @@ class Search:
             answer.write(self.sweep_dir, self._summary(probes, [], [], {}, dims))
             raise answer.none_feasible(probes, self.sweep_dir)
         leaders = ladder.climbers(probes, self.directions, self.leaders)
-        if self.finalists < len(leaders):
-            full = [self._measure(e.overrides, "full", []) for e in leaders]
+        if self.finalists < len(leaders):  # the leaders in one batch, as the finalists after
+            full = self._measure_all([e.overrides for e in leaders], "full", [])
             finalists = ladder.climbers(full, self.directions, self.finalists)
         else:  # every leader is a finalist: one process each would decide nothing
             full, finalists = [], leaders
@@ -175,7 +178,11 @@ class Search:
             study_name=STUDY_NAME,
             storage=storage,
             directions=self.directions,
-            sampler=optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=4),
+            # Several trials asked before any is told (a batch for the launcher's slots): each
+            # running one counts as a constant lie, so the batch spreads (Optuna's constant liar)
+            sampler=optuna.samplers.TPESampler(
+                seed=self.seed, n_startup_trials=4, constant_liar=self.batch > 1
+            ),
             load_if_exists=True,
         )
         # A trial a kill or Ctrl-C left running: failed, its candidate asked again first (the runner
@@ -198,28 +205,53 @@ class Search:
             if "entry" in trial.user_attrs:
                 entries.setdefault(point_key(overrides), ladder.Entry(**trial.user_attrs["entry"]))
         ran = sum(1 for e in entries.values() if e.record)
-        asks = 0
-        while ran < wanted and asks < 20 * max(wanted, 1) + len(entries):
+        asks, limit = 0, 20 * max(wanted, 1) + len(entries)
+        while ran < wanted and asks < limit:
             if self.time_limit_s is not None and time.time() - self.started > self.time_limit_s:
                 log.info("tune: time limit reached after %d candidates", ran)
                 break
-            asks += 1
-            trial = study.ask(distributions)
-            overrides = [f"{k}={v}" for k, v in values_of(trial.params, self.dims).items()]
-            entry = entries.get(point_key(overrides)) or self._probe(overrides, trial.number)
-            entries[point_key(overrides)] = entry
+            # A batch: up to `batch` new candidates asked before any is told, measured in one
+            # launch (side by side on the parallel launcher's slots), then told
+            asked: list[tuple[optuna.trial.Trial, list[str]]] = []
+            new: dict[str, tuple[list[str], int]] = {}
+            while len(new) < min(self.batch, wanted - ran) and asks < limit:
+                asks += 1
+                trial = study.ask(distributions)
+                overrides = [f"{k}={v}" for k, v in values_of(trial.params, self.dims).items()]
+                asked.append((trial, overrides))
+                key = point_key(overrides)
+                if key not in entries and key not in new:
+                    new[key] = (overrides, trial.number)
+                if grid is not None and len(entries) + len(new) >= grid:
+                    break  # every point of the space is asked
+            entries.update(self._probe_all(list(new.values())))
+            for trial, overrides in asked:
+                entry = entries[point_key(overrides)]
+                trial.set_constraint("fits", 0.0 if entry.feasible else 1.0)
+                trial.set_user_attr("entry", entry.__dict__)
+                worst = [objectives.worst(n) for n in self.names]
+                study.tell(trial, entry.values if entry.feasible else worst)
             ran = sum(1 for e in entries.values() if e.record)
-            trial.set_constraint("fits", 0.0 if entry.feasible else 1.0)
-            trial.set_user_attr("entry", entry.__dict__)
-            values = entry.values if entry.feasible else [objectives.worst(n) for n in self.names]
-            study.tell(trial, values)
             if grid is not None and len(entries) >= grid:
                 break  # every point of the space has been tried
         self.study = study
         return list(entries.values())
 
-    def _probe(self, params: list[str], number: int) -> ladder.Entry:
-        """One candidate's probe: composed, validated, estimated; measured if it may fit."""
+    def _probe_all(self, candidates: list[tuple[list[str], int]]) -> dict[str, ladder.Entry]:
+        """A batch of candidates' probes (each composed, validated, estimated: `_probe`), those
+        that may fit measured in one launch; by candidate key."""
+        entries = {point_key(p): self._probe(p, number) for p, number in candidates}
+        measure = [(p, number) for p, number in candidates if entries[point_key(p)] is None]
+        if measure:
+            measured = self._measure_all([p for p, _ in measure], "probe", self.probe)
+            for (_, number), entry in zip(measure, measured, strict=True):
+                entry.trial = number
+                entries[entry.key] = entry
+        return entries
+
+    def _probe(self, params: list[str], number: int) -> ladder.Entry | None:
+        """One candidate's probe: composed, validated, estimated; None if it may fit (then
+        measured, `_probe_all`)."""
         overrides = merged(self.fixed, params)
         entry = ladder.Entry(key=point_key(params), overrides=params, rung="probe", trial=number)
         self.doing = f"probe {entry.key}"
@@ -232,7 +264,7 @@ class Search:
         if misfit:
             entry.reason = f"pruned before running: {misfit}"
             return entry
-        return self._measure(params, "probe", self.probe, trial=number)
+        return None
 
     def _spec(self, overrides: list[str]):
         """A candidate's spec, validated for where it will run: a search submitted to a cluster
