@@ -262,12 +262,16 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
 
 
 def _plain(job_return: JobReturn) -> dict:
-    """What the sweep needs of a JobReturn, picklable (its configs hold Hydra's classes)."""
-    failed = job_return.status == JobStatus.FAILED
+    """What the sweep needs of a JobReturn, picklable (its configs hold Hydra's classes): the
+    run's Outcome, or the exception of a job that raised (its return_value raises it)."""
+    try:
+        value = job_return.return_value
+    except Exception as err:  # noqa: BLE001 - the job's own exception, kept as text
+        value = repr(err)
     return {
         "overrides": list(job_return.overrides or []),
         "status": job_return.status.name,
-        "value": repr(job_return._return_value) if failed else job_return._return_value,
+        "value": value,
         "working_dir": job_return.working_dir,
         "task_name": job_return.task_name,
     }
