@@ -263,12 +263,12 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert (sweep_dir / "0" / "result.json").is_file()
-    assert not (sweep_dir / "1" / "result.json").exists()
+    assert (sweep_dir / "0" / "run-1" / "result.json").is_file()  # a point's run, POINT/run-R
+    assert not (sweep_dir / "1" / "run-1" / "result.json").exists()
     # Debris a crash can leave: a half-written record and an atomic write's temp file.
     (sweep_dir / "9").mkdir()
     (sweep_dir / "9" / "result.json").write_text('{"status": "ok", "overrides": ["perf.ba')
-    (sweep_dir / "1" / ".result.json.x1y2.tmp").write_text('{"status": "ok"')
+    (sweep_dir / "1" / "run-1" / ".result.json.x1y2.tmp").write_text('{"status": "ok"')
 
     again = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
 
