@@ -21,11 +21,14 @@ is passed on to the slots. A slot holds both signals until it can handle them (a
 it starts stops it before any point). A resumed sweep skips runs with an ok record, as ever.
 
 The launcher knows no rounds: a job is one run of a point, and the sweeper (nanogpt/tune/grid.py)
-hands it one round per launch, so the points' runs alternate here as under any launcher.
+hands it one round per launch, so the points' runs alternate here as under any launcher. The
+slots (and their fork servers) are kept from one launch to the next, waiting for work, and end
+with the sweep's process (or at once when it is gone, or after a Ctrl-C).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import logging
@@ -35,8 +38,10 @@ import queue
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -74,6 +79,8 @@ class ParallelLauncher(Launcher):
             _refuse(err)
         self.slots, self.cores_per_slot, self.use_gpus = slots, cores_per_slot, gpus
         self.config = self.hydra_context = self.task_function = None
+        self.pool: _Pool | None = None  # the slots, kept from one launch to the next
+        atexit.register(self.close)  # before multiprocessing's own exit joins them
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -123,28 +130,17 @@ class ParallelLauncher(Launcher):
         returns: dict[int, JobReturn] = {}
         received = 0
         interrupted = False
+        pool = self.pool
         try:
             with _held():  # the slots start whole; a signal meanwhile is raised after
-                context = multiprocessing.get_context("spawn")
-                todo, done, stop = context.Queue(), context.Queue(), context.Event()
+                if pool is None or not pool.serves(slots):
+                    self.close()
+                    pool = self.pool = _Pool.start(slots, notes, self._sweep())
                 for item in work:
-                    todo.put(item)
-                for _ in slots:
-                    todo.put(None)
-                hydra = Singleton.get_state()["instances"]  # its resolvers are the slot's own
-                sweep = (self.config, self.hydra_context, _where(self.task_function))
-                workers = [
-                    context.Process(
-                        target=_slot,
-                        args=(slot, todo, done, stop, hydra, sweep, notes),
-                        name=f"slot {number}",
-                    )
-                    for number, slot in enumerate(slots)
-                ]
-                for worker in workers:
-                    worker.start()
+                    pool.todo.put(item)
         except KeyboardInterrupt as signalled:  # the slots got Ctrl-C too: they run no point
-            interrupted = self._stop(signalled, workers, stop)
+            interrupted = self._stop(signalled, pool.workers, pool.stop)
+        workers, done = pool.workers, pool.done
         while received < len(work) and any(w.is_alive() for w in workers):
             try:
                 number, plain = done.get(timeout=0.5)
@@ -157,15 +153,28 @@ class ParallelLauncher(Launcher):
                     for worker in workers:
                         worker.kill()
                     break
-                interrupted = self._stop(signalled, workers, stop)
-        for worker in workers:
-            worker.join(timeout=30)
-        while not done.empty():  # answers sent as the slots stopped
-            number, plain = done.get()
-            returns[number] = _job_return(plain)
+                interrupted = self._stop(signalled, workers, pool.stop)
+        if interrupted or received < len(work):  # the slots stop (a slot that ended: all)
+            self.close()
+            while not done.empty():  # answers sent as the slots stopped
+                number, plain = done.get()
+                returns[number] = _job_return(plain)
         if interrupted and not returns:  # no run returned: the sweeper's Ctrl-C (its table of
             raise KeyboardInterrupt  # what is on disk, one line, 130), as if it had it itself
         return [returns[number] for number, _ in work if number in returns]
+
+    def _sweep(self) -> tuple:
+        """What a slot needs of the sweep: Hydra's singletons (its resolvers are the slot's
+        own), the sweep's config and loader, where the task function lives."""
+        hydra = Singleton.get_state()["instances"]
+        return hydra, (self.config, self.hydra_context, _where(self.task_function))
+
+    def close(self) -> None:
+        """The slots end (they wait between launches: a sweeper launches a round at a time, so
+        slots and their fork servers start once a sweep); at this process's exit too."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     @staticmethod
     def _stop(signalled: KeyboardInterrupt, workers: list, stop) -> bool:
@@ -177,6 +186,48 @@ class ParallelLauncher(Launcher):
                 if worker.is_alive():
                     os.kill(worker.pid, signal.SIGTERM)
         return True
+
+
+@dataclass
+class _Pool:
+    """The slots' processes and their queues: work in (None: end), answers out."""
+
+    slots: list
+    workers: list
+    todo: Any
+    done: Any
+    stop: Any
+
+    @classmethod
+    def start(cls, slots: list, notes: Path, sweep: tuple) -> _Pool:
+        context = multiprocessing.get_context("spawn")
+        todo, done, stop = context.Queue(), context.Queue(), context.Event()
+        hydra, state = sweep
+        workers = [
+            context.Process(
+                target=_slot,
+                args=(slot, todo, done, stop, hydra, state, notes),
+                name=f"slot {number}",
+            )
+            for number, slot in enumerate(slots)
+        ]
+        for worker in workers:
+            worker.start()
+        return cls(list(slots), workers, todo, done, stop)
+
+    def serves(self, slots: list) -> bool:
+        """Whether these slots, all alive, can take a launch planned as `slots` (the same
+        slots, or more of them: a launch of fewer jobs plans fewer)."""
+        alive = all(w.is_alive() for w in self.workers)
+        return alive and self.slots[: len(slots)] == list(slots)
+
+    def close(self) -> None:
+        for _ in self.workers:
+            self.todo.put(None)
+        for worker in self.workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
 
 
 def _refuse(err: ConfigError) -> None:
@@ -236,7 +287,8 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
         setup_globals()
         enter(slot)
         os.environ[placement.CORUN_ENV] = str(notes)
-        while not stop.is_set() and (item := todo.get()) is not None:
+        parent = os.getppid()
+        while not stop.is_set() and (item := _next(todo, parent)) is not None:
             number, overrides = item
             config = hydra_context.config_loader.load_sweep_config(master, list(overrides))
             with open_dict(config):
@@ -259,6 +311,17 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
         pass
     done.close()
     done.join_thread()
+
+
+def _next(todo, parent: int):
+    """The slot's next job, waiting between launches; None (end) once the sweep's process is
+    gone (a kill -9 of it leaves no slot waiting forever)."""
+    while True:
+        try:
+            return todo.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
 
 
 def _plain(job_return: JobReturn) -> dict:
