@@ -63,25 +63,12 @@ def assert_rounds(sweep_dir, points: int, runs: int) -> None:
 @needs_shared
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["basic", "parallel"])
-def test_a_target_sweep_alternates_its_runs_under_any_launcher(tmp_path, launcher):
-    sweep_dir = tmp_path / "sweep"
-    extra = PARALLEL if launcher == "parallel" else []
-    proc = run_cli(*ttl_args(sweep_dir, "bench.repeats=3", *extra), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "grid: 2 point(s) × up to 3 runs" in proc.stdout
-    assert_rounds(sweep_dir, points=2, runs=3)
-    table = read_summary(sweep_dir)
-    assert table["ttl_runs"].tolist() == [3, 3]
-    assert table["ttl_run_order"].iloc[1] == ttl.ALTERNATED
-
-
-@needs_shared
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["basic", "parallel"])
 def test_a_killed_sweep_rerun_measures_only_its_missing_runs(tmp_path, launcher):
-    """SIGKILL to the sweep's process group once point 0's run 2 is recorded, then the same
-    command: the runs recorded ok before are kept (not measured again), the others measured
-    once, and the table is an uninterrupted sweep's: 2 rows of 3 runs, alternated."""
+    """A target sweep of 2 points × 3 runs under the basic and the parallel launcher: SIGKILL to
+    its process group once point 0's run 2 is recorded, then the same command: the runs
+    recorded ok before are kept (not measured again), the others measured once, and the table
+    is an uninterrupted sweep's: 2 rows of 3 runs, `ttl_run_order` alternated, every run r of
+    every point started after every run r - 1 ended (each run's own span)."""
     sweep_dir = tmp_path / "sweep"
     extra = PARALLEL if launcher == "parallel" else []
     args = ttl_args(sweep_dir, "bench.repeats=3", *extra)
@@ -122,6 +109,7 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     sweep_dir = tmp_path / "sweep"
     # each evaluation reads 50 batches: a run lasts seconds, the signal lands inside it
     args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=50", *PARALLEL)
+    args = [a.replace("optimizer.lr=1e-2,2e-2", "optimizer.lr=1e-2") for a in args]  # 1 point
     command = [sys.executable, "-m", "nanogpt.run", *args]
     proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -140,7 +128,7 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     again = run_cli(*args, cwd=tmp_path)  # the same command
     assert again.returncode == 0, again.stderr[-3000:]
     table = read_summary(sweep_dir)
-    assert set(table["status"]) == {"ok"} and table["ttl_runs"].tolist() == [2, 2]
+    assert set(table["status"]) == {"ok"} and table["ttl_runs"].tolist() == [2]
 
 
 def test_hydras_own_sweeper_refuses_more_than_one_run_a_point_in_one_line(tmp_path):
@@ -155,53 +143,6 @@ def test_hydras_own_sweeper_refuses_more_than_one_run_a_point_in_one_line(tmp_pa
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: bench.repeats: is 2 but hydra/sweeper=basic runs one job")
     assert "bench.repeats=1" in line and not (tmp_path / "sweep" / "0").exists()
-
-
-# --- Ctrl-C at any moment (issue 44) ------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["basic", "parallel"])
-@pytest.mark.parametrize(
-    "moment,nth",
-    [
-        ("record-written", 1),  # point 0's run has written its record, its job not yet returned
-        ("job-start", 2),  # Hydra has composed point 1's job and is starting it
-    ],
-)
-def test_ctrl_c_at_a_moment_ends_with_130_a_table_and_no_traceback(tmp_path, launcher, moment, nth):
-    """One SIGINT to the sweep's process group (a terminal's Ctrl-C) at a moment reached
-    deterministically (faults.signal_hook), under the basic and the parallel launcher: exit
-    130, one line, the table of what is done, no traceback; the same command then completes."""
-    from nanogpt.faults import SIGNAL_HOOK_ENV
-
-    sweep_dir = tmp_path / "sweep"
-    extra = PARALLEL if launcher == "parallel" else []
-    args = ["-m", *with_micro(["perf.batch_size=1,2", *extra]), f"hydra.sweep.dir={sweep_dir}"]
-    hook = {SIGNAL_HOOK_ENV: f"{moment}:{nth}:INT:{tmp_path / 'reached'}"}
-    command = [sys.executable, "-m", "nanogpt.run", *args]
-    proc = start_in_terminal(
-        command,
-        tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **hook},
-    )
-    try:
-        out, err = (b.decode() for b in proc.communicate(timeout=240))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in out + err and "KeyboardInterrupt" not in err, err[-3000:]
-    assert err.strip().splitlines()[-1].startswith("interrupted at"), err[-3000:]
-    assert f"hydra.sweep.dir={sweep_dir}" in err
-    table = read_summary(sweep_dir)  # the table of what is done
-    assert table["status"].tolist() == ["ok"] and "table:" in out
-    again = run_cli(*args, cwd=tmp_path)  # the same command
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resume: kept 1 run(s) of 1 point(s)" in again.stdout
-    assert read_summary(sweep_dir)["status"].tolist() == ["ok", "ok"]
 
 
 # --- a run's record is read once (issue 44) -----------------------------------------------------
@@ -229,7 +170,6 @@ def test_the_sweep_process_opens_each_runs_record_at_most_once(tmp_path):
     point's runs from what it holds or reads them once. Counted for real (sys.addaudithook) in
     the sweep process of a 2-point, 2-run sweep on the basic launcher (its jobs run there), then
     of its resume with one run more a point."""
-    import json
 
     sweep_dir = tmp_path / "sweep"
     for repeats in (2, 3):
@@ -248,43 +188,3 @@ def test_the_sweep_process_opens_each_runs_record_at_most_once(tmp_path):
         assert len(opened) == (0 if repeats == 2 else 4), opened
     assert "resume: kept 4 run(s) of 2 point(s)" in proc.stdout
     assert read_summary(sweep_dir)["repeats"].tolist() == [3, 3]
-
-
-# --- the search hands the launcher batches (issue 44) -------------------------------------------
-
-
-@pytest.mark.slow
-def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
-    """hydra/sweeper=tune on hydra/launcher=parallel with 2 slots: the probe rung asks 2 trials
-    before telling (Optuna's constant liar) and launches them as one batch, so both candidates
-    are measured side by side (each record's co_running names the other); the leaders too."""
-    sweep_dir = tmp_path / "sweep"
-    probe = "['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']"
-    args = [
-        "-m",
-        "hydra/sweeper=tune",
-        *with_micro(["perf.batch_size=choice(1,2)"]),
-        "hydra/launcher=parallel",
-        "hydra.launcher.slots=2",
-        "hydra.launcher.cores_per_slot=1",
-        "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.leaders=2",
-        "hydra.sweeper.finalists=1",
-        "hydra.sweeper.repeats=2",
-        f"hydra.sweeper.probe={probe}",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = run_cli(*args, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    jobs = json.loads((sweep_dir / "tune_jobs.json").read_text())
-    for rung in ("probe", "full"):
-        records = [
-            read_result(sweep_dir / str(n) / "result.json")
-            for k, n in jobs.items()
-            if k.startswith(rung)
-        ]
-        assert len(records) == 2
-        first, second = records
-        assert first["co_running"] and second["co_running"], (first["co_running"], second)
-        assert first["overrides_str"] != second["overrides_str"]
-    assert (sweep_dir / "best.yaml").is_file()

@@ -1,0 +1,107 @@
+"""Issue 44 on real `python -m nanogpt.run -m` sweeps of micro points: Ctrl-C at any moment
+ends a sweep with exit 130, one line and a table (moments reached by faults.signal_hook, not
+by timing luck), and the search hands the parallel launcher batches of candidates."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from nanogpt.results.store import read_result
+from nanogpt.results.tidy import read_summary
+
+from .conftest import run_cli, start_in_terminal, with_micro
+
+PARALLEL = ["hydra/launcher=parallel", "hydra.launcher.slots=1"]
+
+
+# --- Ctrl-C at any moment (issue 44) ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "parallel"])
+@pytest.mark.parametrize(
+    "moment,nth",
+    [
+        ("record-written", 1),  # point 0's run has written its record, its job not yet returned
+        ("job-start", 2),  # Hydra has composed point 1's job and is starting it
+    ],
+)
+def test_ctrl_c_at_a_moment_ends_with_130_a_table_and_no_traceback(tmp_path, launcher, moment, nth):
+    """One SIGINT to the sweep's process group (a terminal's Ctrl-C) at a moment reached
+    deterministically (faults.signal_hook), under the basic and the parallel launcher: exit
+    130, one line, the table of what is done, no traceback; the same command then completes."""
+    from nanogpt.faults import SIGNAL_HOOK_ENV
+
+    sweep_dir = tmp_path / "sweep"
+    extra = PARALLEL if launcher == "parallel" else []
+    args = ["-m", *with_micro(["perf.batch_size=1,2", *extra]), f"hydra.sweep.dir={sweep_dir}"]
+    hook = {SIGNAL_HOOK_ENV: f"{moment}:{nth}:INT:{tmp_path / 'reached'}"}
+    command = [sys.executable, "-m", "nanogpt.run", *args]
+    proc = start_in_terminal(
+        command,
+        tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **hook},
+    )
+    try:
+        out, err = (b.decode() for b in proc.communicate(timeout=240))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted at"), err[-3000:]
+    assert f"hydra.sweep.dir={sweep_dir}" in err
+    table = read_summary(sweep_dir)  # the table of what is done
+    assert table["status"].tolist() == ["ok"] and "table:" in out
+    again = run_cli(*args, cwd=tmp_path)  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume: kept 1 run(s) of 1 point(s)" in again.stdout
+    assert read_summary(sweep_dir)["status"].tolist() == ["ok", "ok"]
+
+
+# --- the search hands the launcher batches (issue 44) -------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
+    """hydra/sweeper=tune on hydra/launcher=parallel with 2 slots: the probe rung asks 2 trials
+    before telling (Optuna's constant liar) and launches them as one batch, so both candidates
+    are measured side by side (each record's co_running names the other); the leaders too."""
+    sweep_dir = tmp_path / "sweep"
+    probe = "['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']"
+    args = [
+        "-m",
+        "hydra/sweeper=tune",
+        *with_micro(["perf.batch_size=choice(1,2)"]),
+        "hydra/launcher=parallel",
+        "hydra.launcher.slots=2",
+        "hydra.launcher.cores_per_slot=1",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.leaders=2",
+        "hydra.sweeper.finalists=1",
+        "hydra.sweeper.repeats=2",
+        f"hydra.sweeper.probe={probe}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = json.loads((sweep_dir / "tune_jobs.json").read_text())
+    for rung in ("probe", "full"):
+        records = [
+            read_result(sweep_dir / str(n) / "result.json")
+            for k, n in jobs.items()
+            if k.startswith(rung)
+        ]
+        assert len(records) == 2
+        first, second = records
+        assert first["co_running"] and second["co_running"], (first["co_running"], second)
+        assert first["overrides_str"] != second["overrides_str"]
+    assert (sweep_dir / "best.yaml").is_file()
