@@ -107,8 +107,8 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     sends it) under hydra/launcher=parallel, then the same command: it completes, where every
     rerun used to stop at once on the earlier attempt's `interrupted` record."""
     sweep_dir = tmp_path / "sweep"
-    # each evaluation reads 50 batches: a run lasts seconds, the signal lands inside it
-    args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=50", *PARALLEL)
+    # each evaluation reads 200 batches: a run lasts seconds, the signal lands inside it
+    args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=200", *PARALLEL)
     args = [a.replace("optimizer.lr=1e-2,2e-2", "optimizer.lr=1e-2") for a in args]  # 1 point
     command = [sys.executable, "-m", "nanogpt.run", *args]
     proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
