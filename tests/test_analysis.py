@@ -48,7 +48,7 @@ def preset_points(name: str, extra: list[str] = ()) -> list[list[str]]:
     checks `expand` against Hydra's own sweeper)."""
     cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
     params = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
-    if "tune" in str(cfg.hydra.sweeper.get("_target_", "")):
+    if str(cfg.hydra.sweeper.get("_target_", "")).endswith("TuneSweeper"):
         # A search's space is sampled, not run as a grid (3,840 points for `tune`): points
         # that together take every value of every key, point i the i-th value of each (an
         # invalid combination is the search's infeasible "invalid" entry: test_tune.py

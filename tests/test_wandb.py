@@ -114,7 +114,7 @@ def result_keys(in_process_sweep) -> set[str]:
 
 def test_each_job_of_an_in_process_multirun_is_its_own_run(in_process_sweep):
     _, sweep_dir = in_process_sweep
-    runs = {job: the_run(sweep_dir / job) for job in ("0", "1")}
+    runs = {job: the_run(sweep_dir / job / "run-1") for job in ("0", "1")}  # POINT/run-R
     assert runs["0"].run_id != runs["1"].run_id
     for job, run in runs.items():
         assert run.group == f"{sweep_dir.parent.name}/{sweep_dir.name}"  # date/time, not time
@@ -232,7 +232,7 @@ def test_online_init_that_fails_logs_offline_and_says_how_to_sync(
     # the view is not tried against the server the summary run just failed to reach
     (view,) = [line for line in proc.stderr.splitlines() if "W&B view" in line]
     assert "not published (the sweep's summary run: online init failed)" in view
-    for directory, job_type in ((sweep_dir / "0", "point"), (sweep_dir, "sweep-summary")):
+    for directory, job_type in ((sweep_dir / "0" / "run-1", "point"), (sweep_dir, "sweep-summary")):
         # One run dir: the failed online attempt left none behind.
         (run_dir,) = [
             p
@@ -243,7 +243,7 @@ def test_online_init_that_fails_logs_offline_and_says_how_to_sync(
         assert f"upload later with `wandb sync {run_dir}`" in proc.stdout
         run = read_run(run_file(run_dir))
         assert run.job_type == job_type and run.exit_code == 0
-    assert_run_holds_its_job(the_run(sweep_dir / "0"), sweep_dir / "0")
+    assert_run_holds_its_job(the_run(sweep_dir / "0" / "run-1"), sweep_dir / "0")
     assert result_of(sweep_dir / "0")["status"] == "ok"
 
 
@@ -296,7 +296,8 @@ def test_auto_mode_follows_wandb_mode_then_the_key(tmp_path, monkeypatch):
 def test_the_repeats_of_a_point_are_tied_by_its_id(single):
     proc, run_dir = single("bench.repeats=2", "logger=wandb", "logger.mode=offline")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    runs = sorted((read_run(run_file(d)) for d in offline_runs(run_dir)), key=lambda r: r.name)
+    found = [d for run in ("run-1", "run-2") for d in offline_runs(run_dir / run)]  # RUN_DIR/run-R
+    runs = sorted((read_run(run_file(d)) for d in found), key=lambda r: r.name)
     assert len(runs) == 2 and [r.name[-12:] for r in runs] == ["(repeat 1/2)", "(repeat 2/2)"]
     record = read_result(run_dir / "result.json")
     assert "(repeat" not in record["overrides_str"] and record["repeats"] == 2  # pooled
@@ -319,7 +320,7 @@ def test_a_point_measured_again_supersedes_its_earlier_runs(tmp_path):
         proc = run_nanogpt([*args, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
         assert proc.returncode == 0, proc.stderr
         for where in ("0", "."):
-            runs = sorted(offline_runs(sweep_dir / where))
+            runs = sorted(offline_runs(sweep_dir / where / ("run-1" if where == "0" else "")))
             ids[where, rerun] = read_run(run_file(runs[-1]))
     for where in ("0", "."):
         first, second = ids[where, "false"], ids[where, "true"]
