@@ -42,9 +42,11 @@ test-fast: $(STAMP)
 
 # A real one-node SLURM cluster (scripts/slurm_cluster.sh installs and starts it; root): the
 # tests of hydra/launcher=slurm, minutes each.
+# The SLURM tests mostly wait on SLURM's own timers (a requeued job's hold, a time limit): two
+# workers, each with its own clusters (tests/slurm/conftest.py), a test to a worker as it frees.
 test-slurm: $(STAMP)
 	scripts/slurm_cluster.sh install
-	$(BIN)/python -m pytest -q -m slurm tests/slurm
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m slurm tests/slurm --durations=12
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m cuda

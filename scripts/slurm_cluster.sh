@@ -50,16 +50,20 @@ node_names() {
 }
 
 HOSTS=/etc/hosts
+HOSTS_LOCK=/tmp/nanogpt-slurm-cluster-hosts.lock  # clusters started and stopped at once take turns
 hosts_mark() { printf '# nanogpt slurm_cluster %s' "$1"; }
 
 # /etc/hosts without the line marked for DIR (written in place: it may be a mount point)
 hosts_drop() {
   local mark; mark=$(hosts_mark "$1")
   [ -w "$HOSTS" ] || return 0
-  if grep -qF " $mark" "$HOSTS"; then
-    local kept; kept=$(awk -v m=" $mark" 'substr($0, length($0) - length(m) + 1) != m' "$HOSTS")
-    printf '%s\n' "$kept" >"$HOSTS"
-  fi
+  (
+    flock 9
+    if grep -qF " $mark" "$HOSTS"; then
+      local kept; kept=$(awk -v m=" $mark" 'substr($0, length($0) - length(m) + 1) != m' "$HOSTS")
+      printf '%s\n' "$kept" >"$HOSTS"
+    fi
+  ) 9>"$HOSTS_LOCK"
 }
 
 hosts_add() {
@@ -69,7 +73,10 @@ hosts_add() {
     return 1
   fi
   hosts_drop "$dir"
-  printf '127.0.0.1 %s %s\n' "$*" "$(hosts_mark "$dir")" >>"$HOSTS"
+  (
+    flock 9
+    printf '127.0.0.1 %s %s\n' "$*" "$(hosts_mark "$dir")" >>"$HOSTS"
+  ) 9>"$HOSTS_LOCK"
 }
 
 start() {
@@ -101,8 +108,12 @@ start() {
     --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
     --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed"
 
+  # Job ids of their own: submitit seeds a job's MASTER_PORT with its id, so two clusters on one
+  # machine numbering their jobs alike would give two jobs at once the same port
+  local first_job; first_job=$(( 1 + 16#$(printf '%s' "$dir" | md5sum | cut -c7-10) * 1000 ))
   cat >"$dir/slurm.conf" <<CONF
 ClusterName=nanogpt-test
+FirstJobId=$first_job
 SlurmctldHost=$host
 SlurmctldPort=$(free_port)
 SlurmUser=root

@@ -3,9 +3,10 @@
 across nodes and sweeps spread over them), both on this machine.
 
 Every test here carries the `slurm` marker (and `slow`): `make test` leaves them out, `make
-test-slurm` runs them. Each cluster starts once per session, the first time a test asks for it,
-with its state in a temporary folder, and stops after. Where SLURM cannot be installed or
-started, the tests skip and say why.
+test-slurm` runs them, on two pytest-xdist workers. Each cluster starts once per worker, the
+first time a test asks for it, with its state in a temporary folder, and stops after: node
+names are unique to a cluster, so two workers' clusters run side by side. Where SLURM cannot
+be installed or started, the tests skip and say why.
 """
 
 from __future__ import annotations

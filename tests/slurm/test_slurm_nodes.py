@@ -33,9 +33,10 @@ def losses(job_dir: Path) -> list[float]:
     return steps["loss"].dropna().tolist()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def across(tmp_path_factory, slurm2_env):
-    """One sweep of 2-rank points, DDP and FSDP2, each on one node and across two:
+    """One sweep of 2-rank points, DDP and FSDP2, each on one node and across two, for the
+    session (pytest-xdist may run another file's test between the two that read it):
     (process, sweep_dir)."""
     from tests.slurm.conftest import sweeper
 
@@ -45,6 +46,7 @@ def across(tmp_path_factory, slurm2_env):
     )
 
 
+@pytest.mark.xdist_group("across")  # one worker runs the sweep the two tests read
 def test_a_ddp_point_across_two_nodes_trains_as_on_one(across, slurm2_env):
     proc, sweep_dir = across
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -71,6 +73,7 @@ def test_a_ddp_point_across_two_nodes_trains_as_on_one(across, slurm2_env):
     assert sorted(table["nodes"]) == [1, 1, 2, 2]
 
 
+@pytest.mark.xdist_group("across")
 def test_an_fsdp2_point_across_two_nodes_trains_as_on_one(across, slurm2_env):
     proc, sweep_dir = across
     found = records(sweep_dir)
