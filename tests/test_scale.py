@@ -276,7 +276,7 @@ def test_submitit_tasks_of_one_job_are_the_ranks_of_one_point(sweep):
         env=ONE_THREAD,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (result,) = sweep_dir.rglob("result.json")
+    (result,) = sweep_dir.glob("*/result.json")  # the point's (its run's: POINT/run-1)
     record = read_result(result)
     assert record["status"] == "ok" and record["world_size"] == 2
     assert len(record["step_ms_median_per_rank"]) == 2
