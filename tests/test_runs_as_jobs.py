@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,3 +189,36 @@ def test_the_sweep_process_opens_each_runs_record_at_most_once(tmp_path):
         assert len(opened) == (0 if repeats == 2 else 4), opened
     assert "resume: kept 4 run(s) of 2 point(s)" in proc.stdout
     assert read_summary(sweep_dir)["repeats"].tolist() == [3, 3]
+
+
+@pytest.mark.slow
+def test_a_sweep_dir_written_before_runs_were_jobs_still_reads_and_resumes(tmp_path):
+    """A sweep dir of the old layout — one pooled result.json a point, no run dirs, its
+    point_id digesting bench.repeats — read by the same command: each ok point counts as all
+    its runs, kept (none measured again), one row each."""
+    from nanogpt.results import store
+    from nanogpt.results.identity import point_id
+
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    finished = {}
+    for point in ("0", "1"):  # rewritten as before: the run's record is the point's, its id old
+        record = read_result(sweep_dir / point / "run-1" / "result.json")
+        measured = record["measured_config"]
+        measured["bench"]["repeats"] = 1
+        record["point_id"] = point_id(measured)
+        for path in (sweep_dir / point).iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+        (sweep_dir / point / "result.json").unlink()
+        store.write_result(sweep_dir / point, record)
+        finished[point] = record["finished_at"]
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume: kept 2 run(s) of 2 point(s)" in again.stdout
+    for point, at in finished.items():
+        assert read_result(sweep_dir / point / "result.json")["finished_at"] == at
+    assert not list(sweep_dir.glob("*/run-*/result.json"))  # nothing measured
+    assert read_summary(sweep_dir)["status"].tolist() == ["ok", "ok"]
