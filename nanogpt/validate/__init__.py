@@ -167,8 +167,7 @@ def check_choices(spec: RunSpec) -> None:
         raise ConfigError(
             "optimizer.name",
             f"'{spec.optimizer.name}' is unknown",
-            f"use optimizer={', '.join(optimizers.names())}, or "
-            "optimizer.build._target_=CLASS",
+            f"use optimizer={', '.join(optimizers.names())}, or optimizer.build._target_=CLASS",
         )
     if spec.logger.backend not in ("wandb", "none"):
         raise ConfigError(
