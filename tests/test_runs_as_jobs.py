@@ -132,6 +132,7 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     assert set(table["status"]) == {"ok"} and table["ttl_runs"].tolist() == [2]
 
 
+@pytest.mark.slow
 def test_hydras_own_sweeper_refuses_more_than_one_run_a_point_in_one_line(tmp_path):
     proc = run_cli(
         "-m",
