@@ -17,7 +17,9 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	# an existing .venv keeps its interpreter: `python -m venv` over it from another Python
+	# rewrites pyvenv.cfg's home, and the old links then load the other one's stdlib
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev,transformers]"
