@@ -27,7 +27,7 @@ from pathlib import Path
 
 from runner_overhead import BATCH, PROTOCOL, STEPS, WARMUP  # beside this script
 
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
 
 HERE = Path(__file__).resolve().parent
 SHAPE = dict(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_kv_head=2, n_embd=128)
@@ -87,10 +87,10 @@ def interleaved(rounds: int, per_round: int = 5) -> tuple[float, float]:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from nanogpt.app import to_spec
-    from nanogpt.configs import CONF_DIR
-    from nanogpt.distributed import World
-    from nanogpt.measure.trainer import build_trainer
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
+    from nanogpt.train.distributed import World
+    from nanogpt.train.trainer import build_trainer
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         spec = to_spec(compose("config", RUN_ARGS))
@@ -113,7 +113,7 @@ def tokens_per_s(step_ms: float) -> float:
 def _p10(ms: list[float]) -> float:
     """As the runner computes step_ms_p10: the fastest steps, least touched by other processes
     on a shared machine."""
-    from nanogpt.results.stats import summarize
+    from nanogpt.analysis.stats import summarize
 
     return summarize(ms)["p10"]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.devices import precision_unavailable
+from nanogpt.config.spec import Dtype
 from nanogpt.hardware.calibration import calibrate
+from nanogpt.hardware.devices import precision_unavailable
 from nanogpt.hardware.env import device_name
-from nanogpt.spec import Dtype
 
 GOAL_S = 10.0
 

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nanogpt.results.compare import compare_sweeps
-from nanogpt.results.table import build_table
+from nanogpt.analysis.compare import compare_sweeps
+from nanogpt.analysis.table import build_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import with_micro  # noqa: E402

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
 
 STEPS = {
     "old default": ["model.bias=true", "optimizer.impl=foreach", "optimizer.grad_clip=1.0"],

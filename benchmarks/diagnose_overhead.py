@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
 
 # A point of a few tens of ms a step on 2 CPU cores: many operators, some real matmuls.
 POINT = [

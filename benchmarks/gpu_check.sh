@@ -44,7 +44,7 @@ SWEEP=6        # a multirun's own: Hydra composes and checks every point; the ta
 BUILD=2        # a point's model built, its FLOPs counted on meta, its memory estimated
 WINDOW=3       # SHORT below: bench.warmup_s=1 + bench.measure_s=2 (the windows are timed)
 DIAG=2         # the diagnosis after the window: the profiler's start (about 1 s), a warmup and
-#                one recorded step, then the step whose host syncs are counted (measure/observe.py)
+#                one recorded step, then the step whose host syncs are counted (probes/observe.py)
 POINT=$((START + BUILD + WINDOW + DIAG))  # an eager point in its own process, short windows
 COLD=26        # a cold Inductor compile of GPT-2 124M, forward and backward, one process
 COLD_SMALL=12  # the same for a 4-layer model (compile time grows with the layers it unrolls)

@@ -3,7 +3,7 @@ GPU paths, each with its value or the reason it is null.
 
     python benchmarks/gpu_summary.py SWEEP_DIR      # or: bash benchmarks/gpu_check.sh --summary DIR
 
-It reads every result.json below SWEEP_DIR (results/store.iter_records: a point's own record, or
+It reads every result.json below SWEEP_DIR (analysis/store.iter_records: a point's own record, or
 one record per run where a point's runs live in POINT/run-R, grouped here by point) and reads
 each figure through the record's own schema: `Record.from_dict`, then attributes
 (`record.memory.mem_peak_allocated_bytes`), never a column name typed as text. A field renamed
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanogpt.results.record import Record
-from nanogpt.results.store import iter_records, read_result, run_number
-from nanogpt.results.swept import override_key, swept_keys
+from nanogpt.analysis.store import iter_records, read_result, run_number
+from nanogpt.record import Record
+from nanogpt.record.swept import override_key, swept_keys
 
 GIB = 2**30
 
@@ -64,13 +64,13 @@ def allocator_peak(r: Record, value: int | None, window: str) -> tuple[str | Non
 def judged_peak(r: Record):
     value, source = r.rates.peak_memory_bytes, r.rates.peak_memory_from
     if value is not None:
-        return gib(value), f"from {source} (results/derive.peak_memory: max of warmup, window)"
+        return gib(value), f"from {source} (analysis/derive.peak_memory: max of warmup, window)"
     return None, missing(r, "the point's peak")
 
 
 def estimate(r: Record):
     if r.setup.mem_estimate_bytes is not None:
-        return gib(r.setup.mem_estimate_bytes), "measure/estimate.py, by component"
+        return gib(r.setup.mem_estimate_bytes), "train/memory_estimate.py, by component"
     note = (r.setup.mem_estimate or {}).get("note")  # a user's model: why no total
     return None, note or missing(r, "the estimate")
 
@@ -138,7 +138,7 @@ def host_sync(r: Record):
     """Counted on CUDA by torch's sync debug mode over one step after the diagnosis (a
     GradScaler reading found_inf with a non-fused optimizer, an `.item()`)."""
     if r.setup.host_sync_in_step is not None:
-        return str(r.setup.host_sync_in_step), r.setup.host_sync_note or "measure/observe.py"
+        return str(r.setup.host_sync_in_step), r.setup.host_sync_note or "probes/observe.py"
     return None, r.setup.host_sync_note or missing(r, "host syncs")
 
 
@@ -228,7 +228,7 @@ def records(sweep_dir: Path) -> list[tuple[str, Record | None]]:
 def block(rel: str, record: Record | None, swept: set[str]) -> list[str]:
     if record is None:
         return [f"### {rel}", "", "result.json unreadable or not a complete record", ""]
-    # The point by what the sweep varies (as results/labels.py names a table's rows)
+    # The point by what the sweep varies (as analysis/labels.py names a table's rows)
     name = " ".join(o for o in record.asked.overrides if override_key(o) in swept) or "defaults"
     lines = [
         f"### {name} ({rel})",

@@ -34,8 +34,8 @@ read -r -a extra <<<"${EXTRA:-}"
 COLUMNS='
 import sys
 import pandas as pd
-from nanogpt.results.labels import point_labels
-from nanogpt.results.display import to_markdown
+from nanogpt.analysis.labels import point_labels
+from nanogpt.analysis.display import to_markdown
 t = pd.read_csv(sys.argv[1])
 t["point"] = point_labels(t)
 t["peak_alloc_GiB"] = t["mem_peak_allocated_bytes"] / 2**30

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
 
 ALL = ["bench.profile=true", "bench.memory_snapshot=true", "bench.find_max_batch=true"]
 CPU_MODEL = [

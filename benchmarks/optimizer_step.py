@@ -19,10 +19,10 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR
-from nanogpt.distributed import World
-from nanogpt.measure.trainer import build_trainer
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR
+from nanogpt.train.distributed import World
+from nanogpt.train.trainer import build_trainer
 
 # tests/conftest.py's MICRO model; nano-1k is the CPU default (conf/model/nano-1k.yaml)
 MODELS = {

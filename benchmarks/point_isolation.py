@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
 from tests.conftest import MICRO  # noqa: E402 - the tests' micro point: a few ms a step
 
 # How a point runs: forked from the fork server (the default), a fresh interpreter each

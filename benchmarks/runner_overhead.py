@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.model import GPT, GPTConfig
-from nanogpt.optim import build_optimizer
-from nanogpt.results.store import read_result
-from nanogpt.results.table import build_table
-from nanogpt.spec import OptimizerConfig
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.table import build_table
+from nanogpt.config.spec import OptimizerConfig
+from nanogpt.train.gpt import GPT, GPTConfig
+from nanogpt.train.optim import build_optimizer
 
 # Small enough to be quick, large enough that a step is tens of ms (overhead would show).
 MODEL = dict(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=4096)
@@ -69,7 +69,7 @@ def tokens_per_s(step_ms: float) -> float:
 
 def percentile_10(ms: list[float]) -> float:
     """As the runner computes step_ms_p10 (linear interpolation)."""
-    from nanogpt.results.stats import summarize
+    from nanogpt.analysis.stats import summarize
 
     return summarize(ms)["p10"]
 

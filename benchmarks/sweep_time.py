@@ -23,8 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from nanogpt.measure.flops import counted_head_share  # noqa: E402
-from nanogpt.model import GPTConfig  # noqa: E402
+from nanogpt.train.flops import counted_head_share  # noqa: E402
+from nanogpt.train.gpt import GPTConfig  # noqa: E402
 
 SWEEP = ["-m", "perf.compile=true,false", "perf.dtype=bf16,fp16"]  # the Makefile's `sweep`
 MODELS = ("nano", "nano-1k")  # the CPU default before issue 26, and after

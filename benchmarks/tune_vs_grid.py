@@ -44,7 +44,7 @@ from pathlib import Path
 
 import yaml
 
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_BEST, GOAL_TIME = 0.95, 0.25

@@ -7,7 +7,7 @@ nanoGPT is not part of this repo: PATH is a checkout of https://github.com/karpa
 Rounds alternate between the two sides, so a machine's drift hits both alike; the figure is the
 median over rounds of ours / nanoGPT's tokens/s (goal >= 1.0: at least as fast).
 
-model  Our GPT (nanogpt/model.py) against nanoGPT's model.py, stepped by one identical loop
+model  Our GPT (nanogpt/train/gpt.py) against nanoGPT's model.py, stepped by one identical loop
        (the same batch, AdamW settings and autocast): the two models' own speed. Any device.
        The loop synchronizes before and after its timed steps only.
 
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from nanogpt.devices import synchronize
-from nanogpt.model import GPT, GPTConfig
-from nanogpt.optim import build_optimizer
-from nanogpt.results.store import RESULT_FILE, read_result
-from nanogpt.spec import OptimizerConfig
+from nanogpt.analysis.store import RESULT_FILE, read_result
+from nanogpt.config.spec import OptimizerConfig
+from nanogpt.hardware.devices import synchronize
+from nanogpt.train.gpt import GPT, GPTConfig
+from nanogpt.train.optim import build_optimizer
 
 REPO = Path(__file__).resolve().parent.parent
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16}

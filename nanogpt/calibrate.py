@@ -17,15 +17,15 @@ from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
-from nanogpt.app import hydra_error_line, to_spec
-from nanogpt.configs import CONF_DIR
-from nanogpt.device_support import precision_unavailable
-from nanogpt.devices import resolve_device
-from nanogpt.errors import ConfigError
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import Dtype
+from nanogpt.frontend.compose import hydra_error_line, to_spec
+from nanogpt.frontend.presets import CONF_DIR
 from nanogpt.hardware import calibration
+from nanogpt.hardware.device_support import precision_unavailable
+from nanogpt.hardware.devices import resolve_device
 from nanogpt.hardware.env import device_name
 from nanogpt.hardware.peaks import resolve_peak
-from nanogpt.spec import Dtype
 
 
 def format_table(

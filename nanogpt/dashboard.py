@@ -1,6 +1,6 @@
 """Entry point: `python -m nanogpt.dashboard SWEEP_DIR [--project P] [--entity E] [--group G]`.
 
-Publishes a sweep's W&B view (reporters/wandb_view.py) from SWEEP_DIR/wandb_view.json, the file a
+Publishes a sweep's W&B view (publish/wandb_view.py) from SWEEP_DIR/wandb_view.json, the file a
 multirun with W&B writes at its end: run it once the runs are synced (`wandb sync ...`), with an
 API key and wandb-workspaces (`pip install -e '.[dashboard]'`). Without the file, or given
 --project, --entity or --group, it (re)writes the file from the sweep's records first.
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 from nanogpt import logs
-from nanogpt.faults import IO_EXIT
-from nanogpt.reporters.wandb_view import VIEW_FILE, publish, write_view
-from nanogpt.results.store import RESULT_FILE
-from nanogpt.spec import LoggerConfig
+from nanogpt.analysis.store import RESULT_FILE
+from nanogpt.config.spec import LoggerConfig
+from nanogpt.publish.wandb_view import VIEW_FILE, publish, write_view
+from nanogpt.record.faults import IO_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:

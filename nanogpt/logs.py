@@ -2,7 +2,7 @@
 
 Hydra configures the job process's logging from conf/hydra/job_logging/nanogpt.yaml: the plain
 message on stdout (warnings and errors on stderr, with their level), every line with its time in
-JOB_DIR/run.log. The measuring child (point/) is another process: it gets the same config,
+JOB_DIR/run.log. The measuring child (runner/) is another process: it gets the same config,
 resolved by the job process (its file an absolute path), and appends to the same run.log
 (`configure`), so a point's log holds what its child said too.
 

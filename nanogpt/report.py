@@ -2,13 +2,13 @@
 `python -m nanogpt.report NEW --compare OLD [--fail-if-slower PCT] [--markdown]`.
 
 (Re)builds the table of any sweep dir, finished or not: summary.csv, summary.parquet,
-steps.parquet and summary.md in DIR (results/table.py), printed, and the plots with --plots
-(reporters/plots.py).
+steps.parquet and summary.md in DIR (analysis/table.py), printed, and the plots with --plots
+(publish/plots.py).
 Its settings (report.baseline, report.plots, report.memory_budget_gib, cost.*) default to the
 ones the sweep ran with, which Hydra saved in DIR/multirun.yaml (else a job's .hydra/config.yaml);
 a flag given here wins (`--baseline ''`: the baseline rule, whatever the sweep was given).
 
-With --compare, sets the sweep against an earlier one, point by point (results/compare.py):
+With --compare, sets the sweep against an earlier one, point by point (analysis/compare.py):
 tokens/s old and new, the change with its 95 % interval and a verdict ("~": not significant).
 --fail-if-slower PCT exits 1 when any point is significantly slower by more than PCT %: a
 performance gate for a training repository's CI. Its verdict rests on the noise between
@@ -28,14 +28,14 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
-from nanogpt.results import compare
-from nanogpt.results.display import to_markdown
-from nanogpt.results.labels import point_labels
-from nanogpt.results.table import ReportError, build_table
-from nanogpt.tune import publish
+from nanogpt.analysis import compare
+from nanogpt.analysis.display import to_markdown
+from nanogpt.analysis.labels import point_labels
+from nanogpt.analysis.table import ReportError, build_table
+from nanogpt.publish import sweep_outputs as publish
 
 # The saved config's keys this entry point takes its defaults from, (section, key) -> its
-# flag: the settings every entry point publishes a table with (tune/publish.py)
+# flag: the settings every entry point publishes a table with (publish/sweep_outputs.py)
 SETTINGS = publish.SETTINGS
 SAVED_CONFIGS = (
     "multirun.yaml",
@@ -153,7 +153,7 @@ def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: boo
         # Nothing joined: a gate that compared nothing must not pass.
         print(
             "error: --fail-if-slower: no verdict: no point is in both sweeps (points join by "
-            "point_id, every measured key: results/identity.py, bench.repeats included); "
+            "point_id, every measured key: record/identity.py, bench.repeats included); "
             "measure both sweeps with the same settings.",
             file=sys.stderr,
         )

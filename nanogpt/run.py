@@ -1,17 +1,18 @@
 """Entry point: `python -m nanogpt.run [-m] key=value ...`.
 
-An entry point: with the other entry points (calibrate, report, callbacks) and nanogpt/app.py,
+An entry point: with the other entry points (calibrate, report, callbacks) and
+nanogpt/frontend/compose.py,
 the only modules that know Hydra. Hydra composes the config from conf/ against the schema in
-nanogpt/spec/; from here on the library sees a plain RunSpec, and nanogpt/launch runs the
+nanogpt/config/; from here on the library sees a plain RunSpec, and nanogpt/launch runs the
 point (ARCHITECTURE.md follows one point through the layers).
 
-Data parallelism (nanogpt/distributed.py): under `torchrun --nproc_per_node=N -m nanogpt.run`,
+Data parallelism (nanogpt/train/distributed.py): under `torchrun --nproc_per_node=N -m nanogpt.run`,
 or as one of N submitit tasks (hydra/launcher=slurm with tasks_per_node=N), this process is a
 rank. Rank 0 runs the point and writes its record; the other ranks follow it.
 
 Light at its top: the standard library and four small modules, no Hydra, OmegaConf or launch
 code; each function imports what it uses. Every child of a sweep's fork server runs the sweep's
-main module again (multiprocessing does; point/forkserver.py says why), and under
+main module again (multiprocessing does; runner/forkserver.py says why), and under
 `python -m nanogpt.run` that is this module: so it costs a child milliseconds.
 """
 
@@ -24,17 +25,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nanogpt.distributed import World, adopt_submitit_tasks
-from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
+from nanogpt.config.errors import ConfigError
 from nanogpt.logs import capture_warnings, say_once_per_sweep
+from nanogpt.record.faults import CONFIG_EXIT, IO_EXIT, handle_sigterm
+from nanogpt.train.distributed import World, adopt_submitit_tasks
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from nanogpt.point.handoff import Job
-    from nanogpt.point.job import Outcome
-    from nanogpt.spec import RunSpec
+    from nanogpt.config.spec import RunSpec
+    from nanogpt.runner.handoff import Job
+    from nanogpt.runner.job import Outcome
 
 
 def job_from_hydra(cfg: DictConfig) -> Job:
@@ -42,8 +43,8 @@ def job_from_hydra(cfg: DictConfig) -> Job:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from nanogpt.point.handoff import Job
-    from nanogpt.results.store import run_number, sweep_id
+    from nanogpt.analysis.store import run_number, sweep_id
+    from nanogpt.runner.handoff import Job
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
@@ -67,7 +68,7 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
     to isolate it in, and no torchrun to start (dist.nproc). A multirun under torchrun by hand
     is refused: its points would run one after another in the same processes, unisolated, and
     one failed point would end them all. Under hydra/launcher=slurm, dist.nproc=N is a job of
-    N tasks (nanogpt/launchers/slurm.py): its ranks are those tasks.
+    N tasks (nanogpt/frontend/launchers/slurm.py): its ranks are those tasks.
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -85,14 +86,14 @@ def as_rank(spec: RunSpec, world: World, by_torchrun: bool) -> RunSpec:
             "under torchrun all points would run one after another in the same processes",
             "sweep with `python -m nanogpt.run -m dist.nproc=N ...`: each point starts torchrun",
         )
-    from nanogpt.app import in_place
+    from nanogpt.frontend.compose import in_place
 
     return in_place(spec)
 
 
 def ours(hc) -> bool:
     """Whether the multirun's sweeper is this project's (configs.OUR_SWEEPERS)."""
-    from nanogpt.configs import OUR_SWEEPERS
+    from nanogpt.frontend.presets import OUR_SWEEPERS
 
     return hc.runtime.choices.get("hydra/sweeper") in OUR_SWEEPERS
 
@@ -103,7 +104,7 @@ def refuse_runs_under_another_sweeper(spec: RunSpec) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from nanogpt.configs import repeats_refusal
+    from nanogpt.frontend.presets import repeats_refusal
 
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN and not ours(hc) and spec.bench.repeats > 1:
@@ -117,7 +118,7 @@ def refuse_a_preset_without_multirun() -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from nanogpt.configs import SWEEP_GROUP
+    from nanogpt.frontend.presets import SWEEP_GROUP
 
     hc = HydraConfig.get()
     preset = hc.runtime.choices.get(SWEEP_GROUP)
@@ -135,8 +136,8 @@ def main(cfg: DictConfig) -> Outcome | float | tuple[float, ...] | int:
     objective alone under another sweeper (Optuna's, ...)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from nanogpt.app import check_launcher_nodes, launcher_name, to_spec
-    from nanogpt.point.job import run_point, run_single
+    from nanogpt.frontend.compose import check_launcher_nodes, launcher_name, to_spec
+    from nanogpt.runner.job import run_point, run_single
 
     handle_sigterm()  # a scheduler's SIGTERM stops the point like Ctrl-C: recorded, then exit 143
     capture_warnings()  # warnings into the job's log too (conf/hydra/job_logging), one line each
@@ -181,8 +182,8 @@ def hydra_main() -> None:
     Hydra)."""
     import hydra
 
-    import nanogpt.app  # noqa: F401 - the schema (base_config) and resolvers conf/ builds on
-    from nanogpt.configs import CONF_DIR
+    import nanogpt.frontend.compose  # noqa: F401 - the schema (base_config) and resolvers conf/ builds on
+    from nanogpt.frontend.presets import CONF_DIR
 
     hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(main)()
 
@@ -209,7 +210,7 @@ def main_with_one_line_errors() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from nanogpt.app import hydra_error_line
+    from nanogpt.frontend.compose import hydra_error_line
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         hydra_main()
@@ -241,7 +242,7 @@ def raised_by_hydra(err: BaseException) -> bool:
 
 def _follow() -> int:
     """A rank > 0 measures what rank 0 sends (worker.follow)."""
-    from nanogpt.point.worker import follow  # the measuring code, and torch, only here
+    from nanogpt.runner.worker import follow  # the measuring code, and torch, only here
 
     return follow()
 
@@ -250,7 +251,7 @@ def _release_followers(world: World) -> None:
     """Rank 0 is done: the ranks waiting in worker.follow exit (none in a single-rank run, which
     so never imports the measuring code: a sweep's own process does without torch)."""
     if world.size > 1:
-        from nanogpt.point.worker import release_followers
+        from nanogpt.runner.worker import release_followers
 
         release_followers(world)
 
@@ -266,7 +267,7 @@ def cli() -> None:
     world = World.from_env()
     if not world.is_main:
         sys.exit(_follow())
-    from nanogpt.configs import expose_checkout_plugins
+    from nanogpt.frontend.presets import expose_checkout_plugins
 
     expose_checkout_plugins()  # before Hydra scans for its launchers and sweepers
     try:

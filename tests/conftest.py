@@ -198,9 +198,9 @@ def sweep_refusal(*overrides: str, baseline: str | None = None) -> str:
     test_faults.py::test_a_bad_point_anywhere_stops_the_sweep_before_anything_is_measured."""
     from hydra import initialize_config_dir
 
-    from nanogpt.app import check_points
-    from nanogpt.configs import CONF_DIR, expand
-    from nanogpt.errors import ConfigError
+    from nanogpt.config.errors import ConfigError
+    from nanogpt.frontend.compose import check_points
+    from nanogpt.frontend.presets import CONF_DIR, expand
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         try:
@@ -304,7 +304,7 @@ def case_sweep(root: Path, cases: dict[str, list[str]]) -> dict[str, Path]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from nanogpt.configs import CONF_DIR
+    from nanogpt.frontend.presets import CONF_DIR
 
     group_dir = root / "conf" / "case"
     group_dir.mkdir(parents=True)

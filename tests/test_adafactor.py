@@ -8,13 +8,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR
-from nanogpt.distributed import World
-from nanogpt.errors import ConfigError
-from nanogpt.measure.loop import measure
-from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.identity import measured_config, point_id_of
+from nanogpt.analysis.derive import Ceilings, Peak
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR
+from nanogpt.record.identity import measured_config, point_id_of
+from nanogpt.scenarios.loop import measure
+from nanogpt.train.distributed import World
 from nanogpt.validate import check
 
 from .conftest import with_micro

@@ -19,15 +19,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR, expand
-from nanogpt.errors import ConfigError
-from nanogpt.measure import maxbatch
-from nanogpt.reporters import plots
-from nanogpt.results import display
-from nanogpt.results import table as report
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis import display
+from nanogpt.analysis import table as report
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR, expand
+from nanogpt.probes import max_batch as maxbatch
+from nanogpt.publish import plots
 
 from .conftest import REPO, run_cli, with_micro
 
@@ -66,7 +66,8 @@ def hydra_conf():
 
 
 def test_sweep_group_is_the_sweeps_dir(hydra_conf):
-    # No symlink, no copy: the `sweep` group is registered from sweeps/ itself (configs.py).
+    # No symlink, no copy: the `sweep` group is registered from sweeps/ itself
+    # (frontend/presets.py).
     assert not (REPO / "conf" / "sweep").exists()
     group = ConfigStore.instance().repo["sweep"]
     assert {name.removesuffix(".yaml") for name in group if name.endswith(".yaml")} == set(PRESETS)
@@ -381,7 +382,7 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     sweep_id = f"{sweep_dir.parent.name}/sweep"
     assert f"fastest: {sweep_id}: {fastest_label}" in text
     assert "1 point(s) did not finish ok" in text
-    # A one-point sweep's swept keys are every key it sets (results/swept.py): its label too.
+    # A one-point sweep's swept keys are every key it sets (record/swept.py): its label too.
     oom_label = plots.point_labels(read_summary(oom_dir))[0]
     assert "bench.inject_fault=oom@2" in oom_label
     assert f"{oom_dir.parent.name}/sweep: {oom_label} [oom]: RuntimeError: " in text

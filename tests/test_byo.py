@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from nanogpt.results.identity import measured_config, point_id_of
-from nanogpt.results.store import read_result
-from nanogpt.spec import RunSpec
+from nanogpt.analysis.store import read_result
+from nanogpt.config.spec import RunSpec
+from nanogpt.record.identity import measured_config, point_id_of
 
 from .conftest import REPO, with_micro
 
@@ -97,8 +97,8 @@ def test_a_users_modern_gpt_is_swept_with_honest_figures(byo_sweep):
 def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
-    from nanogpt.app import to_spec
-    from nanogpt.configs import CONF_DIR
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return to_spec(compose(config_name="config", overrides=overrides))

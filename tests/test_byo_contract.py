@@ -10,9 +10,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from nanogpt.errors import ConfigError
-from nanogpt.measure import byo, flops
-from nanogpt.spec import (
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import (
     Attention,
     DistConfig,
     Dtype,
@@ -22,6 +21,8 @@ from nanogpt.spec import (
     RunSpec,
     Strategy,
 )
+from nanogpt.train import flops
+from nanogpt.train import user_model as byo
 from nanogpt.validate import check_model_build
 
 
@@ -162,7 +163,7 @@ def test_checkpointing_wraps_the_blocks_found_and_fsdp2_without_them_is_refused(
     # sort the same tensors, and a name is the user's own
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
-    from nanogpt.optim import parameter_roles
+    from nanogpt.train.optim import parameter_roles
 
     assert isinstance(model.blocks[0], CheckpointWrapper) and "forward" not in vars(model.blocks[0])
     assert model.described_blocks() == "layers: 1 x Sequential"
@@ -198,9 +199,9 @@ def test_checkpointing_wraps_the_blocks_found_and_fsdp2_without_them_is_refused(
 def test_a_point_whose_model_breaks_the_contract_fails_in_one_line(tmp_path, returns, says):
     """Measured for real (in this process): the check runs where the model is, at the first
     step, and the point's record says what came back."""
-    from nanogpt.distributed import World
-    from nanogpt.measure.loop import measure
-    from nanogpt.results.derive import Ceilings, Peak
+    from nanogpt.analysis.derive import Ceilings, Peak
+    from nanogpt.scenarios.loop import measure
+    from nanogpt.train.distributed import World
 
     name = f"breaks_{abs(hash(returns))}"
     spec = _spec(tmp_path, name, TINY.replace("{RETURN}", returns))
@@ -286,8 +287,8 @@ def test_a_model_kept_in_the_users_config_dir_is_composed_and_built(tmp_path):
     interpolation."""
     from hydra import compose, initialize_config_dir
 
-    from nanogpt.app import to_spec
-    from nanogpt.configs import CONF_DIR
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
 
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "mygpt.yaml").write_text(

@@ -11,12 +11,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR
-from nanogpt.distributed import World
-from nanogpt.errors import ConfigError
-from nanogpt.measure.loop import measure
-from nanogpt.results.derive import Ceilings, Peak
+from nanogpt.analysis.derive import Ceilings, Peak
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR
+from nanogpt.scenarios.loop import measure
+from nanogpt.train.distributed import World
 from nanogpt.validate import check
 
 from .conftest import with_micro
@@ -107,7 +107,7 @@ def test_configure_optimizers_is_called_with_the_configs_arguments_and_steps(tmp
 
 
 def record_model_params(spec):
-    from nanogpt.measure import byo
+    from nanogpt.train import user_model as byo
 
     return list(byo.build_user_model(spec).parameters())
 
@@ -180,8 +180,8 @@ def test_what_the_runner_cannot_honour_is_refused_before_any_point(tmp_path, ove
 def test_from_models_keys_are_in_its_points_identity_and_in_no_other(tmp_path):
     """optimizer.method, .args and .device_arg came after sweeps were recorded: a point that
     leaves them at their defaults keeps its point_id (a resume finds it)."""
-    from nanogpt.results.identity import measured_config
-    from nanogpt.spec import RunSpec
+    from nanogpt.config.spec import RunSpec
+    from nanogpt.record.identity import measured_config
 
     new = {"method", "args", "device_arg"}
     assert not new & set(measured_config(RunSpec())["optimizer"])
@@ -192,7 +192,7 @@ def test_from_models_keys_are_in_its_points_identity_and_in_no_other(tmp_path):
 def test_a_from_model_points_identity_ignores_the_keys_its_method_never_gets(tmp_path):
     """betas, weight_decay, momentum... are the runner's own optimizers' keys: the model's
     method gets optimizer.args. Changing one is the same point, and the record leaves them out."""
-    from nanogpt.results.identity import measured_config, point_id_of
+    from nanogpt.record.identity import measured_config, point_id_of
 
     spec = spec_of(tmp_path, "fork_betas")
     other = spec_of(tmp_path, "fork_betas", "optimizer.betas=[0.5,0.6]", "optimizer.momentum=0.5")

@@ -1,4 +1,5 @@
-"""Roles that fit any model (optim_rules.py): the shapes models no one here wrote hold — a gate
+"""Roles that fit any model (train/optim_rules.py): the shapes models no one here wrote hold — a
+gate
 outside the blocks, value embeddings, a head padded past the vocabulary, a projection before the
 head, a 3-D tensor in a block, a setup_optimizer returning a class the state table lacks —
 sorted without a refusal, and trained `ok` under every optimizer in one real sweep."""
@@ -10,9 +11,9 @@ import textwrap
 import pytest
 import torch
 
-from nanogpt.optim import parameter_roles
-from nanogpt.results.store import read_result
-from nanogpt.spec import ModelConfig, OptimizerConfig, RunSpec
+from nanogpt.analysis.store import read_result
+from nanogpt.config.spec import ModelConfig, OptimizerConfig, RunSpec
+from nanogpt.train.optim import parameter_roles
 
 from .conftest import case_sweep
 
@@ -83,7 +84,7 @@ BUILD = ["model.build._target_=odd.Model", "model.vocab_size=100"]
 
 def test_every_shape_has_a_role_and_none_is_refused(tmp_path):
     (tmp_path / "odd.py").write_text(textwrap.dedent(ODD))
-    from nanogpt.measure.byo import build_user_model
+    from nanogpt.train.user_model import build_user_model
 
     spec = RunSpec(
         model=ModelConfig(
@@ -109,7 +110,7 @@ def test_every_shape_has_a_role_and_none_is_refused(tmp_path):
 
 
 def test_others_defaults_are_the_matrices_under_adamw_and_the_adamw_parts_under_muon():
-    from nanogpt.optim_rules import role_settings
+    from nanogpt.train.optim_rules import role_settings
 
     adamw = role_settings(OptimizerConfig(lr=0.003, weight_decay=0.2), 768)
     assert adamw["other"] == adamw["matrices"] == {"lr": 0.003, "weight_decay": 0.2}
@@ -170,8 +171,8 @@ def test_odd_shapes_train_ok_under_every_optimizer(odd_sweep):
 
 @pytest.mark.slow
 def test_a_self_casting_model_is_divided_by_the_peak_of_the_dtype_its_matmuls_ran_in(odd_sweep):
+    from nanogpt.config.spec import Dtype
     from nanogpt.hardware.calibration import ceilings_for_run
-    from nanogpt.spec import Dtype
 
     cast = read_result(odd_sweep["bf16_cast"] / "result.json")
     plain = read_result(odd_sweep["adamw"] / "result.json")

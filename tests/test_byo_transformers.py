@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanogpt.measure import byo, flops
+from nanogpt.train import flops
+from nanogpt.train import user_model as byo
 
 from .conftest import REPO, with_micro
 
@@ -60,8 +61,8 @@ def spec_of(overrides: list[str], *more: str):
     (the check finds transformers' file without importing it)."""
     from hydra import compose, initialize_config_dir
 
-    from nanogpt.app import to_spec
-    from nanogpt.configs import CONF_DIR
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
     from nanogpt.validate import check
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -125,9 +126,9 @@ def test_a_transformers_model_is_measured_compiled_with_checkpointed_blocks(tmp_
     captures it in one graph: no break, no recompile (with transformers' default cache, each
     checkpointed layer's write into it is a side effect compiled checkpointing refuses: 5
     breaks, 2 recompiles)."""
-    from nanogpt.distributed import World
-    from nanogpt.measure.loop import measure
-    from nanogpt.results.derive import Ceilings, Peak
+    from nanogpt.analysis.derive import Ceilings, Peak
+    from nanogpt.scenarios.loop import measure
+    from nanogpt.train.distributed import World
 
     spec = spec_of(LLAMA, "perf.compile=true")
     ceilings = Ceilings(Peak(None, "unknown"))

@@ -16,19 +16,19 @@ import pytest
 import torch
 
 from nanogpt import calibrate as calibrate_command
-from nanogpt.device_support import precision_unavailable
+from nanogpt.analysis import derive
+from nanogpt.analysis.derive import Ceilings, Peak
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.spec import Dtype
 from nanogpt.hardware import calibration as calibrate
 from nanogpt.hardware import matmul
 from nanogpt.hardware.cpu import cpu_peak_estimate
+from nanogpt.hardware.device_support import precision_unavailable
 from nanogpt.hardware.env import device_name
 from nanogpt.hardware.peaks import resolve_peak
-from nanogpt.results import derive
-from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.record import Rates, Record, Setup, Timing
-from nanogpt.results.record.asked import Asked
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
-from nanogpt.spec import Dtype
+from nanogpt.record import Rates, Record, Setup, Timing
+from nanogpt.record.asked import Asked
 from tests.conftest import run_cli
 
 CPU = torch.device("cpu")

@@ -14,12 +14,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nanogpt.chunked_loss import ChunkedLinearCrossEntropy, chunked_cross_entropy
-from nanogpt.measure.estimate import estimate_memory
-from nanogpt.measure.flops import counted_flops_per_token
-from nanogpt.model import GPT, LOGITS_EXTRA_BYTES, GPTConfig
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.train.chunked_loss import ChunkedLinearCrossEntropy, chunked_cross_entropy
+from nanogpt.train.flops import counted_flops_per_token
+from nanogpt.train.gpt import GPT, LOGITS_EXTRA_BYTES, GPTConfig
+from nanogpt.train.memory_estimate import estimate_memory
 
 from .conftest import sweep_refusal
 
@@ -181,7 +181,8 @@ def test_the_memory_estimate_logits_term_follows_the_loss():
     )
     full = estimate_memory(**common)
     chunked = estimate_memory(**common, loss="chunked", loss_chunk=2048)
-    # bf16 logits plus the fitted fp32 bytes an eager loss holds beside them (measure/estimate.py)
+    # bf16 logits plus the fitted fp32 bytes an eager loss holds beside them
+    # (train/memory_estimate.py)
     assert full["logits"] == round(12 * 1024 * 50304 * (2 + LOGITS_EXTRA_BYTES[False]))
     # One chunk's logits at 8 bytes (fp32, and logsumexp's fp32 temporary: the allocator's
     # peak, tests/test_memory_estimate.py), the whole-size dx and fp32 dW, the head's bf16 copy.

@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nanogpt.results import compare, derive, stats, table
-from nanogpt.results.record import Record
-from nanogpt.results.store import read_result, write_record
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis import compare, derive, stats, table
+from nanogpt.analysis.store import read_result, write_record
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.record import Record
 from nanogpt.tune import fit, objectives
 
 from .conftest import fail_if_slower
@@ -99,7 +99,8 @@ def test_overrides_name_a_point_by_one_grammar_a_bracketed_value_whole():
     """One rule for "the overrides that name a point" (swept.point_key), by Hydra's grammar: a
     value with a space in brackets is one override, whether the point comes as a list (a
     record's, a search's candidate) or as a table's cell, in any order; a `+` key is its key."""
-    from nanogpt.results import store, swept
+    from nanogpt.analysis import store
+    from nanogpt.record import swept
 
     listed = ["perf.dtype=fp32", "model.sizes=[1, 2]"]
     cell = "model.sizes=[1, 2] perf.dtype=fp32"

@@ -1,5 +1,5 @@
-"""Compile health (the record's `compile` part, measure/compile_health.py) and what compile
-bought (results/compare.compile_verdict): a user's model with a deliberate graph break compiled
+"""Compile health (the record's `compile` part, probes/compile_health.py) and what compile
+bought (analysis/compare.compile_verdict): a user's model with a deliberate graph break compiled
 for real in this process, its eager twin, and the table that sets one against the other."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from nanogpt.distributed import World
-from nanogpt.measure.compile_health import CompileProbe
-from nanogpt.measure.loop import measure
-from nanogpt.results import compare, derive, table
-from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.figures import derive_point
-from nanogpt.results.store import write_record
-from nanogpt.spec import Exclusive, ModelConfig, RunSpec
+from nanogpt.analysis import compare, derive, table
+from nanogpt.analysis.derive import Ceilings, Peak
+from nanogpt.analysis.figures import derive_point
+from nanogpt.analysis.store import write_record
+from nanogpt.config.spec import Exclusive, ModelConfig, RunSpec
+from nanogpt.probes.compile_health import CompileProbe
+from nanogpt.scenarios.loop import measure
+from nanogpt.train.distributed import World
 
 from .test_byo_contract import TINY
 
@@ -162,8 +162,8 @@ def test_a_pooled_point_keeps_the_recompiles_inside_every_repeats_window():
     """bench.repeats: the first repeat's part, its recompiles_in_window summed over repeats (a
     recompile in the second repeat's window is not lost to the first's clean one), and the
     point unsteady for it."""
-    from nanogpt.results.record import Record, Setup, Timing
-    from nanogpt.results.record.compile import CompilePart
+    from nanogpt.record import Record, Setup, Timing
+    from nanogpt.record.compile import CompilePart
 
     def run(recompiles: int) -> Record:
         timing = Timing(step_ms_measured=[[10.0] * 9], measured_steps=9, measured_s=1.0)

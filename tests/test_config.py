@@ -12,13 +12,13 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR, runs_here
-from nanogpt.devices import resolve_device
-from nanogpt.errors import ConfigError
-from nanogpt.measure.flops import counted_head_share
-from nanogpt.model import GPTConfig
-from nanogpt.spec import Attention, Dtype, Objective, RunSpec, spec_from_dict, spec_to_dict
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import Attention, Dtype, Objective, RunSpec, spec_from_dict, spec_to_dict
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR, runs_here
+from nanogpt.hardware.devices import resolve_device
+from nanogpt.train.flops import counted_head_share
+from nanogpt.train.gpt import GPTConfig
 from nanogpt.validate import check
 
 from .conftest import with_micro
@@ -175,14 +175,14 @@ def test_a_cuda_device_is_resolved_with_its_index(name, index):
 
 
 def test_a_point_composed_for_the_check_is_the_one_hydra_composes(monkeypatch):
-    """callbacks.compose_point composes the config groups once for the points that choose the
+    """callback.compose_point composes the config groups once for the points that choose the
     same ones and sets each point's values on a copy: every point equals Hydra's own
     composition of it (what its job gets), and a value that does not fit fails with Hydra's
     own error."""
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import open_dict
 
-    from nanogpt.callbacks import compose_point
+    from nanogpt.frontend.callback import compose_point
 
     points = [
         ["perf.batch_size=3", "model.n_layer=2"],

@@ -1,4 +1,4 @@
-"""When the contention probe (measure/contention.py) may say a point shared its device: not
+"""When the contention probe (probes/contention.py) may say a point shared its device: not
 below what its counters resolve, not for the tool's own processes, not when NVML does not
 answer. (A real sweep beside a busy process, and the probe's quiet and busy neighbours:
 tests/test_measured_window.py.)
@@ -22,8 +22,8 @@ import pynvml
 import pytest
 import torch
 
-from nanogpt.measure import contention
-from nanogpt.measure.contention import ContentionProbe, judge_cpu, tree_cpu_s
+from nanogpt.probes import contention
+from nanogpt.probes.contention import ContentionProbe, judge_cpu, tree_cpu_s
 
 # ------------------------------------------------------------------------------------------
 # CPU: the counters' resolution, and the tool's own processes

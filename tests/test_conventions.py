@@ -20,11 +20,11 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the refer
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR, expand, runs_here
-from nanogpt.results.identity import measured_config, point_id_of
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR, expand, runs_here
+from nanogpt.record.identity import measured_config, point_id_of
 
 from .conftest import REPO, run_cli, with_micro
 
@@ -63,12 +63,12 @@ MEASURED = [
     "perf.dtype=bf16",
     "model.n_layer=2",
     "optimizer.lr=0.001",
-    "optimizer.roles.embeddings.lr=0.001",  # a key left out at its default (identity.py)
+    "optimizer.roles.embeddings.lr=0.001",  # a key left out at its default (record/identity.py)
     "data=text",
     "bench.measure_steps=5",
     "bench.isolate=false",
     "dist.nproc=2",
-    "dist.nodes=2",  # left out at its default (identity.py): an older point keeps its id
+    "dist.nodes=2",  # left out at its default (record/identity.py): an older point keeps its id
     "hardware.peak_tflops=1.5",
     "hardware.calibrate=true",
     "logger.log_interval=2",  # a sync per window: the loop measures differently
@@ -109,12 +109,12 @@ def test_the_measured_config_is_every_key_of_the_measured_groups():
 @pytest.mark.slow  # the record's environment() asks git for the commit
 def test_a_point_id_is_computed_once_per_point_and_carried(tmp_path, monkeypatch):
     """A single run of a point with two runs computes the point's id once, for both, and
-    carries it in its Job (point/handoff.py): the record's point_id is that value; neither the
+    carries it in its Job (runner/handoff.py): the record's point_id is that value; neither the
     worker (its W&B run's id) nor the record computes it again. In this process
     (bench.isolate=false)."""
-    from nanogpt.point.handoff import Job
-    from nanogpt.point.job import run_single
-    from nanogpt.results import identity
+    from nanogpt.record import identity
+    from nanogpt.runner.handoff import Job
+    from nanogpt.runner.job import run_single
 
     spec = spec_of("bench.isolate=false", "bench.repeats=2", "bench.diagnose=false")
     expected, digests, digest = point_id_of(spec), [], identity.point_id

@@ -18,19 +18,19 @@ import time
 import pytest
 import torch
 
-from nanogpt.device_support import attention_unavailable, precision_unavailable
-from nanogpt.devices import nvml_handle, resolve_device
-from nanogpt.distributed import World
-from nanogpt.errors import ConfigError
+from nanogpt.analysis.figures import derive_point
+from nanogpt.analysis.store import read_result
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
 from nanogpt.hardware import peaks
 from nanogpt.hardware.calibration import calibrate, ceilings_for_run
+from nanogpt.hardware.device_support import attention_unavailable, precision_unavailable
+from nanogpt.hardware.devices import nvml_handle, resolve_device
 from nanogpt.hardware.env import device_name
-from nanogpt.measure.loop import measure
-from nanogpt.measure.timing import StepTimer
-from nanogpt.results.figures import derive_point
-from nanogpt.results.record import Record
-from nanogpt.results.store import read_result
-from nanogpt.spec import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
+from nanogpt.probes.timing import StepTimer
+from nanogpt.record import Record
+from nanogpt.scenarios.loop import measure
+from nanogpt.train.distributed import World
 from nanogpt.validate import check
 
 from .conftest import run_cli, with_micro

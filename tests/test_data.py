@@ -9,15 +9,9 @@ import pytest
 import tiktoken
 import torch
 
-from nanogpt.data import (
-    SYNTHETIC_POOL,
-    BatchSource,
-    check_data,
-    open_source,
-    tokenize_text,
-)
-from nanogpt.errors import ConfigError
-from nanogpt.spec import DataConfig, DataKind
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import DataConfig, DataKind
+from nanogpt.train.data import SYNTHETIC_POOL, BatchSource, check_data, open_source, tokenize_text
 
 from .conftest import SHAKESPEARE, TIKTOKEN_CACHE, needs_shared
 

@@ -1,4 +1,5 @@
-"""device_support.py and validate.check_device on CUDA, checked on this CPU machine: torch.cuda's
+"""hardware/device_support.py and validate.check_device on CUDA, checked on this CPU machine:
+torch.cuda's
 answers (availability, count, compute capability, name) are faked, as for hardware this
 machine lacks; the rules that read them are the real code. On a GPU, tests/test_cuda.py asks
 the real device."""
@@ -8,9 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanogpt.device_support import Place, attention_unavailable, parse_device, precision_unavailable
-from nanogpt.errors import ConfigError
-from nanogpt.spec import Attention, Dtype
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import Attention, Dtype
+from nanogpt.hardware.device_support import (
+    Place,
+    attention_unavailable,
+    parse_device,
+    precision_unavailable,
+)
 from nanogpt.validate import check_device, check_gpus_per_point
 
 

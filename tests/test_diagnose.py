@@ -20,18 +20,18 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from nanogpt.distributed import World
+from nanogpt.analysis import bottleneck as rules
+from nanogpt.analysis import table as report
+from nanogpt.analysis.bottleneck import Setting, judge
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.spec import Dtype, RunSpec
 from nanogpt.hardware.cpu import matmul_emulated
-from nanogpt.measure import diagnose, step_split
-from nanogpt.measure.trainer import build_trainer
-from nanogpt.reporters.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
-from nanogpt.results import bottleneck as rules
-from nanogpt.results import table as report
-from nanogpt.results.bottleneck import Setting, judge
-from nanogpt.results.record import Diagnosis
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
-from nanogpt.spec import Dtype, RunSpec
+from nanogpt.probes import diagnose, step_split
+from nanogpt.publish.bottleneck_plot import KIND_PARTS, STEP_PARTS, bottleneck
+from nanogpt.record import Diagnosis
+from nanogpt.train.distributed import World
+from nanogpt.train.trainer import build_trainer
 
 from .conftest import SHAKESPEARE, needs_shared
 
@@ -464,8 +464,8 @@ def test_allocator_retries_lead_the_hint_with_what_to_try():
 def test_the_diagnosis_warns_of_the_windows_allocator_retries(caplog):
     # A real trainer diagnosed for real; the retries are the record's memory part's, as the
     # CUDA probe would have filled it (this machine has no CUDA allocator to retry).
-    from nanogpt.measure.window import StepLog
-    from nanogpt.results.record import Memory, Record
+    from nanogpt.probes.window import StepLog
+    from nanogpt.record import Memory, Record
 
     spec = point_spec("tiny")
     spec.bench.diagnose_steps = 1

@@ -1,6 +1,6 @@
 """The documentation: a README read in two minutes, and the reference in docs/ complete.
 
-Every key of the schema (nanogpt/spec/), every field of the record and every column of a
+Every key of the schema (nanogpt/config/), every field of the record and every column of a
 real sweep table is named in docs/; every preset too. A key or a column added without its line
 fails here.
 """
@@ -12,10 +12,10 @@ import re
 
 import pytest
 
-from nanogpt.results import table, tidy
-from nanogpt.results.record import Record, columns
-from nanogpt.results.store import write_record
-from nanogpt.spec import RunSpec
+from nanogpt.analysis import table, tidy
+from nanogpt.analysis.store import write_record
+from nanogpt.config.spec import RunSpec
+from nanogpt.record import Record, columns
 
 from .conftest import REPO
 
@@ -79,23 +79,94 @@ def test_every_column_of_a_real_table_is_documented(tmp_path):
     assert [c for c in built.columns if c not in swept and not documented(text, c)] == []
 
 
+def documented_modules(text: str) -> set[str]:
+    """The module paths (relative to nanogpt/) ARCHITECTURE.md's layout names: a folder opens at
+    the start of a line (`  train/`, nested by indent: `    optim/`) or inline before a
+    parenthesis (`record/ (...)`), and holds the `*.py` named after it; a name with a slash is
+    a path from nanogpt/ (`hardware/slots.py`)."""
+    block = text[text.index("\n## Layout\n") :]
+    block = block[block.index("```") + 3 :]
+    block = block[: block.index("```")]
+    lines = block.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("nanogpt/"))
+    found, stack = set(), []
+    inline, paren = [], 0  # inline folders: (name, the paren depth they hold)
+    for line in lines[start + 1 :]:
+        if line and not line.startswith(" "):
+            break  # notebooks/, benchmarks/, tests/: past the package
+        indent = len(line) - len(line.lstrip())
+        first = line.split()[0] if line.split() else ""
+        depth = (indent - 2) // 2
+        if indent < 10 and re.fullmatch(r"\w+/", first):  # a folder's own line
+            stack, inline, paren = [*stack[:depth], first[:-1]], [], 0
+        elif indent < 10 and re.fullmatch(r"\w+\.py", first):  # modules at a folder's level
+            stack, inline, paren = stack[:depth], [], 0
+        for token in re.finditer(r"((?<![\w/.-])[\w/]*\w\.py|(?<![\w/.-])\w+/(?= \()|[()])", line):
+            word = token[1]
+            if word == "(":
+                paren += 1
+            elif word == ")":
+                paren -= 1
+                inline = [(n, d) for n, d in inline if d <= paren]
+            elif word.endswith("/"):
+                inline.append((word[:-1], paren + 1))
+            elif word.endswith("__init__.py"):
+                continue
+            elif "/" in word:
+                found.add(word)
+            else:
+                found.add("/".join([*stack, *(n for n, _ in inline), word]))
+    return found
+
+
 def test_architecture_names_every_package_and_module():
-    """ARCHITECTURE.md's layout is the one map of the code: a package or module added without
-    its line there fails here."""
+    """ARCHITECTURE.md's layout is the one map of the code: every module by its path (a
+    `plot.py` of tune/ is not named by publish/'s `loss_plot.py`, nor analysis/time_to_loss.py
+    by record/'s), and nothing it names is gone."""
     text = (REPO / "ARCHITECTURE.md").read_text()
     package = REPO / "nanogpt"
-    missing = [
+    modules = {
         str(path.relative_to(package))
-        for path in sorted(package.rglob("*.py"))
-        if path.name != "__init__.py" and f"{path.name}" not in text
-    ]
-    missing += [
+        for path in package.rglob("*.py")
+        if path.name != "__init__.py" and "__pycache__" not in path.parts
+    }
+    named = documented_modules(text)
+    assert sorted(modules - named) == []  # a module without its line
+    assert sorted(name for name in named - modules if name.endswith(".py")) == []  # gone
+    missing = [
         f"{path.name}/"
         for path in sorted(package.iterdir())
         if (path / "__init__.py").exists()
         if f"{path.name}/" not in text
     ]
     assert missing == []
+
+
+def test_the_layout_reader_tells_paths_apart():
+    """documented_modules, on a layout where a basename stands in another folder: it must not
+    count tune/plot.py as named."""
+    text = (
+        "\n## Layout\n\n```\nnanogpt/\n  run.py · logs.py\n"
+        "  publish/      loss_plot.py · plots.py\n"
+        "                (hardware/slots.py)\n  record/       store.py (results: x.py)\n"
+        "    nested/     deep.py\n  tune/         fit.py\n"
+        "  results/      a.py · record/ (b.py) · c.py\nnotebooks/\n```\n"
+    )
+    assert documented_modules(text) == {
+        "run.py",
+        "logs.py",
+        "publish/loss_plot.py",
+        "publish/plots.py",
+        "hardware/slots.py",
+        "record/store.py",
+        "record/x.py",
+        "record/nested/deep.py",
+        "tune/fit.py",
+        "results/a.py",
+        "results/record/b.py",
+        "results/c.py",
+    }
+    assert "tune/plot.py" not in documented_modules(text)
 
 
 def test_record_md_lists_summary_csvs_headline_in_its_order():
@@ -131,8 +202,8 @@ def test_every_link_resolves():
             assert (page.parent / target).exists(), f"{page.name}: {target}"
 
 
-# What conf/, sweeps/ and the notebook cite: a file (nanogpt/protocol.py, docs/record.md), a
-# name in a file (protocol.py's CPU_BENCH), a section of a page (README "Quick start",
+# What conf/, sweeps/ and the notebook cite: a file (nanogpt/config/protocol.py, docs/record.md), a
+# name in a file (config/protocol.py's CPU_BENCH), a section of a page (README "Quick start",
 # (docs/measurement.md: Diagnosis)).
 CITING = [
     *sorted((REPO / "conf").rglob("*.yaml")),
@@ -152,8 +223,8 @@ NOT_OURS = {"bench.py", "train.py", "analysis.ipynb"}
 
 def cited_file(name: str, near=None):
     """The file a citation names: a path from the checkout's top or the package's, else (a bare
-    module name such as app.py) the one file of that name in the package."""
-    places = [REPO / name, REPO / "nanogpt" / name]  # measure/loop.py: in the package
+    module name such as frontend/compose.py) the one file of that name in the package."""
+    places = [REPO / name, REPO / "nanogpt" / name]  # scenarios/loop.py: in the package
     places += [near / name] if near is not None else []  # nano.yaml beside gpt2.yaml
     for place in places:
         if place.exists():

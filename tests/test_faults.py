@@ -22,12 +22,12 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from nanogpt.app import hydra_error_line, to_spec
-from nanogpt.configs import CONF_DIR
-from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT, Fault, classify, describe, exit_code
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.compose import hydra_error_line, to_spec
+from nanogpt.frontend.presets import CONF_DIR
+from nanogpt.record.faults import CONFIG_EXIT, Fault, classify, describe, exit_code
 
 from .conftest import (
     report_cli,
@@ -209,7 +209,7 @@ def test_a_fork_server_that_dies_in_its_preload_costs_no_point(tmp_path):
     in a fresh interpreter, after one warning line."""
     (tmp_path / "broken_preload.py").write_text("raise RuntimeError('preload failed')\n")
     sweep_dir = tmp_path / "sweep"
-    setup = "from nanogpt.point import forkserver; forkserver.PRELOAD = ['broken_preload']"
+    setup = "from nanogpt.runner import forkserver; forkserver.PRELOAD = ['broken_preload']"
     args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]
     path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     proc = run_patched(setup, *args, cwd=tmp_path, env={"PYTHONPATH": path})
@@ -227,7 +227,7 @@ def test_a_measuring_process_dies_with_its_job_process():
         [
             sys.executable,
             "-c",
-            "import subprocess; from nanogpt.point.process import die_with_parent; "
+            "import subprocess; from nanogpt.runner.process import die_with_parent; "
             "p = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent); "
             "print(p.pid, flush=True); p.wait()",
         ],

@@ -1,4 +1,4 @@
-"""The fork server (nanogpt/point/forkserver.py): a point forked from it costs no entry
+"""The fork server (nanogpt/runner/forkserver.py): a point forked from it costs no entry
 point's imports (the sweep's main module is light to run again in each child), a point is
 killed when the job gives up waiting, and the sweep's own process never imports torch
 (benchmarks/point_isolation.py)."""
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.tidy import read_summary
 
 from .conftest import run_patched, with_micro
 
@@ -19,8 +19,8 @@ from .conftest import run_patched, with_micro
 # multiprocessing would join at exit) is killed, so the job ends now, not at SLURM's hard limit.
 GIVES_UP = """
 import os, signal, threading, time
-from nanogpt.point import forkserver
-from nanogpt.point.process import wait_for
+from nanogpt.runner import forkserver
+from nanogpt.runner.process import wait_for
 
 def give_up(signum, frame):
     raise RuntimeError("Job not requeued because: timed-out too many times.")
@@ -50,7 +50,7 @@ def test_an_exception_that_ends_the_wait_kills_the_point_first(tmp_path):
 
 @pytest.mark.slow
 def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
-    """The sweep's process composes, checks (validate/, device_support.py), launches and
+    """The sweep's process composes, checks (validate/, hardware/device_support.py), launches and
     tabulates; torch is the fork server's and its children's. Importing it would cost the
     process seconds of its start on two cores, every sweep."""
     marker = tmp_path / "torch_in_sweep_process"
@@ -59,7 +59,7 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
         f"{str(marker)!r}, 'w').write(str('torch' in sys.modules)))"
     )
     sweep_dir = tmp_path / "sweep"
-    # an optimizer.build class too: checked from its source, not imported (targets.py)
+    # an optimizer.build class too: checked from its source, not imported (config/target_nodes.py)
     points = ["perf.batch_size=1,2", "optimizer.build._target_=torch.optim.Adagrad"]
     args = ["-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}"]
     proc = run_patched(setup, *args, cwd=tmp_path)

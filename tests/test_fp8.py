@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch.nn as nn
 
-from nanogpt import float8
-from nanogpt.model import GPT, GPTConfig
-from nanogpt.spec import Fp8
+from nanogpt.config.spec import Fp8
+from nanogpt.train import float8
+from nanogpt.train.gpt import GPT, GPTConfig
 
 from .conftest import sweep_refusal
 
@@ -85,10 +85,10 @@ def test_fp8_where_it_cannot_run_is_one_line_before_any_point(overrides, message
 def test_an_fp8_point_has_no_mfu_with_the_reason_and_beating_bf16_matmuls_flags_nothing():
     import warnings
 
-    from nanogpt.results import derive
-    from nanogpt.results.derive import Ceilings, Peak
-    from nanogpt.results.record import Record, Setup, Timing
-    from nanogpt.results.record.asked import Asked
+    from nanogpt.analysis import derive
+    from nanogpt.analysis.derive import Ceilings, Peak
+    from nanogpt.record import Record, Setup, Timing
+    from nanogpt.record.asked import Asked
 
     setup = Setup(
         world_size=1,

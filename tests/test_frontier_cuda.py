@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanogpt import float8
-from nanogpt.model import LOGITS_EXTRA_BYTES
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
+from nanogpt.train import float8
+from nanogpt.train.gpt import LOGITS_EXTRA_BYTES
 
 pytestmark = [
     pytest.mark.cuda,
@@ -54,7 +54,7 @@ def test_the_chunked_loss_saves_what_the_estimate_predicts_compiled_or_not(sweep
         measured = full["mem_peak_allocated_bytes"] - chunked["mem_peak_allocated_bytes"]
         predicted = full["mem_estimate"]["total"] - chunked["mem_estimate"]["total"]
         # The full loss's logits (4096 tokens x 50,304, at the bytes a logit fitted to the
-        # H100's peaks: 9.3 eager, 5.4 compiled; measure/estimate.py) less what the chunked one
+        # H100's peaks: 9.3 eager, 5.4 compiled; train/memory_estimate.py) less what the chunked one
         # keeps: one chunk of 2,048 (bf16 + fp32), the whole dx and the fp32 dW. Eager about
         # 1.1 GB, compiled about 0.3 GB.
         full_logits = full["mem_estimate"]["logits"]

@@ -23,15 +23,15 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from nanogpt import validate
-from nanogpt.distributed import World
-from nanogpt.errors import ConfigError
-from nanogpt.measure.estimate import estimate_memory
-from nanogpt.measure.trainer import Trainer, data_source, gpt_config
-from nanogpt.model import GPT, Block
-from nanogpt.optim import build_optimizer
-from nanogpt.protocol import CUDA_GRAPH_MODES
-from nanogpt.reporters import plots
-from nanogpt.spec import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.protocol import CUDA_GRAPH_MODES
+from nanogpt.config.spec import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
+from nanogpt.publish import plots
+from nanogpt.train.distributed import World
+from nanogpt.train.gpt import GPT, Block
+from nanogpt.train.memory_estimate import estimate_memory
+from nanogpt.train.optim import build_optimizer
+from nanogpt.train.trainer import Trainer, data_source, gpt_config
 
 from .conftest import REPO, sweep_refusal
 

@@ -148,12 +148,12 @@ def test_gpu_check_dry_run_has_a_part_per_path_each_box_its_arithmetic_within_ni
 
 def test_every_sweep_part_of_the_gpu_check_composes_and_validates_for_a_cuda_machine(tmp_path):
     """Each sweep part's points, composed and checked as its multirun checks them before the
-    first is measured (app.check_points; here=False: this machine's devices are not asked), so
+    first is measured (compose.check_points; here=False: this machine's devices are not asked), so
     a renamed key or a refused combination shows here, not on the loan."""
     from hydra import initialize_config_dir
 
-    from nanogpt.app import check_points
-    from nanogpt.configs import CONF_DIR, expand
+    from nanogpt.frontend.compose import check_points
+    from nanogpt.frontend.presets import CONF_DIR, expand
 
     out = gpu_check("--dry-run", tmp_path=tmp_path).stdout
     parts = re.findall(r"^(\w+)\s+\d+ s  ", out, flags=re.M)
@@ -217,7 +217,7 @@ def test_gpu_summary_flags_a_cuda_point_whose_path_left_its_figures_null():
     """The check's verdict on an ok CUDA point: the allocator's peaks and, compiled, torch's
     counters must come back; the estimate within 10 % of the CUDA peak. A record as a CUDA
     point's job writes it (results/record/), its figures set to what the flags judge."""
-    from nanogpt.results.record import Record
+    from nanogpt.record import Record
 
     gpu_summary = load_gpu_summary()
     good = Record(status="ok")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanogpt.errors import ConfigError
+from nanogpt.analysis.derive import Peak
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import Dtype
 from nanogpt.hardware import cpu, env, peaks
-from nanogpt.results.derive import Peak
-from nanogpt.spec import Dtype
 
 # (the string torch.cuda.get_device_name() returns, the table row it must map to)
 DEVICE_NAMES = [

@@ -1,11 +1,11 @@
-"""A run's name on the console (results/labels.run_name): what its sweep varies, as written, and
+"""A run's name on the console (analysis/labels.run_name): what its sweep varies, as written, and
 which run of the point it is; the sweep's command line read from Hydra's multirun.yaml."""
 
 from __future__ import annotations
 
 import yaml
 
-from nanogpt.results.labels import run_name, varied_keys
+from nanogpt.analysis.labels import run_name, varied_keys
 
 FIXED = [
     "model.build._target_=modern_gpt.GPT",

@@ -1,5 +1,5 @@
 """The console says what helps: Kineto's trace-point lines never, a line that every point says
-alike once per sweep (nanogpt/logs.py, nanogpt/measure/kineto_log.py)."""
+alike once per sweep (nanogpt/logs.py, nanogpt/probes/kineto_log.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 from torch.autograd.profiler import profile
 
 from nanogpt import logs
-from nanogpt.distributed import World
-from nanogpt.measure.kineto_log import without_trace_points
-from nanogpt.measure.loop import measure
-from nanogpt.results import derive
-from nanogpt.spec import Exclusive, RunSpec
+from nanogpt.analysis import derive
+from nanogpt.config.spec import Exclusive, RunSpec
+from nanogpt.probes.kineto_log import without_trace_points
+from nanogpt.scenarios.loop import measure
+from nanogpt.train.distributed import World
 
 from .conftest import run_cli, with_micro
 
@@ -38,7 +38,7 @@ def test_kineto_trace_points_are_dropped_and_other_stderr_lines_kept(capfd):
 
 
 def micro_point() -> RunSpec:
-    """A micro point for the real measured loop (measure/loop.py), diagnosed on one step."""
+    """A micro point for the real measured loop (scenarios/loop.py), diagnosed on one step."""
     spec = RunSpec()
     shape = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)
     for key, value in shape.items():

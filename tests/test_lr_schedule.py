@@ -1,4 +1,4 @@
-"""optimizer.schedule (nanogpt/lr_schedule.py): the factor a step, the rate every param group
+"""optimizer.schedule (nanogpt/train/lr_schedule.py): the factor a step, the rate every param group
 of a real optimizer steps with, the point's identity and the bad inputs."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from nanogpt.distributed import World
-from nanogpt.lr_schedule import lr_factor
-from nanogpt.measure.trainer import build_trainer
-from nanogpt.results.identity import measured_config, point_id_of
-from nanogpt.spec import Schedule
+from nanogpt.config.spec import Schedule
+from nanogpt.record.identity import measured_config, point_id_of
+from nanogpt.train.distributed import World
+from nanogpt.train.lr_schedule import lr_factor
+from nanogpt.train.trainer import build_trainer
 
 from .conftest import sweep_refusal
 from .test_time_to_loss import _spec

@@ -17,15 +17,15 @@ import psutil
 import pytest
 import torch
 
-from nanogpt.distributed import World
-from nanogpt.measure import contention, memory
-from nanogpt.measure.contention import OTHERS_SHARE, ContentionProbe, judge_cpu, tree_cpu_s
-from nanogpt.measure.trainer import Trainer
-from nanogpt.results import derive
-from nanogpt.results.record.summary_keys import summary_key
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
-from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
+from nanogpt.analysis import derive
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.spec import ModelConfig, PerfConfig, RunSpec
+from nanogpt.probes import contention, memory
+from nanogpt.probes.contention import OTHERS_SHARE, ContentionProbe, judge_cpu, tree_cpu_s
+from nanogpt.record.summary_keys import summary_key
+from nanogpt.train.distributed import World
+from nanogpt.train.trainer import Trainer
 
 from .conftest import run_cli, with_micro
 
@@ -131,7 +131,7 @@ def test_a_window_that_failed_counts_up_to_the_failure(monkeypatch):
     probe.start()
     probe.split()
     cuda.retries, cuda.ooms = 1, 1  # the step that raised torch.OutOfMemoryError
-    figures = probe.result()  # loop.py reads it in a finally: window_end never ran
+    figures = probe.result()  # scenarios/loop.py reads it in a finally: window_end never ran
     assert (figures["mem_alloc_retries"], figures["mem_ooms"]) == (1, 1)
     unstarted = memory.MemoryProbe(torch.device("cuda", 0))
     unstarted.start()  # warmup failed: no measured steps to count over
@@ -159,8 +159,8 @@ def test_a_cpu_points_record_has_the_allocator_fields_null_with_the_reason(micro
 
 
 def test_the_allocator_counts_of_repeats_are_summed():
-    from nanogpt.results import repeats
-    from nanogpt.results.record import Memory, Record
+    from nanogpt.analysis import repeats
+    from nanogpt.record import Memory, Record
 
     def run(retries):
         return Record(memory=Memory(mem_alloc_retries=retries, mem_ooms=0 if retries else None))
@@ -335,14 +335,14 @@ def test_exclusive_fail_fails_the_point_and_keeps_its_figures(crowded_sweep):
     _, failed = records["fail"]
     assert failed["status"] == "error" and "bench.exclusive=fail" in failed["error"]
     assert failed["contended"] is True and failed["step_ms_median"] is not None
-    # exclusive is a policy, not part of what a point measures (results/identity.py): the two
+    # exclusive is a policy, not part of what a point measures (record/identity.py): the two
     # are one point, and the table keeps its ok record (a sweep of fail alone exits 1).
     assert proc.returncode == 0
 
 
 def test_a_point_is_contended_when_any_of_its_repeats_was():
-    from nanogpt.results import repeats
-    from nanogpt.results.record import Rates, Record, Setup, Timing
+    from nanogpt.analysis import repeats
+    from nanogpt.record import Rates, Record, Setup, Timing
 
     def measured(contended: bool | None, text: str) -> Record:
         timing = Timing(step_ms_measured=[[10.0, 11.0, 12.0]], measured_steps=3)

@@ -1,4 +1,4 @@
-"""The memory estimate's terms (nanogpt/measure/estimate.py) against what torch's CPU allocator
+"""The memory estimate's terms (nanogpt/train/memory_estimate.py) against what torch's CPU allocator
 held, read from the profiler's memory events: every allocation and free, in order, so the peak
 is exact and includes the temporaries an op makes inside itself (which a dispatch-level tracker,
 seeing only an op's outputs, misses: torch.logsumexp's is the case in point).
@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from nanogpt.chunked_loss import chunked_cross_entropy
-from nanogpt.distributed import World
-from nanogpt.measure.estimate import estimate_memory
-from nanogpt.model import GPT, GPTConfig
+from nanogpt.train.chunked_loss import chunked_cross_entropy
+from nanogpt.train.distributed import World
+from nanogpt.train.gpt import GPT, GPTConfig
+from nanogpt.train.memory_estimate import estimate_memory
 
 
 def allocator_peak(fn) -> int:

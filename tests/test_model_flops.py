@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanogpt.measure.estimate import estimate_memory
-from nanogpt.measure.flops import counted_flops_per_token
-from nanogpt.model import GPT, GPTConfig
-from nanogpt.results.stats import summarize
+from nanogpt.analysis.stats import summarize
+from nanogpt.train.flops import counted_flops_per_token
+from nanogpt.train.gpt import GPT, GPTConfig
+from nanogpt.train.memory_estimate import estimate_memory
 
 TINY = GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
 
@@ -107,7 +107,7 @@ def test_summarize_statistics():
 
 # The peaks one H100 80GB measured on 2026-11-23 (torch 2.11; ../shared/device/
 # h100-2026-11-23.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW: what the estimate's
-# activation and logits coefficients were fitted to (nanogpt/model.py).
+# activation and logits coefficients were fitted to (nanogpt/train/gpt.py).
 H100_PEAKS_GIB = {"compiled": 9.08, "eager": 11.31, "checkpointing": 7.76}
 
 

@@ -1,6 +1,6 @@
 """The built-in GPT keeps the contract it asks of a user's model (docs/models.md): its FLOPs and
-its activation memory are hooks on the model, and one FLOPs path (measure/flops.flops_of) and
-one memory path (measure/estimate.estimate_of) serve it and a user's model alike."""
+its activation memory are hooks on the model, and one FLOPs path (train/flops.flops_of) and
+one memory path (train/memory_estimate.estimate_of) serve it and a user's model alike."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import textwrap
 import pytest
 import torch
 
-from nanogpt.measure import byo
-from nanogpt.measure.estimate import estimate_memory, estimate_of
-from nanogpt.measure.flops import counted_flops_per_token, flops_of
-from nanogpt.measure.trainer import gpt_config
-from nanogpt.model import FLOPS_FORMULA, GPT
-from nanogpt.optim import role_counts
-from nanogpt.optim_rules import estimated_state
-from nanogpt.results import derive
-from nanogpt.results.record import Record, Setup, Timing
-from nanogpt.results.record.asked import Asked
-from nanogpt.spec import Dtype, ModelConfig, RunSpec, Strategy
+from nanogpt.analysis import derive
+from nanogpt.config.spec import Dtype, ModelConfig, RunSpec, Strategy
+from nanogpt.record import Record, Setup, Timing
+from nanogpt.record.asked import Asked
+from nanogpt.train import user_model as byo
+from nanogpt.train.flops import counted_flops_per_token, flops_of
+from nanogpt.train.gpt import FLOPS_FORMULA, GPT
+from nanogpt.train.memory_estimate import estimate_memory, estimate_of
+from nanogpt.train.optim import role_counts
+from nanogpt.train.optim_rules import estimated_state
+from nanogpt.train.trainer import gpt_config
 
 
 def _gpt_spec(**perf) -> RunSpec:
@@ -52,7 +52,7 @@ def test_the_gpts_flops_come_from_its_own_hook_through_the_one_path(checkpointed
     ],
 )
 def test_the_gpts_estimate_through_its_hook_is_its_formula(world, strategy, perf):
-    from nanogpt.spec import Loss
+    from nanogpt.config.spec import Loss
 
     if "loss" in perf:
         perf["loss"] = Loss(perf["loss"])

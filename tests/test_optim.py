@@ -1,4 +1,5 @@
-"""Optimizers by role (nanogpt/optim.py, nanogpt/optim_rules.py): which parameters are matrices,
+"""Optimizers by role (nanogpt/train/optim.py, nanogpt/train/optim_rules.py): which parameters are
+matrices,
 Muon beside AdamW as one optimizer step, any class by optimizer.build, and the refusals.
 
 Real torch optimizers on the real GPT, real Hydra compositions; the sweeps that run these
@@ -13,16 +14,16 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from nanogpt import optim_rules
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR
-from nanogpt.distributed import World
-from nanogpt.measure.estimate import estimate_of
-from nanogpt.measure.trainer import build_trainer
-from nanogpt.model import GPT, GPTConfig
-from nanogpt.optim import Combined, build_optimizer, parameter_roles, role_groups, state_bytes
-from nanogpt.results.identity import measured_config, point_id_of
-from nanogpt.spec import RunSpec
+from nanogpt.config.spec import RunSpec
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR
+from nanogpt.record.identity import measured_config, point_id_of
+from nanogpt.train import optim_rules
+from nanogpt.train.distributed import World
+from nanogpt.train.gpt import GPT, GPTConfig
+from nanogpt.train.memory_estimate import estimate_of
+from nanogpt.train.optim import Combined, build_optimizer, parameter_roles, role_groups, state_bytes
+from nanogpt.train.trainer import build_trainer
 
 from .conftest import sweep_refusal, with_micro
 
@@ -255,9 +256,9 @@ def test_adamw_sgd_and_muon_keep_their_point_id_as_registry_recipes():
 
     from hydra import compose, initialize_config_dir
 
-    from nanogpt.app import to_spec
-    from nanogpt.configs import CONF_DIR
-    from nanogpt.results.identity import measured_config, point_id
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
+    from nanogpt.record.identity import measured_config, point_id
 
     fixture = json.loads((Path(__file__).parent / "data" / "optimizer_points.json").read_text())
     assert [r["overrides"][0] for r in fixture] == [

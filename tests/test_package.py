@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nanogpt.results.store import read_result
+from nanogpt.analysis.store import read_result
 
 from .conftest import MICRO, REPO
 
@@ -93,7 +93,7 @@ def test_the_wheel_carries_every_module_config_and_preset(installed):
 def test_the_installed_commands_run_a_sweep_with_a_preset_from_any_directory(installed, tmp_path):
     _, bin_dir, env = installed
     where = subprocess.run(
-        [bin_dir / "python", "-c", "import nanogpt.configs as c; print(c.CONF_DIR)"],
+        [bin_dir / "python", "-c", "import nanogpt.frontend.presets as c; print(c.CONF_DIR)"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -12,12 +12,12 @@ import time
 import psutil
 import pytest
 
-from nanogpt.configs import CONF_DIR, expose_checkout_plugins
-from nanogpt.errors import ConfigError
-from nanogpt.faults import CONFIG_EXIT
-from nanogpt.point.slots import Slot, gpus_for, plan, visible_gpus
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.presets import CONF_DIR, expose_checkout_plugins
+from nanogpt.hardware.slots import Slot, gpus_for, plan, visible_gpus
+from nanogpt.record.faults import CONFIG_EXIT
 from tests.conftest import run_patched, signal_state, start_in_terminal, with_micro
 
 PARALLEL = "hydra/launcher=parallel"
@@ -43,7 +43,7 @@ def test_a_count_below_one_is_refused_in_one_line_when_hydra_builds_the_launcher
     # Hydra composes the launcher's config (conf/hydra/launcher/parallel.yaml and the override)
     # and builds the class it names, as the sweeper does before the sweep writes anything: the
     # refusal comes from there, so no point runs and no sweep dir is made. (The run's own
-    # launch-time refusals print the same way: launchers/parallel.py _refuse.)
+    # launch-time refusals print the same way: frontend/launchers/parallel.py _refuse.)
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -90,7 +90,7 @@ def test_each_points_device_is_read_where_the_point_sets_it():
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext
 
-    from nanogpt.launchers.parallel import ParallelLauncher
+    from nanogpt.frontend.launchers.parallel import ParallelLauncher
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         master = compose("config", overrides=["perf.batch_size=2"], return_hydra_config=True)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nanogpt.app import check_parallel_ranks
-from nanogpt.errors import ConfigError
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.compose import check_parallel_ranks
 
 from .conftest import run_cli, with_micro
 

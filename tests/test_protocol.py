@@ -16,20 +16,20 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nanogpt import protocol
-from nanogpt.app import CONF_DIR
-from nanogpt.distributed import World
-from nanogpt.errors import ConfigError
+from nanogpt.analysis import compare, derive
+from nanogpt.analysis.store import read_result
+from nanogpt.config import protocol
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import BenchConfig, Dtype, PerfConfig, RunSpec
+from nanogpt.frontend.compose import CONF_DIR
 from nanogpt.hardware import matmul
-from nanogpt.measure.counters import CounterSampler
-from nanogpt.measure.energy import EnergyProbe
-from nanogpt.measure.loop import measure, steps_after
-from nanogpt.measure.trainer import Trainer
-from nanogpt.results import compare, derive
-from nanogpt.results.record import Energy, Record, Setup, Timing
-from nanogpt.results.record.asked import Asked
-from nanogpt.results.store import read_result
-from nanogpt.spec import BenchConfig, Dtype, PerfConfig, RunSpec
+from nanogpt.probes.counters import CounterSampler
+from nanogpt.probes.energy import EnergyProbe
+from nanogpt.record import Energy, Record, Setup, Timing
+from nanogpt.record.asked import Asked
+from nanogpt.scenarios.loop import measure, steps_after
+from nanogpt.train.distributed import World
+from nanogpt.train.trainer import Trainer
 from nanogpt.validate import check_cuda_graph_warmup
 
 from .conftest import MICRO, case_sweep

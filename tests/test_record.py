@@ -11,16 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from nanogpt.distributed import World
-from nanogpt.measure.energy import EnergyProbe
-from nanogpt.measure.trainer import FaultyTrainer, Trainer, build_trainer
-from nanogpt.results import derive, store
-from nanogpt.results.baseline import BaselineError, choose
-from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.record import PARTS, Energy, Rates, Record, Setup, Timing, columns
-from nanogpt.results.record.asked import Asked
-from nanogpt.results.record.summary_keys import namespaced, summary_key
-from nanogpt.spec import (
+from nanogpt.analysis import derive, store
+from nanogpt.analysis.baseline import BaselineError, choose
+from nanogpt.analysis.derive import Ceilings, Peak
+from nanogpt.config.spec import (
     Attention,
     BenchConfig,
     Dtype,
@@ -30,6 +24,12 @@ from nanogpt.spec import (
     PerfConfig,
     RunSpec,
 )
+from nanogpt.probes.energy import EnergyProbe
+from nanogpt.record import PARTS, Energy, Rates, Record, Setup, Timing, columns
+from nanogpt.record.asked import Asked
+from nanogpt.record.summary_keys import namespaced, summary_key
+from nanogpt.train.distributed import World
+from nanogpt.train.trainer import FaultyTrainer, Trainer, build_trainer
 
 TINY = RunSpec(
     model=ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256),
@@ -279,7 +279,7 @@ def test_no_counter_is_null_energy_with_the_reason(tmp_path):
 def test_a_pooled_point_is_steady_only_if_every_repeat_was_and_shows_the_worst_drift():
     """Steadiness is judged run by run on each run's own steps (figures.derive_point): a drift
     inside the third run alone makes the point unsteady, and shows as that run's."""
-    from nanogpt.results.figures import derive_point
+    from nanogpt.analysis.figures import derive_point
 
     def run(last_third_ms: float) -> Record:
         steps = [10.0 + 0.01 * (i % 3) for i in range(20)] + [last_third_ms] * 10
@@ -306,12 +306,12 @@ def test_a_pooled_point_derives_every_figure_as_one_run_does(tmp_path):
     figure a single run fills is null in the pool (tokens_per_s_wall and mfu_flag once were)."""
     from hydra import compose, initialize_config_dir
 
-    from nanogpt.app import to_spec
-    from nanogpt.configs import CONF_DIR
-    from nanogpt.measure.loop import measure
-    from nanogpt.point.handoff import Handoff, Job
-    from nanogpt.point.worker import finish_record
-    from nanogpt.results.figures import derive_point
+    from nanogpt.analysis.figures import derive_point
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
+    from nanogpt.runner.handoff import Handoff, Job
+    from nanogpt.runner.worker import finish_record
+    from nanogpt.scenarios.loop import measure
 
     from .conftest import with_micro
 

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
 
 from .conftest import SHAKESPEARE, case_sweep, needs_shared, report_cli
 

@@ -1,4 +1,5 @@
-"""A run is a job (nanogpt/tune/grid.py): the grid sweeper launches one round of runs per
+"""A run is a job (nanogpt/frontend/grid_sweeper.py): the grid sweeper launches one round of runs
+per
 launch — run r of every point after every run r - 1 ended — under any launcher; a killed or
 interrupted sweep, run again, measures only its missing runs. Real `python -m nanogpt.run -m`
 sweeps of micro time-to-loss points on tinyshakespeare."""
@@ -15,9 +16,9 @@ import time
 
 import pytest
 
-from nanogpt.results import time_to_loss as ttl
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis import time_to_loss as ttl
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
 
@@ -197,8 +198,8 @@ def test_a_sweep_dir_written_before_runs_were_jobs_still_reads_and_resumes(tmp_p
     """A sweep dir of the old layout — one pooled result.json a point, no run dirs, its
     point_id digesting bench.repeats — read by the same command: each ok point counts as all
     its runs, kept (none measured again), one row each."""
-    from nanogpt.results import store
-    from nanogpt.results.identity import point_id
+    from nanogpt.analysis import store
+    from nanogpt.record.identity import point_id
 
     sweep_dir = tmp_path / "sweep"
     args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]

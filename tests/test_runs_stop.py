@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
 
 from .conftest import run_cli, start_in_terminal, with_micro
 
@@ -36,7 +36,7 @@ def test_ctrl_c_at_a_moment_ends_with_130_a_table_and_no_traceback(tmp_path, lau
     """One SIGINT to the sweep's process group (a terminal's Ctrl-C) at a moment reached
     deterministically (faults.signal_hook), under the basic and the parallel launcher: exit
     130, one line, the table of what is done, no traceback; the same command then completes."""
-    from nanogpt.faults import SIGNAL_HOOK_ENV
+    from nanogpt.record.faults import SIGNAL_HOOK_ENV
 
     sweep_dir = tmp_path / "sweep"
     extra = PARALLEL if launcher == "parallel" else []

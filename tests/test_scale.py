@@ -16,11 +16,11 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from nanogpt.distributed import World
-from nanogpt.measure.trainer import Trainer
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
-from nanogpt.spec import ModelConfig, PerfConfig, RunSpec
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.spec import ModelConfig, PerfConfig, RunSpec
+from nanogpt.train.distributed import World
+from nanogpt.train.trainer import Trainer
 
 from .conftest import REPO, case_sweep, run_cli, run_patched, with_micro
 

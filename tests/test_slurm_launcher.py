@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nanogpt.configs import CONF_DIR
+from nanogpt.frontend.presets import CONF_DIR
 from tests.conftest import run_cli, with_micro
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
@@ -68,8 +68,8 @@ def composed(tmp_path, *overrides: str):
 
 def job_parameters(config) -> dict:
     """What the launcher asks submitit's executor for, for the point's job (nothing submitted)."""
-    from nanogpt.app import job_gpus, job_shape
-    from nanogpt.launchers.slurm import SlurmLauncher
+    from nanogpt.frontend.compose import job_gpus, job_shape
+    from nanogpt.frontend.launchers.slurm import SlurmLauncher
 
     params = OmegaConf.to_container(config.hydra.launcher, resolve=True)
     params.pop("_target_")
@@ -101,7 +101,7 @@ def test_fewer_gpus_than_ranks_is_refused_before_anything_is_submitted(tmp_path,
     # The multirun's own check (the callback, every point composed as its job will be): one
     # line naming the key and the fix, exit 2, and no sweep dir; before, every job queued,
     # started and was refused by its own device check.
-    from nanogpt.callbacks import SweepReport
+    from nanogpt.frontend.callback import SweepReport
 
     sweep_dir = tmp_path / "sweep"
     point = ["dist.nproc=2", "bench.device=cuda", "hydra.launcher.gpus_per_node=1"]
@@ -126,7 +126,7 @@ def test_fewer_gpus_than_ranks_is_refused_before_anything_is_submitted(tmp_path,
 
 def refusal(tmp_path, capsys, *point: str, launcher: str = "slurm") -> str:
     """The multirun's one line for a point refused at its start (nothing written), exit 2."""
-    from nanogpt.callbacks import SweepReport
+    from nanogpt.frontend.callback import SweepReport
 
     sweep_dir = tmp_path / "sweep"
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

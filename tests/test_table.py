@@ -14,12 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanogpt.results import baseline, compare, display, swept, tidy
-from nanogpt.results import table as report
-from nanogpt.results.labels import point_labels
-from nanogpt.results.record import columns as columns_of_record
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import STEPS_PARQUET, SUMMARY_PARQUET, read_summary
+from nanogpt.analysis import baseline, compare, display, tidy
+from nanogpt.analysis import table as report
+from nanogpt.analysis.labels import point_labels
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import STEPS_PARQUET, SUMMARY_PARQUET, read_summary
+from nanogpt.record import columns as columns_of_record
+from nanogpt.record import swept
 
 from .conftest import report_cli, run_cli, with_micro
 
@@ -372,8 +373,8 @@ def test_saved_settings_come_from_the_sweeps_config_and_a_bad_one_is_one_line(tm
 def test_records_moved_aside_are_not_rows(tmp_path):
     """A record under SWEEP_DIR/moved/ (its job dir went to another point when a resumed sweep
     changed) stays for a later resume, but is no row of the table."""
-    from nanogpt.results.record import Record
-    from nanogpt.results.store import MOVED_DIR, write_record
+    from nanogpt.analysis.store import MOVED_DIR, write_record
+    from nanogpt.record import Record
 
     def point(where: Path, batch: int) -> None:
         record = Record(status="ok")

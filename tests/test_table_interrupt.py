@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.tidy import read_summary
 from tests.conftest import report_cli, start_in_terminal, with_micro
 
 # The table's writer made slow (the records are all written by then), so that the signal
 # lands while it runs; it notes when it starts.
 SLOW_TABLE = (
-    "import time, pathlib; from nanogpt.results import table as t; real = t.write_summary; "
+    "import time, pathlib; from nanogpt.analysis import table as t; real = t.write_summary; "
     "t.write_summary = lambda *a, **k: (pathlib.Path('writing').touch(), time.sleep(60), "
     "real(*a, **k))"
 )

@@ -11,26 +11,26 @@ import pandas as pd
 import pytest
 import torch
 
-from nanogpt.data import check_data, open_source
-from nanogpt.distributed import World
-from nanogpt.errors import ConfigError
-from nanogpt.measure.loop import measure
-from nanogpt.measure.to_target import train_to_target
-from nanogpt.measure.trainer import build_trainer
-from nanogpt.reporters.loss_plot import validation_loss
-from nanogpt.reporters.plot_parts import NoData
-from nanogpt.reporters.wandb_sink import WandbSink, start_run
-from nanogpt.results import store
-from nanogpt.results import time_to_loss as ttl
-from nanogpt.results.derive import Ceilings, Peak
-from nanogpt.results.labels import point_labels
-from nanogpt.results.record import Record
-from nanogpt.results.record.time_to_loss import TimeToLoss
-from nanogpt.results.store import read_result
-from nanogpt.results.table import build_table
-from nanogpt.results.tidy import read_summary
-from nanogpt.spec import DataConfig, LoggerConfig, LoggerMode
-from nanogpt.tokenize import char_vocab, tokenize_text
+from nanogpt.analysis import store
+from nanogpt.analysis import time_to_loss as ttl
+from nanogpt.analysis.derive import Ceilings, Peak
+from nanogpt.analysis.labels import point_labels
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.table import build_table
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import DataConfig, LoggerConfig, LoggerMode
+from nanogpt.publish.loss_plot import validation_loss
+from nanogpt.publish.plot_parts import NoData
+from nanogpt.publish.wandb_sink import WandbSink, start_run
+from nanogpt.record import Record
+from nanogpt.record.time_to_loss import TimeToLoss
+from nanogpt.scenarios.loop import measure
+from nanogpt.scenarios.time_to_loss import train_to_target
+from nanogpt.train.data import check_data, open_source
+from nanogpt.train.distributed import World
+from nanogpt.train.tokenize import char_vocab, tokenize_text
+from nanogpt.train.trainer import build_trainer
 
 from .conftest import SHAKESPEARE, needs_shared, sweep_refusal, with_micro
 from .wandb_reader import read_run, run_file
@@ -43,8 +43,8 @@ UNKNOWN_PEAK = Ceilings(Peak(None, "unknown"))  # MFU has no peak here: no figur
 def _spec(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from nanogpt.app import to_spec
-    from nanogpt.configs import CONF_DIR
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return to_spec(compose(config_name="config", overrides=with_micro(list(overrides))))
@@ -337,7 +337,7 @@ def test_interleaved_runs_read_as_alternated_and_back_to_back_ones_as_blocked():
 
 
 def test_a_points_runs_pool_into_its_row_and_a_resume_finds_each_ok_run(tmp_path):
-    """results/store.py: a point's runs (POINT/run-R) pool into its result.json (the time to
+    """analysis/store.py: a point's runs (POINT/run-R) pool into its result.json (the time to
     loss over the runs); a run that was not ok is the point's record; the resume's index finds
     an ok run by point and run number, and an old pooled record (no run dirs) as all runs."""
     point = tmp_path / "0"
@@ -389,7 +389,7 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     step, reads about 4.17 = ln 65; after 2 steps at lr 1e-2 both seeds read below 3.92), and
     one no micro run reaches; each run its own seed, the table's figures from the runs. On
     hydra/launcher=parallel (one slot) the runs are alternated: the grid sweeper launches one
-    round at a time (nanogpt/tune/grid.py), each run a job of its own, POINT/run-R."""
+    round at a time (nanogpt/frontend/grid_sweeper.py), each run a job of its own, POINT/run-R."""
     proc, sweep_dir = sweep(
         "hydra/launcher=parallel",
         "hydra.launcher.slots=1",
@@ -434,7 +434,7 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
 def _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch):
     """notebooks/sweep_analysis.ipynb on this target sweep (nbclient, as the README runs it):
     its time-to-loss section prints each point's figure, interval, runs reached and p-value
-    from the package's table, and draws val_loss.png's curves (reporters/loss_plot.py)."""
+    from the package's table, and draws val_loss.png's curves (publish/loss_plot.py)."""
     from .test_analysis import run_notebook
 
     monkeypatch.setenv("NANOGPT_SUMMARY", str(sweep_dir))
@@ -460,7 +460,7 @@ def _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch):
 
 
 def _the_loss_plot_draws_every_run(table, records):
-    """val_loss.png (reporters/loss_plot.py), drawn from the sweep's own table and files: a
+    """val_loss.png (publish/loss_plot.py), drawn from the sweep's own table and files: a
     line per run through its evaluations, a colour per point, a dashed line per target."""
     fig = validation_loss(table)
     ax = fig.axes[0]

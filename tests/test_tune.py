@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 # The search's engine: where it is not installed (the GPU machines) the module is skipped, not
-# an error that stops pytest from running any test (the imports below need it: tune/space.py).
+# an error that stops pytest from running any test (the imports below need it:
+# frontend/tune_space.py).
 optuna = pytest.importorskip("optuna")
 
 import torch
@@ -29,14 +30,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from nanogpt import report
-from nanogpt.app import to_spec
-from nanogpt.configs import CONF_DIR
-from nanogpt.errors import ConfigError
-from nanogpt.results import time_to_loss as ttl
-from nanogpt.results.store import read_result
-from nanogpt.tune import answer, fit, jobs, ladder, objectives, quality, space
+from nanogpt.analysis import time_to_loss as ttl
+from nanogpt.analysis.store import read_result
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend import tune_space as space
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR
+from nanogpt.frontend.tune_sweeper import Search
+from nanogpt.publish import tune_answer as answer
+from nanogpt.tune import fit, jobs, ladder, objectives, quality
 from nanogpt.tune.objectives import objective_of
-from nanogpt.tune.sweeper import Search
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
 
@@ -63,7 +66,7 @@ def _study(sweep_dir) -> optuna.Study:
 
 def _value(trial: optuna.trial.FrozenTrial, key: str) -> str:
     """The value a trial gave KEY, from the overrides it ran (an ordered choice's param is its
-    position: space.values_of)."""
+    position: tune_space.values_of)."""
     overrides = dict(o.split("=", 1) for o in trial.user_attrs["entry"]["overrides"])
     return overrides[key]
 
@@ -222,7 +225,7 @@ def test_a_search_on_a_cluster_checks_its_candidates_for_there_not_on_this_machi
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import HydraContext
 
-    from nanogpt.tune.sweeper import Search
+    from nanogpt.frontend.tune_sweeper import Search
 
     search, reasons = Search(), {}
     search.fixed = with_micro(["bench.device=cuda"])  # the task's overrides, as the sweep's
@@ -403,7 +406,7 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
 # process (which records its own interruption). The 60 s are a ceiling: the test signals as
 # soon as the note is there.
 SLOW_SECOND_CANDIDATE = (
-    "import pathlib, time; from nanogpt.tune import sweeper as t; real = t.Search._spec; "
+    "import pathlib, time; from nanogpt.frontend import tune_sweeper as t; real = t.Search._spec; "
     "seen = []; t.Search._spec = lambda self, o: (seen.append(o), len(seen) == 3 and "
     "(pathlib.Path('composing').touch(), time.sleep(60)), real(self, o))[-1]"
 )
@@ -481,7 +484,7 @@ def test_ctrl_c_stops_a_search_in_one_line_and_the_same_command_resumes_it(tmp_p
 
 
 def _ctrl_c_prints_the_table_nanogpt_report_prints(sweep_dir, capsys):
-    """A search's Ctrl-C publishes as every entry point does (tune/publish.py): with the
+    """A search's Ctrl-C publishes as every entry point does (publish/sweep_outputs.py): with the
     search's settings (its multirun.yaml), its finalists alone, then its answer."""
     search = Search()
     search.config = OmegaConf.load(sweep_dir / "multirun.yaml")

@@ -19,13 +19,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanogpt.reporters.wandb_mode import api_key_configured, resolve_mode
-from nanogpt.reporters.wandb_sink import WandbSink, start_run
-from nanogpt.results import store as records
-from nanogpt.results.record.summary_keys import summary_key
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
-from nanogpt.spec import LoggerConfig, LoggerMode
+from nanogpt.analysis import store as records
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
+from nanogpt.config.spec import LoggerConfig, LoggerMode
+from nanogpt.publish.wandb_mode import api_key_configured, resolve_mode
+from nanogpt.publish.wandb_sink import WandbSink, start_run
+from nanogpt.record.summary_keys import summary_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
 from .conftest import WANDB, run_without_a_key, with_micro

@@ -1,4 +1,4 @@
-"""The sweep's W&B view (nanogpt/reporters/wandb_view.py), without network.
+"""The sweep's W&B view (nanogpt/publish/wandb_view.py), without network.
 
 The view spec names every key a panel reads; a real offline multirun is read back from its run
 files (tests/wandb_reader.py) and every one of those keys must be among the keys the runs
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from nanogpt.dashboard import main as dashboard_main
-from nanogpt.reporters import wandb_view
-from nanogpt.reporters.wandb_view import VIEW_FILE, swept_keys, view_spec, write_view
-from nanogpt.results.record.summary_keys import summary_key
+from nanogpt.publish import wandb_view
+from nanogpt.publish.wandb_view import VIEW_FILE, swept_keys, view_spec, write_view
+from nanogpt.record.summary_keys import summary_key
 from tests.conftest import run_without_a_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
@@ -106,7 +106,7 @@ def test_memory_panels_follow_the_device(cuda):
         "train/loss",
         *memory,
     }
-    # the peak every "fits" is judged on (results/derive.peak_memory), whatever the device
+    # the peak every "fits" is judged on (analysis/derive.peak_memory), whatever the device
     wanted = {"tokens_per_s", "mfu", "j_per_token", "peak_memory_bytes", "status"}
     assert {summary_key(name) for name in wanted} <= keys_of(spec, "summary")
     main, failures = spec["views"]

@@ -1,8 +1,9 @@
-"""hydra/launcher=parallel (conf/hydra/launcher/parallel.yaml): nanogpt/launchers/parallel.py.
+"""hydra/launcher=parallel (conf/hydra/launcher/parallel.yaml):
+nanogpt/frontend/launchers/parallel.py.
 Hydra accepts a launcher whose class is defined in a `hydra_plugins` module: it is named here,
 its body lives in nanogpt."""
 
-from nanogpt.launchers import parallel
+from nanogpt.frontend.launchers import parallel
 
 
 class ParallelLauncher(parallel.ParallelLauncher):

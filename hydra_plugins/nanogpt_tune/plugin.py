@@ -1,7 +1,8 @@
 """hydra/sweeper=tune (conf/hydra/sweeper/tune.yaml) and hydra/sweeper=grid (the default,
 conf/hydra/sweeper/grid.yaml): Hydra finds sweeper plugins in the `hydra_plugins` namespace
 package and instantiates only classes defined there. These classes are the plugins' faces; the
-search is nanogpt/tune/sweeper.py and the grid nanogpt/tune/grid.py, imported when a sweep
+search is nanogpt/frontend/tune_sweeper.py and the grid nanogpt/frontend/grid_sweeper.py, imported
+when a sweep
 starts, so that Hydra's scan of its plugins at every start stays cheap (no Optuna import)."""
 
 from typing import Any
@@ -16,7 +17,7 @@ class TuneSweeper(Sweeper):
         self.settings = settings
 
     def setup(self, *, hydra_context, task_function, config) -> None:
-        from nanogpt.tune.sweeper import Search
+        from nanogpt.frontend.tune_sweeper import Search
 
         self.search = Search(**self.settings)
         self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -27,13 +28,13 @@ class TuneSweeper(Sweeper):
 
 class GridSweeper(Sweeper):
     """nanogpt's grid sweeper, the default (conf/config.yaml): the points' runs as jobs, round by
-    round (nanogpt/tune/grid.py)."""
+    round (nanogpt/frontend/grid_sweeper.py)."""
 
     def __init__(self, **settings: Any) -> None:
         self.settings = settings
 
     def setup(self, *, hydra_context, task_function, config) -> None:
-        from nanogpt.tune.grid import Grid
+        from nanogpt.frontend.grid_sweeper import Grid
 
         self.grid = Grid(**self.settings)
         self.grid.setup(hydra_context=hydra_context, task_function=task_function, config=config)

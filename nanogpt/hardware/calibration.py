@@ -29,15 +29,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nanogpt.device_support import precision_unavailable
-from nanogpt.files import user_cache_dir, write_json
+from nanogpt.analysis.derive import Ceilings
+from nanogpt.config.spec import Dtype
 from nanogpt.hardware.cpu import matmul_emulated
+from nanogpt.hardware.device_support import precision_unavailable
 from nanogpt.hardware.env import device_name, nvidia_driver
 from nanogpt.hardware.matmul import BUDGET_S, Shape, default_shapes, measure
 from nanogpt.hardware.peaks import resolve_peak
 from nanogpt.logs import bar_drawn
-from nanogpt.results.derive import Ceilings
-from nanogpt.spec import Dtype
+from nanogpt.record.files import user_cache_dir, write_json
 
 CACHE_ENV = "NANOGPT_CALIBRATION_CACHE"  # path of the cache file (tests point it at a tmp dir)
 CACHE_VERSION = 1

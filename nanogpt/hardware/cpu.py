@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from nanogpt.spec import Dtype
+from nanogpt.config.spec import Dtype
 
 _SIMD_LANES_FP32 = (("avx512f", 16), ("avx2", 8), ("sse", 4))
 

@@ -23,8 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nanogpt.devices import AUTOCAST_DTYPES, matmul_precision, synchronize
-from nanogpt.spec import Dtype
+from nanogpt.config.spec import Dtype
+from nanogpt.hardware.devices import AUTOCAST_DTYPES, matmul_precision, synchronize
 
 OP = "F.linear(x[M,K], W[N,K]) in the compute dtype, as nn.Linear under autocast; 2*M*N*K FLOPs"
 CLOCK = "perf_counter+synchronize, fastest trial"

@@ -27,10 +27,10 @@ from __future__ import annotations
 import re
 import warnings
 
-from nanogpt.errors import ConfigError
+from nanogpt.analysis.derive import Peak
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import Dtype
 from nanogpt.hardware.cpu import cpu_peak_estimate
-from nanogpt.results.derive import Peak
-from nanogpt.spec import Dtype
 
 # --------------------------------------------------------------------------------------------
 # GPU datasheet table

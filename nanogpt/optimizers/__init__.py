@@ -1,6 +1,6 @@
 """The optimizers `optimizer=NAME` picks, one module each (the registry): a module of this
 package that defines `RECIPE` is `optimizer=<its name>`, with conf/optimizer/<name>.yaml beside
-it. Nothing else lists them: the name check (validate/), the roles (optim_rules.py), the build
+it. Nothing else lists them: the name check (validate/), the roles (train/optim_rules.py), the build
 (optim.py), the state estimate and the point's identity read the recipe.
 
 A recipe says, without importing torch at import (a sweep's process checks points without it):
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nanogpt.spec import OptimizerConfig, RunSpec
+from nanogpt.config.spec import OptimizerConfig, RunSpec
 
 ROLES = ("matrices", "embeddings", "head", "scalars", "other")
 ROLE_KEYS = ROLES[1:]  # optimizer.roles.<role>; the matrices' are optimizer.lr / weight_decay

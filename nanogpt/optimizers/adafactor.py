@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from nanogpt.errors import ConfigError
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import OptimizerConfig, OptimizerImpl, RunSpec
 from nanogpt.optimizers import ROLES, Recipe, torch_groups
-from nanogpt.spec import OptimizerConfig, OptimizerImpl, RunSpec
 
 
 def stepped_by(opt: OptimizerConfig) -> dict[str, str]:

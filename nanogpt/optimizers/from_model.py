@@ -5,9 +5,9 @@ stepped as one (`Combined`)."""
 
 from __future__ import annotations
 
-from nanogpt.errors import ConfigError
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import OptimizerConfig, OptimizerImpl, RunSpec
 from nanogpt.optimizers import ROLE_KEYS, Recipe
-from nanogpt.spec import OptimizerConfig, OptimizerImpl, RunSpec
 
 # the keys of the runner's own optimizers, which the model's method never receives (it gets
 # optimizer.args): left out of its points' identity; grad_clip and the schedule stay (the trainer
@@ -20,7 +20,7 @@ def stepped_by(opt: OptimizerConfig) -> dict[str, str]:
 
 
 def build(model, opt: OptimizerConfig, device_type: str, **_):
-    """The user's model (measure/byo.py's UserModel) is asked, not its wrapper. One optimizer,
+    """The user's model (train/user_model.py's UserModel) is asked, not its wrapper. One optimizer,
     or a list of them stepped as one: what is not one is one line."""
     import torch
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib.metadata
 import re
 
-from nanogpt.errors import ConfigError
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.spec import OptimizerConfig, RunSpec, Strategy
 from nanogpt.optimizers import ROLE_KEYS, Recipe, torch_groups
-from nanogpt.spec import OptimizerConfig, RunSpec, Strategy
 
 # nanochat's setup_optimizer defaults for its AdamW groups at n_embd 768, and the scalars'.
 NANOCHAT_LR = {"embeddings": 0.2, "head": 0.004, "scalars": 0.5 * 0.01}

@@ -3,8 +3,8 @@ decay on scalars); optimizer.build replaces the class (optim.py)."""
 
 from __future__ import annotations
 
+from nanogpt.config.spec import OptimizerConfig
 from nanogpt.optimizers import ROLES, Recipe, torch_groups
-from nanogpt.spec import OptimizerConfig
 
 
 def stepped_by(opt: OptimizerConfig) -> dict[str, str]:

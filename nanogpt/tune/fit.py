@@ -1,5 +1,6 @@
 """Which candidates fit before they run: the analytic memory estimate against the device's
-budget (nanogpt/measure/estimate.py estimate_memory, the same figure a record's mem_estimate is).
+budget (nanogpt/train/memory_estimate.py estimate_memory, the same figure a record's mem_estimate
+is).
 
 The budget is bench.max_batch_memory_gib when set, else the memory of the device the points will
 run on: a CUDA GPU's total as NVML reports it for that very GPU (devices.nvml_handle, matched by
@@ -25,11 +26,11 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from nanogpt.devices import nvml_handle, resolve_device
-from nanogpt.measure.estimate import estimate_of
-from nanogpt.measure.trainer import gpt_config
-from nanogpt.model import GPT
-from nanogpt.spec import RunSpec
+from nanogpt.config.spec import RunSpec
+from nanogpt.hardware.devices import nvml_handle, resolve_device
+from nanogpt.train.gpt import GPT
+from nanogpt.train.memory_estimate import estimate_of
+from nanogpt.train.trainer import gpt_config
 
 GIB = 2**30
 ASK_GPU_TIMEOUT_S = 120  # a child imports torch and starts CUDA: seconds, more on a busy node
@@ -43,7 +44,7 @@ class Budget:
 
 def device_budget(device: str, budget_gib: float | None, here: bool = True) -> Budget:
     """The memory a candidate's estimate is held against. here=False: the points run on another
-    machine (configs.runs_here), whose memory this one cannot read."""
+    machine (presets.runs_here), whose memory this one cannot read."""
     if budget_gib is not None:
         return Budget(int(budget_gib * GIB), "bench.max_batch_memory_gib")
     if not here:
@@ -104,7 +105,7 @@ def _ask_child(device: str) -> dict:
 def estimate_bytes(spec: RunSpec) -> int | None:
     """The point's training memory per rank, bytes: the model is built on the meta device
     (shapes only) for its exact parameter counts. None for a user's model (model.build): the
-    search's process never imports the user's code (measure/byo.py), and the built-in GPT's
+    search's process never imports the user's code (train/user_model.py), and the built-in GPT's
     estimate is not the user's model's, so nothing is pruned by estimate."""
     if spec.model.build:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nanogpt.files import read_json, write_json
+from nanogpt.record.files import read_json, write_json
 from nanogpt.tune import objectives
 
 JOBS_FILE = "tune_jobs.json"

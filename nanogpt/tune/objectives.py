@@ -10,15 +10,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from nanogpt.errors import ConfigError
-from nanogpt.results import derive
+from nanogpt.analysis import derive
+from nanogpt.config.errors import ConfigError
 
 if TYPE_CHECKING:
-    from nanogpt.spec import RunSpec
+    from nanogpt.config.spec import RunSpec
 
 GIB = 2**30
 
-# The record's fields the search reads (nanogpt/results/record/).
+# The record's fields the search reads (nanogpt/record/).
 RECORD_FIELDS = {
     "status": "status",
     "error": "error",
@@ -26,7 +26,7 @@ RECORD_FIELDS = {
     "tokens_per_s_ci_low": "tokens_per_s_ci_low",
     "tokens_per_s_ci_high": "tokens_per_s_ci_high",
     "j_per_token": "j_per_token",
-    "peak": "peak_memory_bytes",  # the memory the point needs (results/derive.peak_memory)
+    "peak": "peak_memory_bytes",  # the memory the point needs (analysis/derive.peak_memory)
     "peak_from": "peak_memory_from",  # which peak that is: "cuda ...", "rss ..."
     "estimate": "mem_estimate_bytes",
     "bottleneck": "bottleneck",
@@ -37,7 +37,7 @@ RECORD_FIELDS = {
     "time_to_loss": "time_to_loss_s",
     "ttl_s_per_run": "ttl_s_per_run",  # the quality guard's test with a target (tune/quality)
     "ttl_note": "ttl_note",
-    "ttl_ci_low": "ttl_ci_low",  # the answer's interval with a target (tune/answer.py)
+    "ttl_ci_low": "ttl_ci_low",  # the answer's interval with a target (publish/tune_answer.py)
     "ttl_ci_high": "ttl_ci_high",
 }
 
@@ -86,7 +86,7 @@ def value(
         out = j_per_token
     elif name == "peak_memory_gib":
         out = peak_memory_gib(record)
-    elif name == "time_to_loss":  # the olympic mean of the runs (results/time_to_loss.py)
+    elif name == "time_to_loss":  # the olympic mean of the runs (analysis/time_to_loss.py)
         out = field(record, "time_to_loss")
     elif name == "usd_per_1m_tokens":  # as the table prices a point
         out = derive.usd_per_1m_tokens(tokens_per_s, j_per_token, usd_per_hour, usd_per_kwh)

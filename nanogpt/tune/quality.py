@@ -13,7 +13,7 @@ says "quality not checked".
 Where a target is set (bench.target_loss), the guard is that measurement instead (`to_target`):
 the finalists were measured as runs to the target, and so is the baseline, with as many runs;
 a finalist is flagged when not every run reached the target, or when the baseline's runs reach
-it sooner at p < report.ttl_alpha (the table's one-sided Welch test, results/time_to_loss.py,
+it sooner at p < report.ttl_alpha (the table's one-sided Welch test, analysis/time_to_loss.py,
 asked the other way round). A short loss comparison would judge what the target already does.
 """
 
@@ -23,7 +23,7 @@ import csv
 from collections.abc import Callable
 from pathlib import Path
 
-from nanogpt.results import time_to_loss as ttl
+from nanogpt.analysis import time_to_loss as ttl
 
 REAL_DATA = ("text", "tokens")
 NOT_CHECKED = "quality not checked: synthetic data (use data=text or data=tokens)"

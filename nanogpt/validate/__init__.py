@@ -4,9 +4,11 @@ Types and unknown keys are Hydra's job (structured configs); these are the check
 express. Each failure raises ConfigError: one sentence naming the key and the fix.
 
 The sweep's own process runs them for every point before it measures any. A point on the CPU
-is checked without importing torch (device_support.py, optim_rules.py): that process starts
+is checked without importing torch (hardware/device_support.py, train/optim_rules.py): that process
+starts
 seconds sooner; a model.build or optimizer.build target is found from its source, never
-imported (targets.py). The package: here the checks of the keys themselves (sizes, choices,
+imported (config/target_nodes.py). The package: here the checks of the keys themselves (sizes,
+choices,
 the model, the strategy) and `check`, which runs them all; device.py the checks that ask this
 machine's devices (a CUDA, MPS or `auto` device is asked through torch, imported then).
 """
@@ -16,15 +18,15 @@ from __future__ import annotations
 import os
 
 from nanogpt import optimizers
-from nanogpt.data import check_data
-from nanogpt.errors import ConfigError
-from nanogpt.faults import Fault
-from nanogpt.lr_schedule import check_schedule
-from nanogpt.optim_rules import check_optimizer
-from nanogpt.protocol import CUDA_GRAPH_MODES
-from nanogpt.spec import COMPILE_MODES, Dtype, RunSpec, Strategy
-from nanogpt.target_rules import check_target
-from nanogpt.targets import check_node, require_target
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.protocol import CUDA_GRAPH_MODES
+from nanogpt.config.spec import COMPILE_MODES, Dtype, RunSpec, Strategy
+from nanogpt.config.target_loss import check_target
+from nanogpt.config.target_nodes import check_node, require_target
+from nanogpt.record.faults import Fault
+from nanogpt.train.data import check_data
+from nanogpt.train.lr_schedule import check_schedule
+from nanogpt.train.optim_rules import check_optimizer
 from nanogpt.validate.device import (
     check_cuda_graph_warmup,
     check_device,
@@ -148,7 +150,7 @@ def check_model(spec: RunSpec) -> None:
 
 def check_model_build(spec: RunSpec) -> None:
     """model.build: a target whose module is there, found without importing it (the user's
-    code runs only where points are measured: nanogpt/targets.py)."""
+    code runs only where points are measured: nanogpt/config/target_nodes.py)."""
     build, code_dir = spec.model.build, spec.model.code_dir
     if not build:
         return

@@ -2,23 +2,30 @@
 and attention kernels, fp8's tensor cores, CUDA graphs' warmup.
 
 validate.check runs them only where the point will run here (not for a SLURM node's points). On
-a CPU they need no torch (device_support.py answers); a CUDA, MPS or `auto` device is asked
+a CPU they need no torch (hardware/device_support.py answers); a CUDA, MPS or `auto` device is asked
 through torch, imported then.
 """
 
 from __future__ import annotations
 
-from nanogpt.device_support import Place, attention_unavailable, parse_device, precision_unavailable
-from nanogpt.errors import ConfigError
-from nanogpt.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
-from nanogpt.spec import Dtype, Fp8, RunSpec
+from nanogpt.config.errors import ConfigError
+from nanogpt.config.protocol import CUDA_GRAPH_MODES, CUDA_GRAPH_WARMUP
+from nanogpt.config.spec import Dtype, Fp8, RunSpec
+from nanogpt.hardware.device_support import (
+    Place,
+    attention_unavailable,
+    parse_device,
+    precision_unavailable,
+)
 
 
 def check_device(name: str) -> Place:
     """The device a run will use (a bare `cuda` is cuda:0, as the run resolves it); fails when
     it is not there."""
     if name == "auto":
-        from nanogpt.devices import resolve_device  # the run's own choice: cuda, mps, then cpu
+        from nanogpt.hardware.devices import (
+            resolve_device,  # the run's own choice: cuda, mps, then cpu
+        )
 
         device = resolve_device(name)
         return Place(device.type, device.index)
@@ -135,7 +142,7 @@ def check_fp8(spec: RunSpec, device: Place | None) -> None:
         )
     import torch
 
-    from nanogpt.float8 import torchao_missing
+    from nanogpt.train.float8 import torchao_missing
 
     capability = torch.cuda.get_device_capability(device.index)
     if capability < FP8_CAPABILITY:

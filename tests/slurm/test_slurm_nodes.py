@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nanogpt.results.store import read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import read_result
+from nanogpt.analysis.tidy import read_summary
 from tests.slurm.conftest import node_names, wait_for
 from tests.slurm.test_slurm_sweeps import job_of, measuring, records, run_dir
 

@@ -10,8 +10,8 @@ import os
 import signal
 import subprocess
 
-from nanogpt.results.store import RUN_PREFIX, read_result
-from nanogpt.results.tidy import read_summary
+from nanogpt.analysis.store import RUN_PREFIX, read_result
+from nanogpt.analysis.tidy import read_summary
 from tests.conftest import run_cli, with_micro
 from tests.slurm.conftest import node_names, squeue, wait_for
 

@@ -1,0 +1,160 @@
+"""The sweep table as people read it: the console's table, which summary.md also is.
+
+summary.csv and summary.parquet keep the numbers as numbers (analysis/tidy.py); this module turns
+a few headline columns into text for a reader: thousands separated (30,822 tok/s), three
+significant figures (16.6 ms), shares in percent (8.2 %), bytes in MiB, never an exponent. The
+columns shown are `SHOWN` (each a record column, the label it is shown under and its format);
+each point is named by what the sweep varies (analysis/labels.py), not by every override.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from nanogpt.analysis import stats
+from nanogpt.analysis.derive import DRIFT
+from nanogpt.analysis.labels import point_labels
+from nanogpt.analysis.stats import ONE_PROCESS
+
+MIB = 2**20
+
+
+def number(value, digits: int = 3) -> str:
+    """A number for a reader: `digits` significant figures, thousands separated, no exponent
+    (30822.4 -> "30,822", 16.61 -> "16.6", 0.000123 -> "0.000123"); "-" for none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or pd.isna(value):
+        return "-"
+    value = float(value)
+    if value == 0 or math.isinf(value):
+        return f"{value:g}"
+    whole_digits = math.floor(math.log10(abs(value))) + 1
+    return f"{value:,.{max(0, digits - whole_digits)}f}"
+
+
+def percent(value) -> str:
+    return "-" if value is None or pd.isna(value) else f"{number(100 * float(value), 2)} %"
+
+
+def mebibytes(value) -> str:
+    return "-" if value is None or pd.isna(value) else f"{float(value) / MIB:,.0f}"
+
+
+# (record column, shown as, format): the console's and summary.md's columns, after `point`.
+SHOWN = (
+    ("status", "status", str),
+    ("step_ms_median", "step_ms", number),
+    ("step_ms_cv", "cv", percent),
+    ("tokens_per_s", "tok/s", number),
+    ("mfu", "MFU", percent),
+    ("mem_peak_rss_bytes", "rss_MiB", mebibytes),
+    ("mem_peak_allocated_bytes", "cuda_MiB", mebibytes),
+    ("bottleneck", "bottleneck", str),
+    # time to a target loss (analysis/time_to_loss.py), shown when a point has one
+    ("time_to_loss_s", "to_target_s", number),
+    ("ttl_note", "runs", str),
+    ("ttl_p_value", "p", number),
+    ("ttl_verdict", "to_target", str),
+)
+
+
+def shown(table: pd.DataFrame, names: list[str] | None = None) -> pd.DataFrame:
+    """The table as text cells: the point (`names`, else what the sweep varies), the SHOWN
+    columns that any row fills, how many points ran beside it (when any did: the parallel
+    launcher), steadiness and the speedup (when any row has them)."""
+    out = pd.DataFrame(index=table.index)
+    out["point"] = [label or "defaults" for label in names or point_labels(table)]
+    for column, label, fmt in SHOWN:
+        if column in table and table[column].notna().any():
+            out[label] = [fmt(v) if pd.notna(v) else "-" for v in table[column]]
+    rows = [row for _, row in table.iterrows()]
+    steady = [steady_text(row) + contended_text(row) for row in rows]
+    if "co_running" in table and table["co_running"].map(lambda v: bool(v)).any():
+        beside = [len(v) if isinstance(v, list) else "-" for v in table["co_running"]]
+        out.insert(2, "beside", beside)  # the parallel launcher ran points side by side
+    speedup = [speedup_text(row) for row in rows]
+    for label, cells in (("steady", steady), ("speedup", speedup)):
+        if any(cell != "-" for cell in cells):  # a time-to-loss sweep has neither
+            out[label] = cells
+    return out
+
+
+def console(table: pd.DataFrame, names: list[str] | None = None) -> str:
+    """The table the console prints, with a note under it when a verdict rests on one process."""
+    text = shown(table, names).to_string(index=False)
+    return text + "".join(f"\n{line}" for line in notes(table))
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The same table in GitHub-flavoured markdown (summary.md)."""
+    return to_markdown(shown(table)) + "".join(f"\n{line}\n" for line in notes(table))
+
+
+def notes(table: pd.DataFrame) -> list[str]:
+    if "speedup_verdict" not in table:
+        return []
+    verdicts = table["speedup_verdict"].dropna().astype(str)
+    if not verdicts.str.endswith(ONE_PROCESS).any():
+        return []
+    return [
+        "* within one process a point: a machine's speed drifts between processes more than "
+        "within one; measure with bench.repeats=3 to judge on the noise between processes"
+    ]
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A GitHub-flavoured markdown table (no extra dependency)."""
+    cells = table.map(_cell)
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    if isinstance(value, float):
+        return number(value, 4)
+    return str(value).replace("|", "\\|")
+
+
+def steady_text(row: pd.Series) -> str:
+    """ "yes", or why the window may not read the steady state, from the record's reason codes
+    (analysis/derive.py): "short" (cut or under a GPU's settling time), "drift+3.1%" (the
+    last third of the steps against the first), "recompile" (torch.compile compiled during the
+    measured steps)."""
+    if row["steady"] is None or pd.isna(row["steady"]):
+        return "-"
+    if bool(row["steady"]):
+        return "yes"
+    reasons = row.get("unsteady_reasons")
+    marks = []
+    for reason in reasons if isinstance(reasons, list) else []:
+        if reason == DRIFT and pd.notna(row["drift_pct"]):
+            marks.append(f"drift{row['drift_pct']:+.1f}%")
+        else:
+            marks.append(reason)
+    return ",".join(marks) or "no"
+
+
+def contended_text(row: pd.Series) -> str:
+    """ ",contended" when another process used the device in the measured window, else ""."""
+    flag = row.get("contended")
+    return ",contended" if flag is not None and not pd.isna(flag) and bool(flag) else ""
+
+
+def speedup_text(row: pd.Series) -> str:
+    """E.g. "1.31 [1.27-1.35]", "~1.02 [0.97-1.07]" when the difference is not significant
+    (benchstat's "~"), a trailing "*" when the verdict holds within one process only; "-"
+    where there is no speedup."""
+    if pd.isna(row["speedup"]):
+        return "-"
+    verdict = str(row["speedup_verdict"])
+    if verdict == "baseline":
+        return "1 (baseline)"
+    mark = "~" if verdict == stats.NOT_SIGNIFICANT else ""
+    low, high = row["speedup_ci_low"], row["speedup_ci_high"]
+    interval = f" [{number(low)}-{number(high)}]" if pd.notna(low) else ""
+    star = "*" if verdict.endswith(ONE_PROCESS) else ""
+    return f"{mark}{number(row['speedup'])}{interval}{star}"

@@ -1,0 +1,215 @@
+"""Entry point (a Hydra callback, named in conf/config.yaml): at the end of a multirun, build the
+sweep's table (and send it to W&B).
+
+Hydra 1.3 skips on_multirun_end when a job raises, so jobs never raise for a failed point:
+they record it (nanogpt/runner/job.py) and the table is always built here. A job that was
+interrupted (Ctrl-C) returns the status `interrupted`: on_job_end then builds the table of what
+is done and stops the sweep with exit status 130 (128 + SIGINT, the shell's convention).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from pathlib import Path
+
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, OverrideType
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from nanogpt import logs
+from nanogpt.analysis import table as sweep_table
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.compose import check_points
+from nanogpt.frontend.presets import OUR_SWEEPERS, repeats_refusal, runs_here, sweep_points
+from nanogpt.publish import wandb_sink, wandb_view
+from nanogpt.publish.sweep_outputs import publish, settings_of
+from nanogpt.record.faults import CONFIG_EXIT, exit_code, interrupted_exit, signal_hook
+from nanogpt.runner.job import Outcome, point_status
+from nanogpt.runner.placement import CORUN_ENV
+
+
+def away_from_the_sweep() -> bool:
+    """Whether this job runs in a process of its own launcher's (a slot of
+    hydra/launcher=parallel, a SLURM job): the sweep's process decides when it stops."""
+    return bool(os.environ.get(CORUN_ENV)) or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+
+
+def compose_point(config: DictConfig):
+    """compose(overrides): a point's config as its job's will be composed, for check_points.
+
+    Hydra composes a point in two steps: the config groups it chooses (the defaults list), then
+    each `key=value` override set on the result in order (OmegaConf.update, merge=True). The
+    points of a sweep mostly differ in such values, so the first step is done once for the
+    points that choose the same groups (Hydra's config loader, the multirun's master config) and
+    the second on a copy, as Hydra does it: a 4-point sweep of values composes once here, not 4
+    times. A point with anything else (`+key`, `~key`, a dict or list value, a key that is no
+    plain value of the composition) and a value that does not fit is composed by Hydra whole,
+    with Hydra's own error."""
+    loader = GlobalHydra.instance().config_loader()
+    groups = set(loader.list_groups(""))
+    bases: dict[tuple[str, ...], DictConfig] = {}  # the groups' overrides -> their composition
+
+    def by_hydra(overrides) -> DictConfig:
+        return loader.load_sweep_config(config, list(overrides))
+
+    def compose(overrides: list[str]) -> DictConfig:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        chosen = [o for o in parsed if o.key_or_group.split("/")[0] in groups]
+        values = [o for o in parsed if o not in chosen]
+        if not all(_a_plain_value(o) for o in values):
+            return by_hydra(overrides)
+        key = tuple(o.input_line for o in chosen)
+        if key not in bases:
+            bases[key] = by_hydra(key)
+        cfg = copy.deepcopy(bases[key])
+        try:
+            for o in values:
+                if not _a_value_in(cfg, o.key_or_group):
+                    return by_hydra(overrides)
+                OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+        except OmegaConfBaseException:
+            return by_hydra(overrides)
+        return cfg
+
+    return compose
+
+
+def _a_value_in(cfg: DictConfig, key: str) -> bool:
+    """Whether `key` (a.b.c) is a value of `cfg`, not a dict or list, read without resolving
+    anything (an interpolation's resolver may ask torch for the device: model=auto)."""
+    path, _, last = key.rpartition(".")
+    parent = OmegaConf.select(cfg, path)
+    if not OmegaConf.is_dict(parent) or last not in parent.keys():
+        return False
+    return OmegaConf.is_interpolation(parent, last) or not OmegaConf.is_config(parent[last])
+
+
+def _a_plain_value(override: Override) -> bool:
+    """`a.b=value`: a change of one key to a value that is no dict or list."""
+    return (
+        override.type == OverrideType.CHANGE
+        and override.package is None
+        and "." in override.key_or_group
+        and not override.is_sweep_override()
+        and not isinstance(override.value(), (dict, list))
+    )
+
+
+def _refuse_runs_under_another_sweeper(config: DictConfig, points, compose) -> None:
+    """bench.repeats > 1 under a sweeper that is not this project's (Hydra's basic, Optuna,
+    Ax): refused before anything runs, each point's where they are known (basic), else the
+    sweep's own."""
+    sweeper = config.hydra.runtime.choices.get("hydra/sweeper")
+    if sweeper in OUR_SWEEPERS:
+        return
+    configs = [compose(point) for point in points] if points else [config]
+    asked = max(int(OmegaConf.select(c, "bench.repeats") or 1) for c in configs)
+    if asked > 1:
+        raise ConfigError(*repeats_refusal(sweeper, asked))
+
+
+class SweepReport(Callback):
+    started: float | None = None  # when this multirun started (epoch s)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        """Before anything is measured, every point of the sweep is composed and validated."""
+        self.started = time.time()
+        logs.forget_said(Path(config.hydra.sweep.dir))
+        try:
+            points = sweep_points(config)
+            compose = compose_point(config)
+            if points:
+                check_points(points, config.report.baseline, runs_here(config), compose)
+            _refuse_runs_under_another_sweeper(config, points, compose)
+        except ConfigError as err:
+            print(f"error: {err} (nothing was measured)", file=sys.stderr)
+            sys.exit(CONFIG_EXIT)
+
+    def on_job_start(self, config: DictConfig, **kwargs) -> None:
+        signal_hook("job-start")  # TESTING ONLY: a test's signal here (Hydra composed the job)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        """An interrupted point stops the sweep (after its table); a single run exits with its
+        point's status code (faults.EXIT_CODES), never 0 for a point that is not ok."""
+        if job_return.status != JobStatus.COMPLETED:
+            return
+        # run.main returns the run's Outcome; under another sweeper, the objective alone (the
+        # status is then the record's)
+        value = job_return.return_value
+        if isinstance(value, Outcome):
+            status = value.status
+        else:
+            status = point_status(Path(config.hydra.runtime.output_dir))
+        point = " ".join(job_return.overrides or []) or "defaults"
+        multirun = config.hydra.mode == RunMode.MULTIRUN
+        if status == "interrupted" and multirun and not away_from_the_sweep():
+            sweep_dir, _ = self._table(config)
+            resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
+            print(f"interrupted at {point}; {resume} (ok points are kept)", file=sys.stderr)
+            sys.exit(interrupted_exit())
+        if not multirun and status != "ok":
+            code = exit_code(status)
+            print(f"{point}: recorded with status {status} (exit code {code})", file=sys.stderr)
+            sys.exit(code)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        """The table, then the sweep's exit: 130 if a run was interrupted, 1 if one failed.
+        Hydra only warns about a callback that raises (and exits 0): an error here is one line
+        and exit 1."""
+        try:
+            self._end(config)
+        except Exception as err:  # noqa: BLE001 - any error: one line, never exit 0
+            sweep_dir = Path(config.hydra.sweep.dir)
+            print(
+                f"error: the sweep's table: {type(err).__name__}: {err} (every record is kept; "
+                f"`python -m nanogpt.report {sweep_dir}` builds it again)",
+                file=sys.stderr,
+            )
+            sys.exit(1)
+
+    def _end(self, config: DictConfig) -> None:
+        logs.sweep_console()  # the sweep's own lines (its W&B summary run) as a job's are
+        sweep_dir, table = self._table(config)
+        logger = OmegaConf.to_object(config.logger)
+        summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
+        unreachable = wandb_sink.log_sweep_table(logger, sweep_dir, table, summary_csv)
+        wandb_view.save_and_publish(logger, sweep_dir, unreachable)  # the sweep's ready view
+        stopped = table[table["status"] == "interrupted"]
+        if len(stopped):  # a launcher that runs points elsewhere (parallel slots, SLURM jobs)
+            resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
+            points = "; ".join(stopped["overrides"].astype(str))
+            print(f"interrupted at {points}; {resume} (ok points are kept)", file=sys.stderr)
+            sys.exit(interrupted_exit())
+        failed = sweep_table.failed_points(table)
+        if failed:
+            print(f"{len(failed)} point(s) failed: {'; '.join(failed)}", file=sys.stderr)
+            sys.exit(1)
+
+    def _table(self, config: DictConfig):
+        """The table, once; a second Ctrl-C or SIGTERM while it is written stops with one line
+        that says how to build it from the records (they are all written by then)."""
+        try:
+            return self._publish(config)
+        except KeyboardInterrupt:
+            sweep_dir = Path(config.hydra.sweep.dir)
+            print(
+                f"interrupted while writing the table; build it with "
+                f"`python -m nanogpt.report {sweep_dir}` (every record is kept)",
+                file=sys.stderr,
+            )
+            sys.stdout.flush()
+            os._exit(interrupted_exit())  # no second traceback from Hydra or the interpreter
+
+    def _publish(self, config: DictConfig):
+        """Build, write and print the sweep's table (publish/sweep_outputs.py)."""
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep = publish(sweep_dir, settings_of(config))
+        return sweep_dir, sweep.table

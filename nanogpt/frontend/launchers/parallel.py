@@ -1,0 +1,354 @@
+"""`hydra/launcher=parallel`: a sweep's points side by side on this machine, one per slot.
+
+A slot is a GPU (the point sees that one device) when the points train on CUDA, else a set of
+cores (affinity and thread count): hardware/slots.py. One process per slot runs Hydra's job for
+one point after another, taken from a shared queue, exactly as the basic launcher runs them
+here: the same job dirs and logs, each point measured in a child forked from the slot's own
+fork server (pinned to the slot with it), the same records. Every record lists the points that
+ran beside it (runner/placement.py) and the table counts them (`beside`).
+
+The slots are fresh interpreters (multiprocessing's spawn), not forks of this process: the
+sweep's check has asked CUDA here (a device's capability, is_available), and a fork of a
+process that has would fail at its first CUDA call ("Cannot re-initialize CUDA in forked
+subprocess"). What a slot needs goes to it pickled: Hydra's singletons (its config store and
+this run's config), the sweep's config and config loader, the callbacks, where the task
+function lives (by name) and, through the queue, each point's overrides.
+
+Ctrl-C reaches every process of the terminal's group: each slot records its point
+`interrupted` and stops, no further point starts, and the table of what is done is built as
+after any multirun, which then exits 130 (nanogpt/frontend/callback.py). SIGTERM to this process
+alone
+is passed on to the slots. A slot holds both signals until it can handle them (a Ctrl-C while
+it starts stops it before any point). A resumed sweep skips runs with an ok record, as ever.
+
+The launcher knows no rounds: a job is one run of a point, and the sweeper
+(nanogpt/frontend/grid_sweeper.py)
+hands it one round per launch, so the points' runs alternate here as under any launcher. The
+slots (and their fork servers) are kept from one launch to the next, waiting for work, and end
+with the sweep's process (or at once when it is gone, or after a Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.singleton import Singleton
+from hydra.core.utils import (
+    JobReturn,
+    JobStatus,
+    configure_log,
+    filter_overrides,
+    run_job,
+    setup_globals,
+)
+from hydra.plugins.launcher import Launcher
+from omegaconf import OmegaConf, open_dict
+
+from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.presets import expose_checkout_plugins
+from nanogpt.hardware.slots import check_counts, enter, gpus_for, host_cores, plan
+from nanogpt.record.faults import CONFIG_EXIT, Stopped, handle_sigterm
+from nanogpt.runner import placement
+from nanogpt.runner.job import Outcome
+
+log = logging.getLogger(__name__)
+HELD = {signal.SIGINT, signal.SIGTERM}  # blocked in a slot until it handles them
+POINT_KEYS = ("bench.device",)  # what the launcher reads of each point: its device (the slots)
+
+
+class ParallelLauncher(Launcher):
+    def __init__(
+        self, slots: int | None = None, cores_per_slot: int | None = None, gpus: bool = True
+    ) -> None:
+        try:  # Hydra builds the launcher before the sweep writes anything
+            check_counts(slots=slots, cores_per_slot=cores_per_slot)
+        except ConfigError as err:
+            _refuse(err)
+        self.slots, self.cores_per_slot, self.use_gpus = slots, cores_per_slot, gpus
+        self.config = self.hydra_context = self.task_function = None
+        self.pool: _Pool | None = None  # the slots, kept from one launch to the next
+        atexit.register(self.close)  # before multiprocessing's own exit joins them
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        values = self._values(job_overrides)
+        gpus = gpus_for([str(v or "cpu") for v in values]) if self.use_gpus else []
+        try:
+            slots = plan(len(job_overrides), host_cores(), gpus, self.slots, self.cores_per_slot)
+        except ConfigError as err:
+            _refuse(err)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        notes = sweep_dir / ".parallel"  # when each point ran (placement.Beside)
+        notes.mkdir(exist_ok=True)
+        for old in notes.glob("*.json"):  # from an earlier run of this sweep dir
+            old.unlink()
+        numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
+        print(f"parallel: {len(slots)} slot(s): " + "; ".join(s.describe() for s in slots))
+        for number, overrides in zip(numbers, job_overrides, strict=True):
+            print(f"  #{number} : {' '.join(filter_overrides(overrides))}")
+        work = list(zip(numbers, job_overrides, strict=True))
+        sys.stdout.flush()
+        return self._run(slots, work, notes)
+
+    def _values(self, job_overrides: Sequence[Sequence[str]]) -> list:
+        """Each job's device: the sweep's own (its master config), unless the job's overrides
+        set it or choose a config group (one may set it, as a case does): such a job is
+        composed here to read it. Overrides given once, not swept, are the master's."""
+        given = set(self.config.hydra.overrides.task)
+        parser = OverridesParser.create()
+        found = []
+        for overrides in job_overrides:
+            own = [o for o in overrides if o not in given and not o.startswith("hydra.")]
+            own = parser.parse_overrides(own)
+            config = self.config
+            if any(o.key_or_group in POINT_KEYS or "." not in o.key_or_group for o in own):
+                compose = self.hydra_context.config_loader.load_sweep_config
+                config = compose(self.config, list(overrides))
+            found.append(OmegaConf.select(config, POINT_KEYS[0]))
+        return found
+
+    def _run(self, slots, work, notes: Path) -> list[JobReturn]:
+        handle_sigterm()
+        returns: dict[int, JobReturn] = {}
+        received = 0
+        interrupted = False
+        pool = self.pool
+        try:
+            with _held():  # the slots start whole; a signal meanwhile is raised after
+                if pool is None or not pool.serves(slots):
+                    self.close()
+                    pool = self.pool = _Pool.start(slots, notes, self._sweep())
+                for item in work:
+                    pool.todo.put(item)
+        except KeyboardInterrupt as signalled:  # the slots got Ctrl-C too: they run no point
+            interrupted = self._stop(signalled, pool.workers, pool.stop)
+        workers, done = pool.workers, pool.done
+        while received < len(work) and any(w.is_alive() for w in workers):
+            try:
+                number, plain = done.get(timeout=0.5)
+                returns[number] = _job_return(plain)
+                received += 1
+            except queue.Empty:
+                continue
+            except KeyboardInterrupt as signalled:  # Ctrl-C (the slots got it too) or SIGTERM
+                if interrupted:  # a second one: the slots' points are killed
+                    for worker in workers:
+                        worker.kill()
+                    break
+                interrupted = self._stop(signalled, workers, pool.stop)
+        if interrupted or received < len(work):  # the slots stop (a slot that ended: all)
+            self.close()
+            while not done.empty():  # answers sent as the slots stopped
+                number, plain = done.get()
+                returns[number] = _job_return(plain)
+        if interrupted and not returns:  # no run returned: the sweeper's Ctrl-C (its table of
+            raise KeyboardInterrupt  # what is on disk, one line, 130), as if it had it itself
+        return [returns[number] for number, _ in work if number in returns]
+
+    def _sweep(self) -> tuple:
+        """What a slot needs of the sweep: Hydra's singletons (its resolvers are the slot's
+        own), the sweep's config and loader, where the task function lives."""
+        hydra = Singleton.get_state()["instances"]
+        return hydra, (self.config, self.hydra_context, _where(self.task_function))
+
+    def close(self) -> None:
+        """The slots end (they wait between launches: a sweeper launches a round at a time, so
+        slots and their fork servers start once a sweep); at this process's exit too."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    @staticmethod
+    def _stop(signalled: KeyboardInterrupt, workers: list, stop) -> bool:
+        """The first Ctrl-C or SIGTERM: no point starts; SIGTERM, sent to this process alone,
+        is passed on to the slots (Ctrl-C reached them with this one)."""
+        stop.set()
+        if isinstance(signalled, Stopped):
+            for worker in workers:
+                if worker.is_alive():
+                    os.kill(worker.pid, signal.SIGTERM)
+        return True
+
+
+@dataclass
+class _Pool:
+    """The slots' processes and their queues: work in (None: end), answers out."""
+
+    slots: list
+    workers: list
+    todo: Any
+    done: Any
+    stop: Any
+
+    @classmethod
+    def start(cls, slots: list, notes: Path, sweep: tuple) -> _Pool:
+        context = multiprocessing.get_context("spawn")
+        todo, done, stop = context.Queue(), context.Queue(), context.Event()
+        hydra, state = sweep
+        workers = [
+            context.Process(
+                target=_slot,
+                args=(slot, todo, done, stop, hydra, state, notes),
+                name=f"slot {number}",
+            )
+            for number, slot in enumerate(slots)
+        ]
+        for worker in workers:
+            worker.start()
+        return cls(list(slots), workers, todo, done, stop)
+
+    def serves(self, slots: list) -> bool:
+        """Whether these slots, all alive, can take a launch planned as `slots` (the same
+        slots, or more of them: a launch of fewer jobs plans fewer)."""
+        alive = all(w.is_alive() for w in self.workers)
+        return alive and self.slots[: len(slots)] == list(slots)
+
+    def close(self) -> None:
+        for _ in self.workers:
+            self.todo.put(None)
+        for worker in self.workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+
+
+def _refuse(err: ConfigError) -> None:
+    print(f"error: {err} (nothing was measured)", file=sys.stderr)
+    sys.exit(CONFIG_EXIT)
+
+
+@contextlib.contextmanager
+def _held():
+    """SIGINT and SIGTERM held while the slots start, then raised (to their own handlers:
+    KeyboardInterrupt, Stopped). Raised mid-start, they would leave a slot started with nothing
+    to read. A slot inherits the mask of the thread that starts it, so there they stay blocked
+    until _slot can handle them; here another thread may take them, so a handler holds them."""
+    held: list[int] = []
+    handlers = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in HELD}
+    resource_tracker.ensure_running()  # started later, it would unblock both as it returns
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    if held:
+        signal.raise_signal(held[0])
+
+
+def _where(task_function) -> tuple[str, str]:
+    """The task function by name: the module it was defined in (its spec's name where it ran as
+    `python -m`, where __module__ says only __main__) and its name there."""
+    spec = task_function.__globals__.get("__spec__")
+    module = spec.name if spec is not None else task_function.__module__
+    return module, task_function.__qualname__
+
+
+def _task(where: tuple[str, str]):
+    """The task function in this interpreter, found by name (run.main: not decorated; run.py
+    applies Hydra's decorator when called)."""
+    module, name = where
+    found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
+    """One slot's process, a fresh interpreter: compose and run points until the queue is
+    empty or the sweep stops."""
+    try:
+        handle_sigterm()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+        master, hydra_context, task = sweep
+        task_function = _task(task)  # imported first: its modules register their resolvers
+        resolvers = Singleton.get_state()["omegaconf_resolvers"]
+        expose_checkout_plugins()  # set_state lists Hydra's plugins again, as run.cli did
+        Singleton.set_state({"instances": hydra, "omegaconf_resolvers": resolvers})
+        setup_globals()
+        enter(slot)
+        os.environ[placement.CORUN_ENV] = str(notes)
+        parent = os.getppid()
+        while not stop.is_set() and (item := _next(todo, parent)) is not None:
+            number, overrides = item
+            config = hydra_context.config_loader.load_sweep_config(master, list(overrides))
+            with open_dict(config):
+                config.hydra.job.id = f"{os.getpid()}_{number}"
+                config.hydra.job.num = number
+            HydraConfig.instance().set_config(config)
+            job_return = run_job(
+                hydra_context=hydra_context,
+                task_function=task_function,
+                config=config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+            done.put((number, _plain(job_return)))
+            completed = job_return.status == JobStatus.COMPLETED
+            value = job_return.return_value if completed else None  # the run's Outcome
+            if isinstance(value, Outcome) and value.status == "interrupted":  # a signal to
+                stop.set()  # this slot: the sweep stops, no slot starts another point
+    except KeyboardInterrupt:  # between points: nothing to record
+        pass
+    done.close()
+    done.join_thread()
+
+
+def _next(todo, parent: int):
+    """The slot's next job, waiting between launches; None (end) once the sweep's process is
+    gone (a kill -9 of it leaves no slot waiting forever)."""
+    while True:
+        try:
+            return todo.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
+def _plain(job_return: JobReturn) -> dict:
+    """What the sweep needs of a JobReturn, picklable (its configs hold Hydra's classes): the
+    run's Outcome, or the exception of a job that raised (its return_value raises it)."""
+    try:
+        value = job_return.return_value
+    except Exception as err:  # noqa: BLE001 - the job's own exception, kept as text
+        value = repr(err)
+    return {
+        "overrides": list(job_return.overrides or []),
+        "status": job_return.status.name,
+        "value": value,
+        "working_dir": job_return.working_dir,
+        "task_name": job_return.task_name,
+    }
+
+
+def _job_return(plain: dict) -> JobReturn:
+    status = JobStatus[plain["status"]]
+    value = plain["value"]
+    return JobReturn(
+        overrides=plain["overrides"],
+        working_dir=plain["working_dir"],
+        task_name=plain["task_name"],
+        status=status,
+        _return_value=RuntimeError(value) if status == JobStatus.FAILED else value,
+    )

@@ -1,0 +1,205 @@
+"""The measured parts of the record (results/record/): what the measuring process fills, part by
+part. Setup is known before the first step; Timing, Memory, Energy and Clocks are read around
+the measured steps; Rates are derived from them (analysis/derive.py, one function a figure);
+Profile and MaxBatch only when asked for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nanogpt.record.fields import json_only
+
+STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, probes/timing.py
+
+
+@dataclass
+class Setup:
+    """The model on its device, known before the first step."""
+
+    device: str | None = None
+    device_name: str | None = None
+    world_size: int | None = None
+    n_params: int | None = None  # all parameters, the tied embedding once
+    n_params_flops: int | None = None  # N of the FLOPs formula (no position embedding)
+    flops_per_token: int | None = None  # the formula (train/flops.py)
+    flops_per_token_counted: float | None = None  # FlopCounterMode on the meta device
+    flops_per_token_hw: int | None = None  # the formula plus activation-checkpointing recompute
+    flops_formula: str | None = json_only()
+    flops_source: str | None = None  # where flops_per_token came from (a user model: its hook,
+    #                                  counted on meta, or 6N; docs/models.md)
+    tokens_per_step: int | None = None  # all ranks
+    model_wrapping: str | None = json_only()  # e.g. compile(ddp(model)): what wraps what
+    fp8_converted: int | None = None  # Linears swapped for torchao's Float8Linear
+    fp8_layers: dict | None = json_only()  # {"converted": [names], "kept": [{layer, reason}]}
+    optimizer_impl_used: str | None = None  # fused | foreach | for_loop: what actually steps
+    # host syncs in one step (CUDA: torch's sync debug mode, probes/observe.host_syncs); null
+    # elsewhere, host_sync_note says why
+    host_sync_in_step: int | None = None
+    host_sync_note: str | None = None
+    # A user's model's first step, observed on its meta copy (probes/observe.py): the dtype its
+    # matmuls ran in (MFU's peak is that dtype's), their calls by dtype, whether it called SDPA,
+    # and what was asked of it that acted on nothing
+    matmul_dtype: str | None = None
+    matmul_dtypes: dict | None = json_only()
+    sdpa_called: bool | None = None
+    observed_note: str | None = None
+    model_blocks: str | None = None  # a user's model: its blocks found, e.g. "layers: 2 x Block"
+    inductor_cache: str | None = None  # cold | warm, with compile
+    mem_estimate_bytes: int | None = None
+    mem_estimate: dict | None = json_only()  # the estimate by component
+    # Where the point ran (runner/placement.py): null when not under SLURM / not beside others
+    slurm_job_id: str | None = None  # "ARRAYJOB_TASK" (scancel/squeue take it) or the job id
+    slurm_node: str | None = None
+    slurm_restarts: int | None = None  # times SLURM requeued the job before this run
+    nodes: int | None = None  # SLURM: the nodes the point's ranks ran on
+    rank_nodes: list | None = json_only()  # SLURM: each rank's node (SLURMD_NODENAME), by rank
+    dist_timeout_s: float | None = None  # more than one rank: a collective's timeout
+    cpu_set: list | None = json_only()  # the cores the point was pinned to (launcher=parallel)
+    gpu_set: str | None = json_only()  # CUDA_VISIBLE_DEVICES the launcher gave it
+    co_running: list | None = None  # overrides of the points that ran beside it ([]: none)
+
+
+@dataclass
+class Timing:
+    """The step clock. step_ms_* are over measured steps only (the slowest rank's per step)."""
+
+    step_timer: str | None = None  # cuda-events | perf_counter | perf_counter+mps-sync
+    first_step_ms: float | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    warmup_steps_run: int | None = None  # steps before the measured ones (first included)
+    warmup_s_run: float | None = None  # their wall time after the first step
+    measured_steps: int | None = None
+    measured_s: float | None = None  # wall time of the measured phase, window reads included
+    stopped_by_budget: bool | None = None
+    steady: bool | None = None  # derive.steadiness, run by run (analysis/figures.py)
+    unsteady_reasons: list | None = None  # codes: "short" (window), "drift" (step time moved)
+    steady_note: str | None = None  # the same in words, with the figures
+    drift_pct: float | None = None  # last third's median step vs the first third's, in %
+    drift_ci_low: float | None = None  # its 95 % interval (stats.speedup of the thirds)
+    drift_ci_high: float | None = None
+    diagnostics_active: list | None = None  # what ran beside the measured steps ([]: nothing)
+    # What else used the device in the measured window (probes/contention.py, bench.exclusive)
+    contended: bool | None = None  # null: not probed (contention says why)
+    contention: str | None = None  # what was seen, in words
+    contention_window_s: float | None = json_only()
+    own_cpu_s: float | None = json_only()  # the point's CPU time in the window (all ranks)
+    others_cpu_s: float | None = json_only()  # CPU: other processes' CPU time in the window
+    others_gpu_processes: list | None = json_only()  # CUDA: pids of other compute processes (NVML)
+    scaler_skipped_steps: int | None = None  # fp16: measured steps the GradScaler skipped
+    scaler_settled: bool | None = None  # fp16: warmup ended with a step it did not skip
+    step_ms_median: float | None = None
+    step_ms_mean: float | None = None
+    step_ms_p10: float | None = None
+    step_ms_p90: float | None = None
+    step_ms_std: float | None = None
+    step_ms_cv: float | None = None
+    step_ms_ci_low: float | None = None  # 95 % interval of the median (analysis/stats.py)
+    step_ms_ci_high: float | None = None
+    ci_method: str | None = json_only()
+    repeats: int | None = None  # measurements of the point, each in a fresh process
+    step_ms_median_per_repeat: list | None = None
+    step_ms_measured: list | None = json_only()  # the steps behind step_ms_*: a list per repeat
+    step_ms_per_rank: list | None = json_only()
+    step_ms_median_per_rank: list | None = None  # step_ms_* are the slowest rank's per step
+    data_ms_median: float | None = None
+    step_ms_wall: float | None = None  # windows' first start to last end / steps: pauses count
+
+    def set_stats(self, stats: dict) -> None:
+        """step_ms_<stat> from analysis/stats.summarize's dict."""
+        for name in STATS:
+            setattr(self, f"step_ms_{name}", stats[name])
+
+
+@dataclass
+class Memory:
+    mem_peak_allocated_bytes: int | None = None  # CUDA caching allocator
+    # "measured", or "warmup" under CUDA graphs when warmup's peak (the graphs' pool) is larger
+    mem_peak_allocated_from: str | None = None
+    mem_peak_reserved_bytes: int | None = None
+    mem_nvml_used_bytes: int | None = None  # the driver's view, all processes, largest sample
+    mem_nvml_device: str | None = json_only()  # the NVML device read (by UUID), or why none
+    mem_peak_rss_bytes: int | None = None  # the measuring process
+    mem_peak_rss_method: str | None = json_only()  # vmhwm | ru_maxrss
+    memory_snapshot: str | None = json_only()  # file name, written on a CUDA OOM when asked
+    # The peaks above are the measured steps' (probes/memory.py, MemoryProbe.split); warmup's,
+    # first-step compilation and autotuning included, apart:
+    mem_warmup_peak_allocated_bytes: int | None = None
+    mem_warmup_peak_reserved_bytes: int | None = json_only()
+    mem_warmup_peak_rss_bytes: int | None = None
+    # The CUDA caching allocator's trouble in the measured steps (torch.cuda.memory_stats):
+    mem_alloc_retries: int | None = None  # cudaMallocs retried after freeing the cache
+    mem_ooms: int | None = None  # allocations that failed even then
+    mem_alloc_note: str | None = json_only()  # why the two are null (no CUDA allocator)
+
+
+@dataclass
+class Energy:
+    """Over the measured steps, on the measuring device (rank 0's under data parallelism)."""
+
+    energy_source: str | None = None  # the counter, or "none: why"
+    energy_j: float | None = None  # null when unknown (no counter, or it did not advance)
+    energy_s: float | None = None  # the wall time the energy was counted over
+    energy_updates: int | None = None  # how often the counter advanced in it
+    energy_update_ms: float | None = None  # the counter's median update period
+    energy_error_pct: float | None = (
+        None  # bound from the update edges' timing (probes/counters.py)
+    )
+    energy_ranks: int | None = None  # ranks whose work the counter covers (RAPL: the host's)
+    power_limit_w: float | None = None  # the enforced board power limit (NVML)
+
+
+@dataclass
+class Clocks:
+    """The device's clocks over the measured steps (NVML, sampled at each measured window)."""
+
+    sm_clock_mean_mhz: float | None = None
+    sm_clock_first_mhz: float | None = None  # the first window's sample ...
+    sm_clock_last_mhz: float | None = None  # ... and the last's: the clock's drift
+    temperature_max_c: float | None = None
+    clock_event_reasons: list | None = None  # e.g. ["sw_power_cap", "hw_thermal_slowdown"]
+
+
+@dataclass
+class Rates:
+    """Derived figures, each computed once in analysis/derive.py."""
+
+    tokens_per_s: float | None = None
+    tokens_per_s_ci_low: float | None = None  # from the step time's interval
+    tokens_per_s_ci_high: float | None = None
+    tokens_per_s_wall: float | None = None  # tokens_per_step / step_ms_wall: host pauses count
+    achieved_tflops: float | None = None  # per device
+    peak_tflops: float | None = None
+    peak_source: str | None = None  # override | datasheet | cpu-estimate | calibrated | unknown
+    peak_dtype: str | None = None  # the math mode of the peak
+    mfu: float | None = None
+    hfu: float | None = None
+    mfu_note: str | None = None  # why mfu and hfu are null where they are (perf.fp8)
+    achievable_tflops: float | None = None  # the calibrated matmul peak, when known
+    mfu_achievable: float | None = None
+    mfu_flag: bool | None = None  # mfu_achievable > 1: the FLOP count or the timing is wrong
+    calibration: dict | None = json_only()  # the calibration's provenance
+    ceilings: dict | None = json_only()  # what it was divided by: derive.Ceilings, plain
+    compile_s: float | None = None  # first step minus median step, with compile
+    j_per_step: float | None = None  # energy_j / measured steps
+    j_per_token: float | None = None  # per device: energy_j / tokens this device trained
+    tokens_per_kwh: float | None = None
+    tokens_per_kwh_ci_low: float | None = None  # from energy_error_pct
+    tokens_per_kwh_ci_high: float | None = None
+    power_mean_w: float | None = None  # energy_j / energy_s
+    power_over_limit: bool | None = None  # mean power > the enforced limit + 5 %: not trusted
+    peak_memory_bytes: int | None = None  # what the point needs: max(warmup, measured) peak
+    peak_memory_from: str | None = None  # which: "cuda measured", "cuda warmup", "rss ..."
+
+
+@dataclass
+class Profile:
+    profile_trace: str | None = json_only()
+    profile_top_ops: list | None = json_only()
+    profile_top_ops_cuda: list | None = json_only()
+
+
+@dataclass
+class MaxBatch:
+    max_batch_size: int | None = None
+    max_batch_search: dict | None = json_only()

@@ -1,0 +1,121 @@
+"""Run a Handoff in a fresh child process: `python -m nanogpt.runner.worker DIR TASK`, or the same
+under torchrun for a data-parallel point (dist.nproc > 1).
+
+A fresh process gives a clean allocator and clean peaks, no compiled graphs or W&B state carried
+over from the previous point, and a crash or kill -9 of it costs one answer, never the sweep.
+On Linux the child dies with its parent (PR_SET_PDEATHSIG), so a kill -9 of the sweep leaves no
+orphan still measuring.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nanogpt.record.faults import Stopped
+from nanogpt.runner.handoff import Handoff, take_answer
+
+# After Ctrl-C, how long the child gets to write its figures before it is told again (SIGINT)
+# and then killed (SIGKILL).
+INTERRUPT_GRACE_S = 10.0
+PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
+
+FORK_UNSAFE = 86  # exit code: a forked child found CUDA touched before the fork (runner/worker.py)
+
+
+def _libc_prctl():
+    """libc's prctl, looked up now: die_with_parent runs between fork and exec, where a process
+    with other threads (a DDP rank's NCCL and gloo threads) must not load a library (dlopen
+    takes a lock another thread may have held at the fork). None off Linux/glibc."""
+    try:
+        return ctypes.CDLL("libc.so.6").prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+@dataclass
+class Outcome:
+    answer: dict | None  # None when the child left no answer
+    returncode: int
+    interrupted: bool  # Ctrl-C came while it ran
+
+    def crash(self) -> str:
+        """Why a child left no answer, for the record."""
+        how = (
+            f"was killed by signal {-self.returncode}"
+            if self.returncode < 0
+            else f"exited with code {self.returncode}"
+        )
+        return f"WorkerCrash: the measuring process {how} before writing its figures"
+
+
+def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None = None) -> Outcome:
+    """Write the handoff into `folder`, run its task in a child process, take its answer."""
+    handoff.write(folder)
+    command = [sys.executable, "-m", "nanogpt.runner.worker", str(folder), handoff.task]
+    if nproc > 1:
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        command = [sys.executable, *launcher, *command[1:]]
+    proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
+    interrupted = wait_for(proc)
+    return Outcome(take_answer(folder, handoff.task), proc.returncode, interrupted)
+
+
+def wait_for(proc) -> bool:
+    """Wait for the child to exit; True if Ctrl-C or SIGTERM came meanwhile. `proc` is a
+    subprocess.Popen or anything with its wait(timeout), send_signal and kill.
+
+    Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so the child gets it
+    too: it records what it measured as `interrupted` and exits. It gets INTERRUPT_GRACE_S to do
+    so; if it is still running (the signal went to this process alone, e.g. `kill -INT`), SIGINT
+    is passed on, then SIGKILL. A second Ctrl-C kills it at once. SIGTERM (faults.Stopped) is
+    passed on at once, as SIGTERM (the child ignores a second one), then SIGKILL. Any other
+    exception that ends the wait (submitit's time-limit handler raises once it stops requeuing)
+    kills the child first: it must not run on after this process has given its point up.
+    """
+    try:
+        proc.wait()
+        return False
+    except Stopped:
+        steps = (signal.SIGTERM, signal.SIGKILL)
+    except KeyboardInterrupt:
+        steps = (None, signal.SIGINT, signal.SIGKILL)
+    except BaseException as err:
+        if isinstance(err, SystemExit):  # this process is leaving (submitit exits so once it
+            # has requeued the job): the SIGTERM with which SLURM then ends the run must not
+            # turn into an `interrupted` record on the way out
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        proc.kill()
+        proc.wait()
+        raise
+    try:
+        for escalate in steps:
+            if escalate is not None:
+                proc.send_signal(escalate)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+    return True
+
+
+def die_with_parent() -> None:
+    """Runs in a child (before exec, or first thing after a fork; Linux): SIGKILL it when its
+    parent dies. A parent that died before this ran has left it to init: it exits now."""
+    if _PRCTL is None:  # not Linux/glibc: an orphan finishes its task and exits
+        return
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(1)

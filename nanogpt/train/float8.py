@@ -1,0 +1,77 @@
+"""perf.fp8: float8 training through torchao (the `fp8` extra), as torchtitan applies it.
+
+torchao's `convert_to_float8_training` swaps `nn.Linear` modules for `Float8Linear`: each matmul
+of forward and backward casts its operands to float8 (e4m3) with dynamic scales (one per tensor
+for `tensorwise`, one per row for the `rowwise` recipes) and runs on the float8 tensor cores of
+compute capability 8.9+ (Ada, Hopper). Everything else stays in the autocast dtype, bf16.
+
+Which Linears are converted (`fp8_filter`):
+- not the output head: its weight is tied to the token embedding, and the logits feed the
+  softmax of the loss, where float8's 3 mantissa bits cost the most accuracy (torchtitan leaves
+  `output` out too, by default);
+- not one whose in or out features are not multiples of 16: the float8 matmul
+  (`torch._scaled_mm`) requires it (torchao's own filter says the same).
+`convert` returns the list of both, with the reason each kept layer stayed, for the record.
+
+MFU with fp8 divides by the bf16 dense peak, as torchtitan does (its `get_peak_flops` returns
+the bf16 figure and its MFU is logged against it whatever float8 setting is on): the bf16 peak
+is what the unconverted work runs at, so a step that uses float8 well can read above what bf16
+alone reaches, and the figure stays comparable with the bf16 point beside it.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from nanogpt.config.spec import Fp8
+
+HEAD = "lm_head"
+FP8_DIM_MULTIPLE = 16
+
+
+def torchao_missing() -> str | None:
+    """Why torchao's float8 training cannot be imported here; None when it can."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: F401
+    except ImportError as exc:
+        return f"torchao is not installed ({exc.__class__.__name__}: {exc})"
+    return None
+
+
+def kept_reason(module: nn.Module, fqn: str) -> str | None:
+    """Why the Linear at `fqn` stays in bf16; None when it converts to float8."""
+    if fqn == HEAD or fqn.endswith("." + HEAD):
+        return "output head (tied to the embedding; logits feed the softmax)"
+    dims = (module.in_features, module.out_features)
+    if any(d % FP8_DIM_MULTIPLE for d in dims):
+        return f"in/out features {dims} not multiples of {FP8_DIM_MULTIPLE}"
+    return None
+
+
+def fp8_filter(module: nn.Module, fqn: str) -> bool:
+    """torchao's module_filter_fn: True for the Linears to convert."""
+    return isinstance(module, nn.Linear) and kept_reason(module, fqn) is None
+
+
+def plan(model: nn.Module) -> dict[str, list]:
+    """The Linears that would convert and those that stay, with why (the record's fp8_layers)."""
+    converted, kept = [], []
+    for fqn, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        reason = kept_reason(module, fqn)
+        if reason is None:
+            converted.append(fqn)
+        else:
+            kept.append({"layer": fqn, "reason": reason})
+    return {"converted": converted, "kept": kept}
+
+
+def convert(model: nn.Module, recipe: Fp8) -> dict[str, list]:
+    """Swap the model's eligible Linears for torchao's Float8Linear, in place; returns `plan`."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    layers = plan(model)
+    config = Float8LinearConfig.from_recipe_name(recipe.value)
+    convert_to_float8_training(model, module_filter_fn=fp8_filter, config=config)
+    return layers

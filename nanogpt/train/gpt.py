@@ -1,0 +1,318 @@
+"""A GPT-2 style decoder, with nanoGPT's interface.
+
+The architecture is GPT-2's (Radford et al., 2019): learned token and position embeddings,
+pre-LayerNorm transformer blocks (causal self-attention, then a 4x GELU MLP), a final LayerNorm
+and a language-model head whose weight is tied to the token embedding (Press & Wolf, 2017).
+Interface as nanoGPT: `GPTConfig`, `GPT(config)`, `forward(idx, targets) -> (logits, loss)`,
+`get_num_params(non_embedding=True)`.
+
+Performance knobs the sweep varies live here too: which attention kernel runs (`attention`)
+and whether block activations are recomputed in the backward pass (`activation_checkpointing`).
+
+The GPT keeps the contract the runner asks of a user's model (docs/models.md): its FLOPs and its
+activation memory are its own hooks, `flops_per_token(seq_len)` and `activation_memory(...)`,
+which train/flops.py and train/memory_estimate.py call for every model alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from nanogpt.train.chunked_loss import chunked_cross_entropy
+
+FLOPS_FORMULA = "6N + 12*L*H*Q*T (PaLM appendix B); N = params excluding position embedding"
+
+# The activation and logits terms' coefficients, fitted together to the peaks one H100 80GB
+# measured on 2026-11-23 (torch 2.11; ../shared/device/h100-2026-11-23.md, summarised in
+# docs/benchmarks.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW, flash attention:
+#   eager 11.31 GiB, eager with activation checkpointing 7.76 GiB, compiled 9.08 GiB.
+# Eager and checkpointed share the logits and differ by 11 layers' activations: those two fix
+# the activations (38.9 bytes) and the eager logits (9.30 bytes a logit, 2 of them bf16); the
+# compiled point, its activations assumed the same, fixes the compiled logits (5.43). Rounded,
+# the estimate is within 0.1 % of all three (tests/test_model_flops.py holds it to 5 %). These
+# are effective bytes: at the peak (the start of backward) the gradients are not allocated yet
+# while autocast's weight copies and Inductor's buffers are, and the fit absorbs that.
+ACTIVATION_BYTES = 39  # a layer, a token, a channel, 16-bit: Korthikanti's 34, plus the
+#                        residual stream, fp32 under autocast, saved at both LayerNorms
+LOGITS_EXTRA_BYTES = {False: 7.3, True: 3.4}  # a logit beyond its compute-dtype copy, eager
+#   (log_softmax's fp32 output and its fp32 gradient, nearly two fp32 copies) and compiled
+#   (Inductor fuses the upcast into the loss kernels: less than one)
+
+
+def chunk_bytes(act_bytes: int, compiled: bool) -> int:
+    """Bytes a logit of one chunk holds at the chunk's peak (nanogpt/train/chunked_loss.py's
+    forward).
+    Eager: the fp32 upcast z beside torch.logsumexp's temporary of its input, which ATen
+    allocates whole (logsumexp_out_impl computes exp(z - max) into a new tensor before summing):
+    4 + 4 whatever the compute dtype (the 16-bit product is freed once upcast). Compiled:
+    Inductor fuses the reduction and holds the product and its fp32 upcast, act_bytes + 4."""
+    return act_bytes + 4 if compiled else 8
+
+
+def activation_memory_of(
+    *,
+    n_layer: int,
+    n_head: int,
+    n_embd: int,
+    vocab_size: int,
+    batch_size: int,
+    seq_len: int,
+    act_bytes: int,
+    attention: str,
+    activation_checkpointing: bool,
+    loss: str = "full",
+    loss_chunk: int = 2048,
+    compiled: bool = False,
+) -> dict[str, int]:
+    """The bytes a GPT of this shape keeps for backward, by part: "activations" and "logits".
+
+    Activations per layer follow Korthikanti et al. (2022), "Reducing Activation Recomputation
+    in Large Transformer Models", section 4.1: s*b*h*(34 + 5*a*s/h) bytes with 16-bit
+    activations, ACTIVATION_BYTES (fitted, above) for its 34; the 5*a*s/h term is the
+    materialised attention matrix, which fused (flash / memory-efficient) kernels never store.
+    fp32 activations (act_bytes 4) double the 16-bit parts. With checkpointing each layer keeps
+    only its input, plus one layer being recomputed.
+    Logits (b*s*vocab) take their compute dtype's bytes plus LOGITS_EXTRA_BYTES (fitted,
+    above): eager, log_softmax's fp32 output and its fp32 gradient; compiled, Inductor fuses
+    the upcast into the loss kernels and holds less. With loss=chunked
+    (nanogpt/train/chunked_loss.py) only one chunk's logits exist at a time, at `chunk_bytes` a
+    logit
+    (eager 8: the fp32 logits and logsumexp's fp32 temporary; compiled, the compute dtype and
+    fp32), plus what it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32, and
+    under autocast the head's weight in the compute dtype. (So compiled, at GPT-2's width, the
+    chunked loss can hold more than the full one.) tests/test_memory_estimate.py holds the
+    chunked term to the allocator's peak on a CPU.
+    """
+    tokens = batch_size * seq_len
+    per_layer = tokens * n_embd * ACTIVATION_BYTES * act_bytes // 2
+    if attention in ("manual", "math"):
+        per_layer += 5 * n_head * seq_len * tokens * act_bytes // 2
+    if activation_checkpointing:
+        activations = n_layer * tokens * n_embd * act_bytes + per_layer
+    else:
+        activations = n_layer * per_layer
+    if loss == "chunked":
+        chunk = min(loss_chunk, tokens)
+        logits = (
+            chunk * vocab_size * chunk_bytes(act_bytes, compiled)
+            + 4 * tokens * n_embd  # dx, whole
+            + 4 * vocab_size * n_embd  # dW, fp32, whole
+            + (act_bytes * vocab_size * n_embd if act_bytes < 4 else 0)  # the head's 16-bit copy
+        )
+    else:
+        logits = round(tokens * vocab_size * (act_bytes + LOGITS_EXTRA_BYTES[compiled]))
+    return {"activations": activations, "logits": logits}
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    # "manual" materialises softmax(QK^T/sqrt(d))V; anything else calls
+    # F.scaled_dot_product_attention and leaves the kernel choice to sdpa_kernel().
+    attention: str = "auto"
+    activation_checkpointing: bool = False
+    # "full": the [B*T, vocab] logits, then F.cross_entropy (nanoGPT). "chunked": the head and
+    # the loss over `loss_chunk` tokens at a time (nanogpt/train/chunked_loss.py); no logits
+    # returned.
+    loss: str = "full"
+    loss_chunk: int = 2048
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm whose bias can be switched off (torch's can only since 2.1, via a flag)."""
+
+    def __init__(self, ndim: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.manual = config.attention == "manual"
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.proj.residual_out = True  # scaled at init, see GPT._init_weights
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        if self.manual:
+            causal = torch.tril(torch.ones(config.block_size, config.block_size, dtype=torch.bool))
+            self.register_buffer("causal", causal, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        # One matmul makes queries, keys and values; split heads to (B, n_head, T, head_dim).
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.manual:
+            y = self._manual_attention(q, k, v, T)
+        else:
+            drop = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+    def _manual_attention(self, q, k, v, T: int) -> torch.Tensor:
+        # Scaled dot-product attention (Vaswani et al., 2017) with the T x T score matrix
+        # kept in memory: the baseline that fused kernels (FlashAttention) avoid.
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        att = att.masked_fill(~self.causal[:T, :T], float("-inf"))
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        return att @ v
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.proj.residual_out = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LN residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = LayerNorm(config.n_embd, config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = LayerNorm(config.n_embd, config.bias)
+        self.mlp = MLP(config)
+        # Activation checkpointing inside the block's own call: `block.compile()` (FSDP2,
+        # nanogpt/train/sharding.py) then compiles the checkpointed block, as torchtitan wraps, then
+        # compiles; a checkpoint around the compiled block would recompute a compiled call.
+        self.checkpointed = config.activation_checkpointing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed and self.training:
+            # Keep only the block's input; recompute its activations in backward.
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = LayerNorm(config.n_embd, config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # GPT-2 init: N(0, 0.02); projections that write into the residual stream are scaled
+        # by 1/sqrt(2 * n_layer) so the stream's variance does not grow with depth.
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_out", False):
+                std /= math.sqrt(2 * self.config.n_layer)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def get_num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count. The tied wte/lm_head weight counts once. With non_embedding,
+        position embeddings are left out: they cost no matmul FLOPs (nanoGPT's convention)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    # The runner's hooks (docs/models.md), as a user's model may have them.
+
+    def flops_per_token(self, seq_len: int) -> dict:
+        """FLOPs of one forward+backward per token at `seq_len` (FLOPS_FORMULA, Chowdhery et
+        al., 2022, "PaLM", appendix B; nanoGPT's MFU): "model" = 6N + 12*L*H*Q*T, N the
+        parameters that take part in matmuls (all but the position embedding; the tied head
+        once), 6N = 2N forward + 4N backward, the second term attention's QK^T and AV over the
+        full T x T square, as dense kernels compute it. "hardware" adds the recompute of
+        activation checkpointing, each block's forward again in backward (2 N_blocks +
+        4 L H Q T): real work that does not advance the model, so MFU leaves it out and HFU
+        (Korthikanti et al., 2022) counts it."""
+        cfg = self.config
+        attention = cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * seq_len
+        model = 6 * self.get_num_params(non_embedding=True) + 12 * attention
+        hardware = model
+        if cfg.activation_checkpointing:
+            hardware += 2 * sum(p.numel() for p in self.blocks.parameters()) + 4 * attention
+        return {"model": model, "hardware": hardware, "formula": FLOPS_FORMULA}
+
+    def activation_memory(
+        self,
+        batch_size: int,
+        seq_len: int,
+        dtype: torch.dtype,
+        activation_checkpointing: bool = False,
+        compiled: bool = False,
+    ) -> dict[str, int]:
+        """The bytes one micro-batch keeps for backward, by part (activation_memory_of): what
+        the runner cannot know of a model; it counts weights, gradients, optimizer state and
+        the parallelism's buffers itself (train/memory_estimate.py)."""
+        cfg = self.config
+        return activation_memory_of(
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            n_embd=cfg.n_embd,
+            vocab_size=cfg.vocab_size,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            act_bytes=dtype.itemsize,
+            attention=cfg.attention,
+            activation_checkpointing=activation_checkpointing,
+            loss=cfg.loss,
+            loss_chunk=cfg.loss_chunk,
+            compiled=compiled,
+        )
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)  # checkpointed inside, with perf.activation_checkpointing
+        x = self.ln_f(x)
+        if targets is None:
+            # Inference: only the last position's logits are needed.
+            return self.lm_head(x[:, [-1], :]), None
+        if self.config.loss == "chunked":
+            flat = x.view(-1, x.size(-1))
+            chunk = self.config.loss_chunk
+            return None, chunked_cross_entropy(flat, self.lm_head.weight, targets.view(-1), chunk)
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
