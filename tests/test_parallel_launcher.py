@@ -40,7 +40,7 @@ def test_slots_are_one_per_gpu_else_sets_of_cores():
 
 
 def test_a_count_below_one_is_refused_in_one_line_when_hydra_builds_the_launcher(capsys):
-    # Hydra composes the launcher's config (conf/hydra/launcher/parallel.yaml and the override)
+    # Hydra composes the launcher's config (its plugin's typed config and the override)
     # and builds the class it names, as the sweeper does before the sweep writes anything: the
     # refusal comes from there, so no point runs and no sweep dir is made. (The run's own
     # launch-time refusals print the same way: frontend/launchers/parallel.py _refuse.)
@@ -49,7 +49,7 @@ def test_a_count_below_one_is_refused_in_one_line_when_hydra_builds_the_launcher
 
     expose_checkout_plugins()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        for key, value in (("slots", "0"), ("cores_per_slot", "-2"), ("slots", "1.5")):
+        for key, value in (("slots", "0"), ("cores_per_slot", "-2")):
             overrides = ["hydra/launcher=parallel", f"hydra.launcher.{key}={value}"]
             config = compose("config", overrides=overrides, return_hydra_config=True)
             with pytest.raises(SystemExit) as stop:

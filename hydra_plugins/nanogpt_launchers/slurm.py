@@ -1,16 +1,36 @@
-"""hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml): nanogpt/frontend/launchers/slurm.py.
+"""hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml): every sweep point a SLURM job (its body:
+nanogpt/frontend/launchers/slurm.py).
 
-Hydra accepts a launcher whose class is defined in a `hydra_plugins` module, so the class is
-named here, its body in nanogpt. It builds on hydra-submitit-launcher (the `cluster` extra):
-without it this module defines nothing, and hydra/launcher=slurm fails at composition with
-compose.hydra_error_line's one line."""
+Hydra imports every module of its `hydra_plugins` namespace at every start and takes a launcher
+only from a class defined there: this one imports the launcher's body when Hydra builds it for a
+multirun, not before (tests/test_plugins.py). It builds on hydra-submitit-launcher (the
+`cluster` extra, whose `submitit_slurm` config slurm.yaml extends): without it this module
+defines nothing, and hydra/launcher=slurm fails at composition with one line
+(frontend/compose.hydra_error_line)."""
+
+from typing import Any
+
+from hydra.plugins.launcher import Launcher
 
 try:
-    from nanogpt.frontend.launchers import slurm
-except ImportError as missing:  # only the cluster extra may be missing
-    if "hydra_submitit_launcher" not in str(missing):
-        raise
+    import hydra_plugins.hydra_submitit_launcher  # noqa: F401 - the cluster extra
+except ImportError:
+    pass
 else:
 
-    class SlurmLauncher(slurm.SlurmLauncher):
+    class SlurmLauncher(Launcher):
         """Every sweep point one SLURM job (an array task)."""
+
+        runs_elsewhere = True  # its points run on the cluster's nodes, not checked here
+        jobs_apart = True  # each job runs in a process of its own: the sweep's says when to stop
+
+        def __init__(self, **settings: Any) -> None:
+            from nanogpt.frontend.launchers.slurm import SlurmLauncher as Body
+
+            self.body = Body(**settings)
+
+        def setup(self, *, hydra_context, task_function, config) -> None:
+            self.body.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+        def launch(self, job_overrides, initial_job_idx):
+            return self.body.launch(job_overrides, initial_job_idx)

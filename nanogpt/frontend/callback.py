@@ -28,18 +28,24 @@ from nanogpt import logs
 from nanogpt.analysis import table as sweep_table
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.compose import check_points
-from nanogpt.frontend.presets import OUR_SWEEPERS, repeats_refusal, runs_here, sweep_points
+from nanogpt.frontend.presets import (
+    OUR_SWEEPERS,
+    launcher_capabilities,
+    repeats_refusal,
+    runs_here,
+    sweep_points,
+)
 from nanogpt.publish import wandb_sink, wandb_view
 from nanogpt.publish.sweep_outputs import publish, settings_of
 from nanogpt.record.faults import CONFIG_EXIT, exit_code, interrupted_exit, signal_hook
 from nanogpt.runner.job import Outcome, point_status
-from nanogpt.runner.placement import CORUN_ENV
 
 
-def away_from_the_sweep() -> bool:
+def away_from_the_sweep(config: DictConfig) -> bool:
     """Whether this job runs in a process of its own launcher's (a slot of
-    hydra/launcher=parallel, a SLURM job): the sweep's process decides when it stops."""
-    return bool(os.environ.get(CORUN_ENV)) or os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+    hydra/launcher=parallel, a SLURM job: the launcher's `jobs_apart`): the sweep's process
+    decides when it stops."""
+    return launcher_capabilities(str(config.hydra.launcher.get("_target_", ""))).jobs_apart
 
 
 def compose_point(config: DictConfig):
@@ -150,7 +156,7 @@ class SweepReport(Callback):
             status = point_status(Path(config.hydra.runtime.output_dir))
         point = " ".join(job_return.overrides or []) or "defaults"
         multirun = config.hydra.mode == RunMode.MULTIRUN
-        if status == "interrupted" and multirun and not away_from_the_sweep():
+        if status == "interrupted" and multirun and not away_from_the_sweep(config):
             sweep_dir, _ = self._table(config)
             resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
             print(f"interrupted at {point}; {resume} (ok points are kept)", file=sys.stderr)

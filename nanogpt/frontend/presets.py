@@ -16,7 +16,9 @@ Known to Hydra, like frontend/compose.py: only the entry points and app import t
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -27,10 +29,38 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # nanogpt/
 SWEEP_GROUP = "sweep"
 PACKAGE_HEADER = "# @package "
 
-# Hydra launchers that hand a point to other machines (a cluster's scheduler): their points are
-# not checked against this machine's devices. Every other launcher (basic, joblib, Ray's local
-# one, submitit's local executor) runs the points here. Matched by the launcher's class name.
-REMOTE_LAUNCHERS = ("SlurmLauncher", "RayAWSLauncher", "RQLauncher")
+# What a launcher can do, on its own class: nanogpt's say it (hydra_plugins/nanogpt_launchers/:
+# `runs_elsewhere`, its points run on other machines and are not checked against this one's
+# devices; `jobs_apart`, its jobs run in processes of their own, and the sweep's process says
+# when the sweep stops). Launchers of other plugins carry no such attribute: Hydra's own for
+# clusters and queues are named here, every other one runs its jobs here, in the sweep's process.
+THEIR_LAUNCHERS = {
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": (True, True),
+    "hydra_plugins.hydra_ray_launcher.ray_aws_launcher.RayAWSLauncher": (True, True),
+    "hydra_plugins.hydra_rq_launcher.rq_launcher.RQLauncher": (True, True),
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    runs_elsewhere: bool = False
+    jobs_apart: bool = False
+
+
+def launcher_capabilities(target: str) -> Capabilities:
+    """What the launcher class `target` (its `_target_`) can do: its own attributes, imported
+    (a plugin's face, cheap: Hydra imported it at its start), else THEIR_LAUNCHERS."""
+    if target in THEIR_LAUNCHERS:
+        return Capabilities(*THEIR_LAUNCHERS[target])
+    module, _, name = target.rpartition(".")
+    try:
+        launcher = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return Capabilities()
+    return Capabilities(
+        bool(getattr(launcher, "runs_elsewhere", False)),
+        bool(getattr(launcher, "jobs_apart", False)),
+    )
 
 
 def config_dir(name: str) -> Path:
@@ -132,6 +162,6 @@ def sweep_points(config: DictConfig) -> list[list[str]] | None:
 
 
 def runs_here(config: DictConfig) -> bool:
-    """Whether the sweep's points run on this machine, not on a cluster's (REMOTE_LAUNCHERS)."""
-    target = str(config.hydra.launcher.get("_target_", ""))
-    return target.rpartition(".")[2] not in REMOTE_LAUNCHERS
+    """Whether the sweep's points run on this machine, not on a cluster's (the launcher's own
+    `runs_elsewhere`)."""
+    return not launcher_capabilities(str(config.hydra.launcher.get("_target_", ""))).runs_elsewhere

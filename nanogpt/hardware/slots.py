@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from nanogpt.config.errors import ConfigError
 from nanogpt.hardware.device_support import parse_device
 
-# What null means for each count (conf/hydra/launcher/parallel.yaml), for the refusal's fix.
+# What null means for each count (ParallelLauncherConf), for the refusal's fix.
 COUNTS = {"slots": "one slot per GPU or core set", "cores_per_slot": "the cores split evenly"}
 
 
