@@ -7,11 +7,11 @@ sweep), and the bad-input list of the issue "faults", each a real process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -33,10 +33,9 @@ from .conftest import (
     report_cli,
     run_cli,
     run_patched,
-    signal_state,
-    start_in_terminal,
     with_micro,
 )
+from .signalling import in_terminal, interrupt, wait_until
 
 FAULTS = {"null": "ok", "oom@2": "oom", "nan@2": "diverged", "raise@2": "error", "kill@2": "error"}
 
@@ -52,23 +51,18 @@ def records_by(sweep_dir, key: str, where: dict[str, str] | None = None) -> dict
     return out
 
 
-def start_sweep(tmp_path, *overrides: str) -> tuple[subprocess.Popen, object]:
-    """A multirun in its own session (so the test can signal it as a terminal would); its
-    stderr goes to tmp_path/stderr.txt."""
+@contextlib.contextmanager
+def sweep_in_terminal(tmp_path, *overrides: str):
+    """A multirun in its own session (so the test can signal it as a terminal would), killed
+    with its group if the test leaves it running; its stderr goes to tmp_path/stderr.txt."""
     sweep_dir = tmp_path / "sweep"
     args = ["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
-    with open(tmp_path / "stderr.txt", "wb") as stderr:
-        command = [sys.executable, "-m", "nanogpt.run", *args]
-        proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
-    return proc, sweep_dir
-
-
-def wait_for(condition, timeout: float = 120.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    command = [sys.executable, "-m", "nanogpt.run", *args]
+    with (
+        open(tmp_path / "stderr.txt", "wb") as stderr,
+        in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=stderr) as proc,
+    ):
+        yield proc, sweep_dir
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,32 +157,16 @@ def test_oom_and_nan_are_results_and_one_process_releases_memory_between_points(
 def test_a_stop_records_the_point_as_interrupted_builds_the_table_and_exits(
     tmp_path, how, code, error
 ):
-    proc, sweep_dir = start_sweep(
-        tmp_path, "perf.batch_size=1,2", "bench.measure_steps=100000", "bench.time_budget_s=600"
-    )
     stderr = tmp_path / "stderr.txt"
-    try:
+    points = ("perf.batch_size=1,2", "bench.measure_steps=100000", "bench.time_budget_s=600")
+    with sweep_in_terminal(tmp_path, *points) as (proc, sweep_dir):
         # The job's log has a progress line once the first measured window is in: the loop runs.
         log = sweep_dir / "0" / "run-1" / "run.log"
-        wait_for(
-            lambda: log.is_file() and b"measure step" in log.read_bytes(),
-            what="the first measured window",
-        )
+        measuring = lambda: log.is_file() and b"measure step" in log.read_bytes()  # noqa: E731
+        wait_until(measuring, "the first measured window", proc, timeout=120)
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        if how == "ctrl-c":
-            os.killpg(proc.pid, signal.SIGINT)
-        elif how == "sigterm":
-            proc.send_signal(signal.SIGTERM)
-        else:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pids = [p.pid for p in processes]
-            raise AssertionError(f"{how}: no exit in 120 s; {signal_state(pids)}") from None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        sig = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
+        interrupt(proc, sig, group=how != "sigterm")  # sigterm: the sweep's process alone
     err = stderr.read_text()
     assert proc.returncode == code, err[-3000:]
     assert "interrupted at" in err and f"hydra.sweep.dir={sweep_dir}" in err
@@ -250,19 +228,15 @@ def test_a_measuring_process_dies_with_its_job_process():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
 def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_path):
     points = ("perf.batch_size=1,2",)
-    proc, sweep_dir = start_sweep(tmp_path, *points)
-    try:
-        wait_for(lambda: (sweep_dir / "1" / "run-1" / "job.json").exists(), what="point 1 to start")
+    with sweep_in_terminal(tmp_path, *points) as (proc, sweep_dir):
+        wait_until((sweep_dir / "1" / "run-1" / "job.json").exists, "point 1's start", proc)
         parent = psutil.Process(proc.pid)
-        wait_for(lambda: parent.children(), timeout=30, what="point 1's measuring process")
+        wait_until(parent.children, "point 1's measuring process", proc, timeout=30)
         children = parent.children(recursive=True)
-        os.kill(proc.pid, signal.SIGKILL)  # the sweep (Hydra's process) alone, mid-point
-        proc.wait(timeout=30)
+        # the sweep (Hydra's process) alone, mid-point
+        interrupt(proc, signal.SIGKILL, group=False, timeout=30)
         _, alive = psutil.wait_procs(children, timeout=30)  # they die with it (test above)
         assert not alive
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert (sweep_dir / "0" / "run-1" / "result.json").is_file()  # a point's run, POINT/run-R
     assert not (sweep_dir / "1" / "run-1" / "result.json").exists()
     # Debris a crash can leave: a half-written record and an atomic write's temp file.

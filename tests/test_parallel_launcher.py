@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -18,7 +17,8 @@ from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.presets import CONF_DIR, expose_checkout_plugins
 from nanogpt.hardware.slots import Slot, gpus_for, plan, visible_gpus
 from nanogpt.record.faults import CONFIG_EXIT
-from tests.conftest import run_patched, signal_state, start_in_terminal, with_micro
+from tests.conftest import run_patched, with_micro
+from tests.signalling import in_terminal, interrupt, wait_until
 
 PARALLEL = "hydra/launcher=parallel"
 linux_only = pytest.mark.skipif(
@@ -223,25 +223,19 @@ def test_ctrl_c_records_the_running_points_starts_no_other_and_builds_the_table(
     sweep_dir = tmp_path / "sweep"
     long = ["bench.measure_steps=100000", "bench.time_budget_s=600", "perf.batch_size=1,2,3,4"]
     args = ["-m", PARALLEL, "hydra.launcher.slots=2", *with_micro(long)]
-    with open(tmp_path / "stderr.txt", "wb") as stderr:
-        command = [sys.executable, "-m", "nanogpt.run", *args, f"hydra.sweep.dir={sweep_dir}"]
-        proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=stderr)
-    try:
+    command = [sys.executable, "-m", "nanogpt.run", *args, f"hydra.sweep.dir={sweep_dir}"]
+    with (
+        open(tmp_path / "stderr.txt", "wb") as stderr,
+        in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=stderr) as proc,
+    ):
         logs = [sweep_dir / "0" / "run-1" / "run.log", sweep_dir / "1" / "run-1" / "run.log"]
-        deadline = time.monotonic() + 240
-        while not all(p.is_file() and b"measure step" in p.read_bytes() for p in logs):
-            assert time.monotonic() < deadline, "the two points never measured"
-            time.sleep(0.1)
+        wait_until(
+            lambda: all(p.is_file() and b"measure step" in p.read_bytes() for p in logs),
+            "the two points never measured",
+        )
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pids = [p.pid for p in processes]
-            raise AssertionError(f"no exit 120 s after Ctrl-C; {signal_state(pids)}") from None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        # as a terminal's Ctrl-C
+        interrupt(proc)
     err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted at" in err and f"hydra.sweep.dir={sweep_dir}" in err
@@ -270,10 +264,11 @@ def test_a_point_stopped_by_sigterm_to_its_slot_stops_the_sweep(tmp_path):
     )
     try:
         log = sweep_dir / "0" / "run-1" / "run.log"
-        deadline = time.monotonic() + 120
-        while not (log.is_file() and b"measure step" in log.read_bytes()):
-            assert time.monotonic() < deadline, "the first point never measured"
-            time.sleep(0.1)
+        wait_until(
+            lambda: log.is_file() and b"measure step" in log.read_bytes(),
+            "the first point never measured",
+            timeout=120,
+        )
         (slot,) = [
             p for p in psutil.Process(proc.pid).children() if "spawn" in " ".join(p.cmdline())
         ]

@@ -7,7 +7,6 @@ sweeps of micro time-to-loss points on tinyshakespeare."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -20,7 +19,8 @@ from nanogpt.analysis import time_to_loss as ttl
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
 
-from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
+from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
+from .signalling import in_terminal, interrupt, wait_until
 
 PARALLEL = ["hydra/launcher=parallel", "hydra.launcher.slots=1"]
 # Two points to a target: 4.0 is read at the second evaluation (after 2 steps: test_time_to_loss)
@@ -75,16 +75,14 @@ def test_a_killed_sweep_rerun_measures_only_its_missing_runs(tmp_path, launcher)
     extra = PARALLEL if launcher == "parallel" else []
     args = ttl_args(sweep_dir, "bench.repeats=3", *extra)
     command = [sys.executable, "-m", "nanogpt.run", *args]
-    proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while not (sweep_dir / "0" / "run-2" / "result.json").is_file():
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "run 2 of point 0 never ended"
-            time.sleep(0.02)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        wait_until(
+            lambda: (sweep_dir / "0" / "run-2" / "result.json").is_file(),
+            "run 2 of point 0 never ended",
+            proc,
+            every=0.02,
+        )
+        interrupt(proc, signal.SIGKILL, timeout=30)  # kill -9 of the whole group
     before = {key: rec["finished_at"] for key, rec in runs_of(sweep_dir).items()}
     before = {key: at for key, at in before.items() if runs_of(sweep_dir)[key]["status"] == "ok"}
     assert (0, 1) in before and (0, 2) in before and len(before) < 6
@@ -113,19 +111,17 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=200", *PARALLEL)
     args = [a.replace("optimizer.lr=1e-2,2e-2", "optimizer.lr=1e-2") for a in args]  # 1 point
     command = [sys.executable, "-m", "nanogpt.run", *args]
-    proc = start_in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while not (sweep_dir / "0" / "run-1" / "job.json").is_file():  # the run has started
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "run 1 never started"
-            time.sleep(0.02)
+    with in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        # the run has started
+        wait_until(
+            lambda: (sweep_dir / "0" / "run-1" / "job.json").is_file(),
+            "run 1 never started",
+            proc,
+            every=0.02,
+        )
         time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=120) == 130, proc.stderr.read().decode()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = interrupt(proc)
+        assert proc.returncode == 130, err.decode()[-3000:]
     assert read_result(sweep_dir / "0" / "run-1" / "result.json")["status"] == "interrupted"
     again = run_cli(*args, cwd=tmp_path)  # the same command
     assert again.returncode == 0, again.stderr[-3000:]

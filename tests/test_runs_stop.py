@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -15,7 +14,8 @@ import pytest
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
 
-from .conftest import run_cli, start_in_terminal, with_micro
+from .conftest import run_cli, with_micro
+from .signalling import in_terminal
 
 PARALLEL = ["hydra/launcher=parallel", "hydra.launcher.slots=1"]
 
@@ -43,18 +43,14 @@ def test_ctrl_c_at_a_moment_ends_with_130_a_table_and_no_traceback(tmp_path, lau
     args = ["-m", *with_micro(["perf.batch_size=1,2", *extra]), f"hydra.sweep.dir={sweep_dir}"]
     hook = {SIGNAL_HOOK_ENV: f"{moment}:{nth}:INT:{tmp_path / 'reached'}"}
     command = [sys.executable, "-m", "nanogpt.run", *args]
-    proc = start_in_terminal(
+    with in_terminal(
         command,
         tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, **hook},
-    )
-    try:
+    ) as proc:
         out, err = (b.decode() for b in proc.communicate(timeout=240))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("interrupted at"), err[-3000:]

@@ -3,16 +3,14 @@ traceback; `python -m nanogpt.report DIR` then builds it from the records."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from nanogpt.analysis.tidy import read_summary
-from tests.conftest import report_cli, start_in_terminal, with_micro
+from tests.conftest import report_cli, with_micro
+from tests.signalling import in_terminal, interrupt, wait_until
 
 # The table's writer made slow (the records are all written by then), so that the signal
 # lands while it runs; it notes when it starts.
@@ -32,19 +30,14 @@ def test_ctrl_c_while_the_table_is_written_is_one_line_and_the_report_rebuilds_i
         "runpy.run_module('nanogpt.run', run_name='__main__')"
     )
     command = [sys.executable, "-c", code, *args]
-    proc = start_in_terminal(
+    with in_terminal(
         command, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not (tmp_path / "writing").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "no table was written"
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    ) as proc:
+        wait_until(
+            lambda: (tmp_path / "writing").exists(), "no table was written", proc, timeout=300
+        )
+        # a terminal's Ctrl-C
+        out, err = interrupt(proc, timeout=60)
     assert proc.returncode == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     line = err.strip().splitlines()[-1]  # after the points' own log lines

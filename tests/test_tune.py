@@ -10,10 +10,8 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -41,7 +39,8 @@ from nanogpt.publish import tune_answer as answer
 from nanogpt.tune import fit, jobs, ladder, objectives, quality
 from nanogpt.tune.objectives import objective_of
 
-from .conftest import SHAKESPEARE, needs_shared, run_cli, start_in_terminal, with_micro
+from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
+from .signalling import in_terminal, interrupt, wait_until
 
 TUNE = "hydra/sweeper=tune"
 SMALL_SEARCH = [  # every rung, kept short: two leaders, one finalist measured in two processes
@@ -426,20 +425,15 @@ def test_ctrl_c_stops_a_search_in_one_line_and_the_same_command_resumes_it(tmp_p
         f"import runpy, sys; {SLOW_SECOND_CANDIDATE}; sys.argv[0] = 'nanogpt.run'; "
         "runpy.run_module('nanogpt.run', run_name='__main__')"
     )
-    with open(tmp_path / "stderr.txt", "wb") as stderr:
-        first = start_in_terminal(
+    with (
+        open(tmp_path / "stderr.txt", "wb") as stderr,
+        in_terminal(
             [sys.executable, "-c", code, *args], tmp_path, stdout=subprocess.DEVNULL, stderr=stderr
-        )
-    try:
-        deadline = time.monotonic() + 240
-        while not (tmp_path / "composing").exists():
-            assert first.poll() is None and time.monotonic() < deadline, "no second candidate"
-            time.sleep(0.1)
-        os.killpg(first.pid, signal.SIGINT)  # a terminal's Ctrl-C, to the whole group
-        first.wait(timeout=120)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+        ) as first,
+    ):
+        wait_until(lambda: (tmp_path / "composing").exists(), "no second candidate", first)
+        # a terminal's Ctrl-C, to the whole group
+        interrupt(first)
     err = (tmp_path / "stderr.txt").read_text()
     assert first.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
