@@ -1,8 +1,7 @@
 """Packaging beyond what pyproject.toml can say: conf/ and sweeps/ stay at the top of the
 checkout, and a wheel carries them inside the package, as nanogpt/conf and nanogpt/sweeps
-(nanogpt/frontend/presets.py finds either). The packages are found, not listed, so a new one needs
-no
-entry here."""
+(nanogpt/frontend/presets.py finds either). The packages are found, not listed, so a new one
+needs no entry here."""
 
 from setuptools import find_namespace_packages, find_packages, setup
 
