@@ -16,8 +16,10 @@ SLURM job. What this class adds, from the submitting side:
 - the sweep dir remembers its jobs (slurm_jobs.json): the same command run again after the
   submitting process died first cancels that run's jobs still queued or running, then resumes
   (points with an ok record are skipped, as ever);
-- Ctrl-C or SIGTERM while waiting cancels the sweep's jobs and says how to resume and how to
-  build the table of what is done.
+- Ctrl-C or SIGTERM while waiting (its jobs, started by SLURM, get no signal of the terminal's)
+  cancels the round's jobs (scancel), waits for SLURM to end them and records each run without
+  an ok record `interrupted`; the grid sweeper then writes the table of what is done and exits
+  130 (143), and the same command resumes (ok runs are kept).
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ from nanogpt.frontend.launchers.slurm_queue import (
     tasks_lost,
     wait_ended,
 )
-from nanogpt.record.faults import CONFIG_EXIT, describe, interrupted_exit
+from nanogpt.record.faults import CONFIG_EXIT, describe
 from nanogpt.record.files import read_json, write_json
 from nanogpt.runner.handoff import Job
 from nanogpt.runner.job import record_ended_outside
 
 SIGNAL_EARLY_S = 60  # SLURM may send --signal this much before its time (its 30 s sweep)
+CANCEL_WAIT_S = 60  # how long an interrupted sweep waits for SLURM to end the jobs it cancelled
 JOBS_FILE = "slurm_jobs.json"  # point number -> SLURM job id, for a later run of the sweep
 
 
@@ -88,14 +91,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         try:
             states = self._wait(jobs)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (faults.Stopped) on the submitting side
-            cancel([job.job_id for job in jobs])
-            print(
-                f"interrupted: cancelled the sweep's SLURM jobs; the table of what is done: "
-                f"`python -m nanogpt.report {sweep_dir}`; rerun the same command with "
-                f"hydra.sweep.dir={sweep_dir} to resume (ok points are kept)",
-                file=sys.stderr,
-            )
-            sys.exit(interrupted_exit())
+            return self._interrupted(jobs, job_overrides, numbers)
         return [
             self._outcome(job, overrides, number, states.get(job.job_id, ("UNKNOWN", "")))
             for job, overrides, number in zip(jobs, job_overrides, numbers, strict=True)
@@ -225,11 +221,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         if isinstance(returned, JobReturn) and returned.status == JobStatus.FAILED:
             # raised inside Hydra's job: submitit's time-limit handler gives up this way
             returned, why = None, describe(returned._return_value)
-        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        with open_dict(config):
-            config.hydra.job.num = number
-            config.hydra.job.id = job.job_id
-        job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+        config = self._job_config(overrides, number, job)
         scheduler_state, node = state
         if scheduler_state == "COMPLETED" and isinstance(returned, JobReturn):
             return returned
@@ -248,6 +240,21 @@ class SlurmLauncher(SubmititSlurmLauncher):
             + (f" on {node}" if node else "")
             + (f" ({why})" if why else "")
         )
+        return self._record_outside(config, overrides, job, slurm_status, error, node)
+
+    def _job_config(self, overrides, number: int, job):
+        """The run's composed config, as its job had it (its number, its SLURM job id)."""
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.num = number
+            config.hydra.job.id = job.job_id
+        return config
+
+    def _record_outside(self, config, overrides, job, status: str, error: str, node: str):
+        """Record the run of `job`, which ended without an ok record of its own, with `status`
+        (runner/job.record_ended_outside keeps what the job recorded before it was stopped);
+        its JobReturn, whose value is the status the run ended with."""
+        job_dir = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
         task = copy.deepcopy(config)
         with open_dict(task):
             del task["hydra"]
@@ -255,7 +262,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         if spec.dist.nproc > 1:  # its ranks were the job's tasks: measured in rank 0's process
             spec = in_place(spec)
         point = Job(job_dir=job_dir, overrides=list(overrides), sweep_dir=job_dir.parent)
-        final = record_ended_outside(spec, point, slurm_status, error, job.job_id, node or None)
+        final = record_ended_outside(spec, point, status, error, job.job_id, node or None)
         return JobReturn(
             overrides=list(overrides),
             cfg=task,
@@ -265,6 +272,32 @@ class SlurmLauncher(SubmititSlurmLauncher):
             status=JobStatus.COMPLETED,
             _return_value=final,
         )
+
+    def _interrupted(self, jobs: list, job_overrides, numbers: range) -> list[JobReturn]:
+        """Ctrl-C or SIGTERM while the round's jobs run: SLURM started them outside this
+        process's group, so no signal reached them. Cancel them (scancel: SLURM sends each
+        SIGTERM, and its job records what it measured as `interrupted`), wait until SLURM has
+        ended them, and record every run without an ok record `interrupted`; a run that
+        finished first keeps its own. The JobReturns go back to the grid sweeper, which stops
+        on an interrupted run: the table of what is done, one line, exit 130 (143 after
+        SIGTERM). The same command resumes: its ok runs are kept, the others measured."""
+        ids = [job.job_id for job in jobs]
+        cancel(ids)
+        print(
+            f"interrupted: cancelled {len(ids)} SLURM job(s) of this round: {' '.join(ids)}",
+            file=sys.stderr,
+        )
+        states = wait_ended(ids, at_most_s=CANCEL_WAIT_S)
+        returns = []
+        for job, overrides, number in zip(jobs, job_overrides, numbers, strict=True):
+            state, node = states.get(job.job_id, ("UNKNOWN", ""))
+            if state == "COMPLETED" and job.paths.result_pickle.exists():
+                returns.append(self._outcome(job, overrides, number, (state, node)))
+                continue
+            config = self._job_config(overrides, number, job)
+            why = f"SlurmJob: job {job.job_id} cancelled by the sweep on its interruption"
+            returns.append(self._record_outside(config, overrides, job, "interrupted", why, node))
+        return returns
 
     def _end_earlier_jobs(self, sweep_dir: Path) -> None:
         """Jobs of an earlier run of this sweep still queued or running: cancel them and wait
