@@ -5,7 +5,7 @@ The time_to_loss_cpu preset's sweep, as a user runs it (`python -m nanogpt.run -
 AdamW 3e-3 against Muon 0.02, to validation loss 2.5), N runs each (bench.repeats), each its own
 seed. The grid sweeper alternates them, run r of every point before run r + 1, so a change in
 the machine's load over the benchmark falls on both points alike; the table pools each point's
-runs and compares them (analysis/time_to_loss.py). This script only reads that table back.
+runs and compares them (scenarios/time_to_loss/pool.py). This script only reads that table back.
 
 Usage: python benchmarks/time_to_loss.py DATA [--runs 5] [--out DIR] [overrides ...]
   DATA: tinyshakespeare's input.txt. Last line:

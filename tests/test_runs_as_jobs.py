@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from nanogpt.analysis import time_to_loss as ttl
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
+from nanogpt.scenarios.time_to_loss import pool as ttl
 
 from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
 from .signalling import in_terminal, interrupt, wait_until

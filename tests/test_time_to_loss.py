@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from nanogpt.analysis import store
-from nanogpt.analysis import time_to_loss as ttl
 from nanogpt.analysis.derive import Ceilings, Peak
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.store import read_result
@@ -20,13 +19,13 @@ from nanogpt.analysis.table import build_table
 from nanogpt.analysis.tidy import read_summary
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.spec import DataConfig, LoggerConfig, LoggerMode
-from nanogpt.publish.loss_plot import validation_loss
 from nanogpt.publish.plot_parts import NoData
 from nanogpt.publish.wandb_sink import WandbSink, start_run
-from nanogpt.record import Record
-from nanogpt.record.time_to_loss import TimeToLoss
+from nanogpt.record import Record, TimeToLoss
 from nanogpt.scenarios.loop import measure
-from nanogpt.scenarios.time_to_loss import train_to_target
+from nanogpt.scenarios.time_to_loss import pool as ttl
+from nanogpt.scenarios.time_to_loss.plot import validation_loss
+from nanogpt.scenarios.time_to_loss.run import train_to_target
 from nanogpt.train.data import check_data, open_source
 from nanogpt.train.distributed import World
 from nanogpt.train.tokenize import char_vocab, tokenize_text
@@ -434,7 +433,7 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
 def _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch):
     """notebooks/sweep_analysis.ipynb on this target sweep (nbclient, as the README runs it):
     its time-to-loss section prints each point's figure, interval, runs reached and p-value
-    from the package's table, and draws val_loss.png's curves (publish/loss_plot.py)."""
+    from the package's table, and draws val_loss.png's curves (scenarios/time_to_loss/plot.py)."""
     from .test_analysis import run_notebook
 
     monkeypatch.setenv("NANOGPT_SUMMARY", str(sweep_dir))
@@ -460,7 +459,7 @@ def _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch):
 
 
 def _the_loss_plot_draws_every_run(table, records):
-    """val_loss.png (publish/loss_plot.py), drawn from the sweep's own table and files: a
+    """val_loss.png (scenarios/time_to_loss/plot.py), drawn from the sweep's own table and files: a
     line per run through its evaluations, a colour per point, a dashed line per target."""
     fig = validation_loss(table)
     ax = fig.axes[0]

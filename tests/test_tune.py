@@ -28,7 +28,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from nanogpt import report
-from nanogpt.analysis import time_to_loss as ttl
 from nanogpt.analysis.store import read_result
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend import tune_space as space
@@ -36,6 +35,8 @@ from nanogpt.frontend.compose import to_spec
 from nanogpt.frontend.presets import CONF_DIR
 from nanogpt.frontend.tune_sweeper import Search
 from nanogpt.publish import tune_answer as answer
+from nanogpt.scenarios.time_to_loss import guard as ttl_guard
+from nanogpt.scenarios.time_to_loss import pool as ttl
 from nanogpt.tune import fit, jobs, ladder, objectives, quality
 from nanogpt.tune.objectives import objective_of
 
@@ -267,7 +268,7 @@ def test_objectives_read_the_record_and_name_what_they_need():
     assert objectives.DIRECTIONS["time_to_loss"] == "minimize"
     missed = {**reached, "time_to_loss_s": None, "ttl_note": "3 of 5 reached"}
     assert objectives.value(missed, "time_to_loss") is None  # infeasible, never a time
-    assert objectives.needs("time_to_loss", None, None, target_loss=2.5) is None
+    assert objectives.needs("time_to_loss", None, None, target=2.5) is None
     assert objectives.needs("time_to_loss", None, None).startswith("bench.target_loss:")
 
 
@@ -311,13 +312,13 @@ def test_with_a_target_the_quality_guard_is_time_to_loss_against_the_baselines_r
         ladder.Entry(key=k, overrides=[k], rung="repeats", record=_kept(runs))
         for k, runs in finalists.items()
     ]
-    guard = quality.to_target(_kept(base), entries, alpha=0.01, target=2.5)
+    guard = ttl_guard.to_target(_kept(base), entries, alpha=0.01, target=2.5)
     assert guard["checked"] and "seeds" not in guard
     flagged = {key: v["flagged"] for key, v in guard["verdicts"].items()}
     assert flagged == {"same": False, "faster": False, "slower": True, "missed": True}
     assert guard["verdicts"]["slower"]["p_value"] < 0.01
     assert "3 of 5 reached" in guard["verdicts"]["missed"]["note"]
-    unreached = quality.to_target(_kept([None, None]), entries, alpha=0.01, target=2.5)
+    unreached = ttl_guard.to_target(_kept([None, None]), entries, alpha=0.01, target=2.5)
     assert not unreached["checked"] and "the baseline did not reach" in unreached["note"]
     text = answer.markdown(_answer_of(guard, entries))  # tune.md says each finalist's verdict
     assert "FLAGGED" in text and "baseline sooner p=" in text

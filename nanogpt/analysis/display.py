@@ -17,6 +17,7 @@ from nanogpt.analysis import stats
 from nanogpt.analysis.derive import DRIFT
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.stats import ONE_PROCESS
+from nanogpt.scenarios.time_to_loss import part as ttl_part
 
 MIB = 2**20
 
@@ -51,11 +52,8 @@ SHOWN = (
     ("mem_peak_rss_bytes", "rss_MiB", mebibytes),
     ("mem_peak_allocated_bytes", "cuda_MiB", mebibytes),
     ("bottleneck", "bottleneck", str),
-    # time to a target loss (analysis/time_to_loss.py), shown when a point has one
-    ("time_to_loss_s", "to_target_s", number),
-    ("ttl_note", "runs", str),
-    ("ttl_p_value", "p", number),
-    ("ttl_verdict", "to_target", str),
+    # time to a target loss (scenarios/time_to_loss/), shown when a point has one
+    *((name, header, number if numeric else str) for name, header, numeric in ttl_part.SHOWN),
 )
 
 

@@ -18,20 +18,21 @@ For one run it is called where the record is completed, in the measuring process
 gets the figures); for `bench.repeats` runs, by the job process on the pool of their raw parts
 (analysis/repeats.py aggregates each part), so a pooled figure is derived exactly as one run's is.
 A run to a target loss (bench.target_loss) has no step series: its figures are to_target's and
-analysis/time_to_loss.py's.
+scenarios/time_to_loss/pool.py's.
 """
 
 from __future__ import annotations
 
 from nanogpt.analysis import derive, repeats, stats
 from nanogpt.record import Record, Timing
+from nanogpt.scenarios.time_to_loss import part as ttl_part
 
 
 def derive_point(runs: list[Record], floor_s: float) -> Record:
     """The point's record, every figure derived: `runs` are its measurements (one, or each
     repeat's), ok; `floor_s` is bench.measure_s (a shorter window is unsteady)."""
     record = runs[0] if len(runs) == 1 else repeats.pool(runs)
-    if record.time_to_loss.ttl_target_loss is not None:
+    if ttl_part.measured(record):  # the time-to-loss scenario's figures are its pool's
         return record
     timing = record.timing
     series = [steps for steps in timing.step_ms_measured or [] if steps]

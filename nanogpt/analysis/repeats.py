@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from nanogpt.analysis import time_to_loss
 from nanogpt.record import PARTS, Record
+from nanogpt.scenarios.time_to_loss import part as ttl_part
+from nanogpt.scenarios.time_to_loss import pool as ttl_pool
 
 
 def pool(records: list[Record]) -> Record:
     """The runs' raw parts aggregated (figures.derive_point derives the rest)."""
     first = records[0]
-    if first.time_to_loss.ttl_target_loss is not None:  # runs to a target: no step series
-        return time_to_loss.pool(records)
+    if ttl_part.measured(first):  # runs to a target: no step series
+        return ttl_pool.pool(records)
     pooled = dataclasses.replace(first, steps=[])
     for number, record in enumerate(records, 1):
         pooled.steps += [{**row, "repeat": number} for row in record.steps]

@@ -24,11 +24,11 @@ import pandas as pd
 
 from nanogpt.analysis import baseline as baseline_rule
 from nanogpt.analysis import compare, display, store, sweep_steps, tidy
-from nanogpt.analysis import time_to_loss as ttl
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
 from nanogpt.record import columns, swept
 from nanogpt.record.faults import FAILED_STATUSES
+from nanogpt.scenarios.time_to_loss import pool as ttl
 
 
 class ReportError(Exception):
@@ -92,8 +92,8 @@ def build_table(
 ) -> Sweep:
     """The table of a sweep dir; `baseline` is text of the baseline point's overrides (None:
     the rule of analysis/baseline.py); `ttl_alpha` the time-to-loss verdict's threshold
-    (report.ttl_alpha, analysis/time_to_loss.py). Raises ReportError when nothing is readable or the
-    baseline names no ok point."""
+    (report.ttl_alpha, scenarios/time_to_loss/pool.py). Raises ReportError when nothing is
+    readable or the baseline names no ok point."""
     rows, unreadable = load_records(sweep_dir)
     if not rows:
         raise ReportError(
@@ -116,8 +116,7 @@ def build_table(
         raise ReportError(str(err)) from None
     sweep = Sweep(table, steps, keys, "", unreadable)
     compare.add_speedups(table, sweep.series(), choice.position)
-    run_times = [row.get("ttl_run_times") for row in rows]  # json-only: from the records
-    ttl.add_comparison(table, choice.position, ttl_alpha, run_times)  # points with a target
+    ttl.add_comparison(table, choice.position, ttl_alpha, ttl.run_times(rows))  # with a target
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)
     reasons = [row.get("graph_break_reasons") for row in rows]  # json-only: from the records
     table["compile_verdict"] = compare.compile_verdict(table, reasons)

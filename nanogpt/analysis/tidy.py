@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from nanogpt.record.files import write_atomic
+from nanogpt.scenarios.time_to_loss import part as ttl_part
 
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PARQUET = "summary.parquet"
@@ -52,13 +53,7 @@ HEADLINE = (
     "speedup_ci_low",
     "speedup_ci_high",
     "speedup_verdict",
-    "time_to_loss_s",  # a target loss's points (analysis/time_to_loss.py)
-    "ttl_ci_low",
-    "ttl_ci_high",
-    "ttl_note",
-    "ttl_ratio",
-    "ttl_p_value",
-    "ttl_verdict",
+    *ttl_part.HEADLINE,  # a target loss's points (scenarios/time_to_loss/)
     "compile_breakeven_steps",
     "compile_verdict",
     "bottleneck",

@@ -146,7 +146,7 @@ class BenchConfig:
     rerun: bool = False  # rerun points that already have an ok record
     inject_fault: str | None = None  # TESTING ONLY: oom@N | nan@N | raise@N | kill@N
     exclusive: Exclusive = Exclusive.warn  # other processes on the device while measuring
-    # Time to a target validation loss (scenarios/time_to_loss.py, docs/time_to_loss.md): set, a run
+    # Time to a target validation loss (scenarios/time_to_loss/, docs/time_to_loss.md): set, a run
     # trains from its first step until an evaluation reads loss <= target_loss, or its budget ends
     target_loss: float | None = None
     eval_every: int = 50  # steps between evaluations of the validation loss

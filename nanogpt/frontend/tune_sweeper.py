@@ -50,6 +50,8 @@ from nanogpt.publish import tune_answer as answer
 from nanogpt.publish.sweep_outputs import publish, settings_of
 from nanogpt.record.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.record.swept import point_key  # a candidate's identity: its overrides, sorted
+from nanogpt.scenarios.time_to_loss import checks as ttl_checks
+from nanogpt.scenarios.time_to_loss import guard as ttl_guard
 from nanogpt.tune import fit, jobs, ladder, objectives, quality
 
 log = logging.getLogger(__name__)
@@ -130,7 +132,7 @@ class Search:
         self.names = names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
         self.directions = [objectives.DIRECTIONS[n] for n in names]
         self.prices = {"usd_per_hour": cfg.cost.usd_per_hour, "usd_per_kwh": cfg.cost.usd_per_kwh}
-        objectives.check(names, self.prices, cfg.bench.target_loss)  # one line, before a trial
+        objectives.check(names, self.prices, ttl_checks.target_of(cfg.bench))  # one line, first
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
         self.jobs = jobs.JobNumbers(self.sweep_dir)
@@ -336,11 +338,11 @@ class Search:
         """Each finalist's loss against the baseline's over the same seeded tokens; with a
         target, its runs' times to loss against the baseline's, run as often (a finalist's own
         record where the baseline is one)."""
-        if (target := self.config.bench.target_loss) is not None:
+        if (target := ttl_checks.target_of(self.config.bench)) is not None:
             same = [e.record for e in finalists if e.key == point_key(self.baseline)]
             runs = merged(self.fixed, self.baseline, [f"bench.repeats={self.repeats}"])
             base = same[0] if same else self._launch(runs, "quality baseline")
-            return quality.to_target(base, finalists, self.config.report.ttl_alpha, target)
+            return ttl_guard.to_target(base, finalists, self.config.report.ttl_alpha, target)
         kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
         steps, window = int(self.quality.get("steps", 30)), int(self.quality.get("window", 5))
 

@@ -12,7 +12,7 @@ of the sweep table and each point's own files:
 - bottleneck.png      each point's step split into device, communication, data and host time,
                       and its device time by kind (the diagnosis, analysis/bottleneck.py)
 - val_loss.png        validation loss against training time, a line per run (a sweep with
-                      bench.target_loss: publish/loss_plot.py)
+                      bench.target_loss: scenarios/time_to_loss/plot.py)
 A plot that has nothing to show (batch size does not vary, no MFU without a peak) is skipped
 with a message. Points are labelled by the overrides that differ between them.
 
@@ -33,9 +33,9 @@ from nanogpt.analysis import store
 from nanogpt.analysis.compare import measured_peak
 from nanogpt.analysis.labels import parse_overrides, point_labels
 from nanogpt.publish.bottleneck_plot import bottleneck
-from nanogpt.publish.loss_plot import validation_loss
 from nanogpt.publish.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.record.files import write_atomic
+from nanogpt.scenarios.time_to_loss.plot import validation_loss
 
 MIB, GIB = 2**20, 2**30
 # The parts of the memory estimate (train/memory_estimate.estimate_memory), stacked in this order;

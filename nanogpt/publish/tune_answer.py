@@ -21,6 +21,7 @@ import yaml
 from nanogpt.analysis.display import number
 from nanogpt.config.errors import ConfigError
 from nanogpt.record.files import write_atomic
+from nanogpt.scenarios.time_to_loss import part as ttl_part
 from nanogpt.tune import ladder
 from nanogpt.tune.ladder import pareto_front
 
@@ -120,8 +121,8 @@ def _budget(budget: dict) -> str:
 
 def _interval(rec: dict) -> str:
     """The point's 95 % interval: of its tokens/s, or with a target of its time to loss."""
-    if rec.get("ttl_ci_low") is not None:  # runs to a target loss (no tokens/s)
-        return f"time to loss [{number(rec['ttl_ci_low'])}, {number(rec['ttl_ci_high'])}] s"
+    if (ttl := ttl_part.interval(rec)) is not None:  # runs to a target loss (no tokens/s)
+        return f"time to loss [{number(ttl[0])}, {number(ttl[1])}] s"
     low, high = rec.get("tokens_per_s_ci_low"), rec.get("tokens_per_s_ci_high")
     return f"tokens/s [{_fmt(low)}, {_fmt(high)}]" if None not in (low, high) else "-"
 

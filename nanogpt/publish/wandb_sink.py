@@ -75,7 +75,7 @@ SUMMARY_OMITTED = ("wall_s",)
 # Window metrics: history only; the summary is the record's (WandbSink.finish).
 WINDOW_METRICS = ("train/*", "warmup/*", "val/*")
 # A window's phase -> its keys' prefix. "eval": a time-to-loss run's evaluation
-# (scenarios/time_to_loss.py), val/loss and val/train_s (the training clock at it) at its step.
+# (scenarios/time_to_loss/run.py), val/loss and val/train_s (the training clock at it) at its step.
 PREFIXES = {"measure": "train", "warmup": "warmup", "eval": "val"}
 
 

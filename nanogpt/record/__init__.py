@@ -22,7 +22,8 @@ This package is the record's whole schema, one module a part where a part has a 
   CompilePart  what torch.compile did: graph breaks, graphs, recompiles, compile time, CUDA-graph
             skips, from torch's own counters (record/compile.py)
   MaxBatch  the largest batch that fits, when asked for
-  TimeToLoss  time to a target validation loss, when one is set (record/time_to_loss.py)
+  TimeToLoss  time to a target validation loss, when one is set (its scenario's folder:
+              scenarios/time_to_loss/part.py)
 
 Every field name is unique across the parts, so the table and the notebook read one flat
 namespace: `Record.to_dict()` flattens the parts, `from_dict` splits a flat dict back; result.json
@@ -58,7 +59,7 @@ from nanogpt.record.measured import (
     Timing,
 )
 from nanogpt.record.optimizer import OptimizerPart
-from nanogpt.record.time_to_loss import TimeToLoss
+from nanogpt.scenarios.time_to_loss.part import TimeToLoss  # imported here first
 
 __all__ = [
     "STATS",
@@ -117,7 +118,7 @@ class Record:
     optimizer: OptimizerPart = field(default_factory=OptimizerPart)  # probes/setup.py
     compile: CompilePart = field(default_factory=CompilePart)  # probes/compile_health.py
     max_batch: MaxBatch = field(default_factory=MaxBatch)  # probes/max_batch.py, in a child
-    time_to_loss: TimeToLoss = field(default_factory=TimeToLoss)  # scenarios/time_to_loss.py
+    time_to_loss: TimeToLoss = field(default_factory=TimeToLoss)  # scenarios/time_to_loss/
     env: dict | None = json_only()  # versions, devices, host, git commit (hardware/env.py)
     wall_s: float | None = None  # the job process's clock around the whole point
     finished_at: str | None = None

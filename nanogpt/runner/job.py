@@ -39,6 +39,8 @@ from nanogpt.record.swept import point_key
 from nanogpt.runner import forkserver, placement
 from nanogpt.runner.handoff import Handoff, Job
 from nanogpt.runner.process import run_child
+from nanogpt.scenarios.time_to_loss import checks as ttl_checks
+from nanogpt.scenarios.time_to_loss import part as ttl_part
 from nanogpt.train.distributed import World
 
 log = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ def run_single(spec: RunSpec, job: Job) -> Outcome:
 def _seeded(spec: RunSpec, number: int) -> RunSpec:
     """A time-to-loss run's spec: its own seed (bench.seed + number - 1: the model's init and
     the batches' draw), as a run of a distribution over seeds. A throughput run keeps it."""
-    if spec.bench.target_loss is None or number == 1:
+    if not ttl_checks.asked(spec) or number == 1:
         return spec
     bench = dataclasses.replace(spec.bench, seed=spec.bench.seed + number - 1)
     return dataclasses.replace(spec, bench=bench)
@@ -220,12 +222,9 @@ def summary_line(record: Record, name: str | None = None) -> str:
         return "-" if value is None else format(value, spec)
 
     mfu = result.get("mfu")
-    if result.get("ttl_target_loss") is not None:  # a run to a target loss: no step window
-        return (
-            f"[{result['status']}] {name}: time to loss "
-            f"{result['ttl_target_loss']:g} {fmt('time_to_loss_s', '.2f')} s "
-            f"({result.get('ttl_note') or '-'})"
-            + (f" ({result['error']})" if result.get("error") else "")
+    if (line := ttl_part.console_line(result, fmt)) is not None:  # no step window
+        return f"[{result['status']}] {name}: {line}" + (
+            f" ({result['error']})" if result.get("error") else ""
         )
     return (
         f"[{result['status']}] {name}: "

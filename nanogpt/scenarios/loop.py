@@ -52,7 +52,8 @@ from nanogpt.record import Record, Setup
 from nanogpt.record.asked import Asked
 from nanogpt.record.faults import classify, describe
 from nanogpt.scenarios.progress import Progress
-from nanogpt.scenarios.time_to_loss import train_to_target
+from nanogpt.scenarios.time_to_loss import checks as ttl_checks
+from nanogpt.scenarios.time_to_loss import run as ttl_run
 from nanogpt.train.distributed import World, slowest_per_step
 from nanogpt.train.trainer import Trainer, build_trainer
 
@@ -82,15 +83,10 @@ def measure(
             # before the measured steps (_run_phases): it slows every allocation.
             torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
         trainer = build_trainer(spec, device, world)
-        if spec.bench.target_loss is None:
+        if not ttl_checks.asked(spec):
             _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
         else:  # time to a target loss instead of the throughput window (docs/time_to_loss.md)
-            record.setup = describe_setup(spec, trainer)
-            record.optimizer = describe_optimizer(spec, trainer, record.setup.mem_estimate)
-            compiles = CompileProbe(spec.perf.compile)
-            compiles.start()
-            train_to_target(spec, trainer, record, sinks=sinks)
-            record.compile = compiles.result()  # no measured window: recompiles_in_window null
+            ttl_run.measure(spec, trainer, record, sinks=sinks)
         record.status = "ok"
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
         record.status, record.error = classify(exc), describe(exc)

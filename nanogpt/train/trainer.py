@@ -204,7 +204,7 @@ class Trainer:
     @contextlib.contextmanager
     def forward_context(self):
         """The forward's precision (autocast) and attention kernel, for a forward outside
-        step() (scenarios/time_to_loss.py's evaluation)."""
+        step() (scenarios/time_to_loss/run.py's evaluation)."""
         with self._autocast(), self._kernel():
             yield
 

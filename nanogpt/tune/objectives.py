@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from nanogpt.analysis import derive
 from nanogpt.config.errors import ConfigError
+from nanogpt.scenarios.time_to_loss import guard as ttl_guard
 
 if TYPE_CHECKING:
     from nanogpt.config.spec import RunSpec
@@ -34,11 +35,7 @@ RECORD_FIELDS = {
     "point_id": "point_id",
     "repeats": "repeats",
     "device": "device",
-    "time_to_loss": "time_to_loss_s",
-    "ttl_s_per_run": "ttl_s_per_run",  # the quality guard's test with a target (tune/quality)
-    "ttl_note": "ttl_note",
-    "ttl_ci_low": "ttl_ci_low",  # the answer's interval with a target (publish/tune_answer.py)
-    "ttl_ci_high": "ttl_ci_high",
+    **ttl_guard.RECORD_FIELDS,  # time to loss's (scenarios/time_to_loss/guard.py)
 }
 
 # name -> "maximize" | "minimize"
@@ -47,7 +44,7 @@ DIRECTIONS = {
     "usd_per_1m_tokens": "minimize",
     "j_per_token": "minimize",
     "peak_memory_gib": "minimize",
-    "time_to_loss": "minimize",  # time_to_loss_s: null unless every run reached the target
+    ttl_guard.NAME: ttl_guard.DIRECTION,
 }
 
 
@@ -86,8 +83,8 @@ def value(
         out = j_per_token
     elif name == "peak_memory_gib":
         out = peak_memory_gib(record)
-    elif name == "time_to_loss":  # the olympic mean of the runs (analysis/time_to_loss.py)
-        out = field(record, "time_to_loss")
+    elif name == ttl_guard.NAME:  # the olympic mean of the runs (scenarios/time_to_loss/pool.py)
+        out = field(record, ttl_guard.NAME)
     elif name == "usd_per_1m_tokens":  # as the table prices a point
         out = derive.usd_per_1m_tokens(tokens_per_s, j_per_token, usd_per_hour, usd_per_kwh)
     else:
@@ -109,23 +106,20 @@ def needs(
     name: str,
     usd_per_hour: float | None,
     usd_per_kwh: float | None,
-    target_loss: float | None = None,
+    target: float | None = None,
 ) -> str | None:
     """Why an objective cannot be computed with these settings (the key to set), or None."""
     if name == "usd_per_1m_tokens" and usd_per_hour is None and usd_per_kwh is None:
         return "cost.usd_per_hour: usd_per_1m_tokens needs the machine's price; set it"
-    if name == "time_to_loss" and target_loss is None:
-        return (
-            "bench.target_loss: time_to_loss needs a target validation loss; set it "
-            "(docs/time_to_loss.md)"
-        )
+    if name == ttl_guard.NAME:
+        return ttl_guard.needs(target)
     return None
 
 
-def check(names: list[str], prices: dict, target_loss: float | None) -> None:
+def check(names: list[str], prices: dict, target: float | None) -> None:
     """Every objective computable with these settings, else a ConfigError naming the key."""
     for name in names:
-        why = needs(name, **prices, target_loss=target_loss)
+        why = needs(name, **prices, target=target)
         if why:
             raise ConfigError("tune.objective", f"{name} cannot be computed", why)
 

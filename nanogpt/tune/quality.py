@@ -10,11 +10,9 @@ from the baseline's at the same seed by more than the floor is flagged and not r
 With synthetic data (random tokens: nothing to learn) there is no loss to compare: the answer
 says "quality not checked".
 
-Where a target is set (bench.target_loss), the guard is that measurement instead (`to_target`):
-the finalists were measured as runs to the target, and so is the baseline, with as many runs;
-a finalist is flagged when not every run reached the target, or when the baseline's runs reach
-it sooner at p < report.ttl_alpha (the table's one-sided Welch test, analysis/time_to_loss.py,
-asked the other way round). A short loss comparison would judge what the target already does.
+Where a target is set (bench.target_loss), the guard is that measurement instead: the time-to-loss
+scenario's (scenarios/time_to_loss/guard.py). A short loss comparison would judge what the
+target already does.
 """
 
 from __future__ import annotations
@@ -22,8 +20,6 @@ from __future__ import annotations
 import csv
 from collections.abc import Callable
 from pathlib import Path
-
-from nanogpt.analysis import time_to_loss as ttl
 
 REAL_DATA = ("text", "tokens")
 NOT_CHECKED = "quality not checked: synthetic data (use data=text or data=tokens)"
@@ -105,48 +101,4 @@ def check(
         "seeds": seeds,
         "verdicts": verdicts,
         "baseline": baseline,
-    }
-
-
-def _runs(record: dict) -> list[float]:
-    """The times to loss of the runs that reached (a record as tune/jobs.kept keeps it)."""
-    return [t for t in record.get("ttl_s_per_run") or [] if t is not None]
-
-
-def ttl_verdict(baseline: dict, finalist: dict, alpha: float) -> dict:
-    """{flagged, note, p_value, ratio}: flagged when the finalist's runs did not all reach the
-    target, or when the baseline's reach it sooner at p < alpha (no flag with fewer than 2 runs
-    a side: no test)."""
-    if finalist.get("status") != "ok" or finalist.get("time_to_loss") is None:
-        note = finalist.get("ttl_note") or finalist.get("error") or "no time to loss"
-        return {"flagged": True, "note": f"FLAGGED: did not reach the target ({note})"}
-    base, runs = _runs(baseline), _runs(finalist)
-    p = ttl.p_value(runs, base)  # "the baseline's times are shorter"
-    r = ttl.ratio(base, runs)[0] if base and runs else None
-    flagged = p is not None and p < alpha
-    note = (
-        f"time to loss {finalist['time_to_loss']:.3g} s vs {baseline['time_to_loss']:.3g} s"
-        + (f" (x{r:.2f})" if r is not None else "")
-        + ("" if p is None else f", baseline sooner p={p:.3g}")
-        + (" FLAGGED" if flagged else " ok")
-    )
-    return {"flagged": flagged, "note": note, "p_value": p, "ratio": r}
-
-
-def to_target(baseline: dict, finalists: list, alpha: float, target: float) -> dict:
-    """The guard with a target: each finalist's runs (entries with .key and .record) against
-    the baseline's record, measured to the same target with as many runs."""
-    if baseline.get("status") != "ok" or baseline.get("time_to_loss") is None:
-        why = baseline.get("ttl_note") or baseline.get("error") or "no record"
-        return {
-            "checked": False,
-            "note": f"quality not checked: the baseline did not reach the target ({why})",
-        }
-    return {
-        "checked": True,
-        "target_loss": target,
-        "alpha": alpha,
-        "note": f"time to loss {target:g} against the baseline's runs (one-sided Welch, "
-        f"flagged at p < {alpha:g}, or when a run did not reach)",
-        "verdicts": {e.key: ttl_verdict(baseline, e.record, alpha) for e in finalists},
     }

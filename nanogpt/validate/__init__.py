@@ -21,9 +21,9 @@ from nanogpt import optimizers
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.protocol import CUDA_GRAPH_MODES
 from nanogpt.config.spec import COMPILE_MODES, Dtype, RunSpec, Strategy
-from nanogpt.config.target_loss import check_target
 from nanogpt.config.target_nodes import check_node, require_target
 from nanogpt.record.faults import Fault
+from nanogpt.scenarios.time_to_loss import checks as ttl_checks
 from nanogpt.train.data import check_data
 from nanogpt.train.lr_schedule import check_schedule
 from nanogpt.train.optim_rules import check_optimizer
@@ -52,9 +52,9 @@ def check(spec: RunSpec, here: bool = True) -> None:
         check_cuda_graph_warmup(spec, device)
         check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
-    check_target(spec)
+    ttl_checks.check_target(spec)
     check_schedule(spec)
-    m, val = spec.model, spec.bench.target_loss is not None  # a target reads held-out tokens
+    m, val = spec.model, ttl_checks.asked(spec)  # a target reads held-out tokens
     check_data(spec.data, vocab_size=m.vocab_size, block_size=m.block_size, val=val)
 
 

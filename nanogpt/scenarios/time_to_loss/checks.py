@@ -37,3 +37,13 @@ def check_target(spec: RunSpec) -> None:
             f"is {spec.dist.nproc}, but a time-to-loss run trains on one device here",
             "set dist.nproc=1 with bench.target_loss",
         )
+
+
+def target_of(bench) -> float | None:
+    """bench.target_loss of a RunSpec's bench (or a composed config's): None without one."""
+    return bench.target_loss
+
+
+def asked(spec: RunSpec) -> bool:
+    """Whether a run is this scenario's: bench.target_loss is set (docs/time_to_loss.md)."""
+    return target_of(spec.bench) is not None

@@ -33,8 +33,9 @@ import torch
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.spec import RunSpec
 from nanogpt.hardware.devices import synchronize
-from nanogpt.record import Record
-from nanogpt.record.time_to_loss import TimeToLoss
+from nanogpt.probes.compile_health import CompileProbe
+from nanogpt.probes.setup import describe_optimizer, describe_setup
+from nanogpt.record import Record, TimeToLoss
 from nanogpt.train.data import open_source
 from nanogpt.train.trainer import Trainer
 
@@ -67,6 +68,18 @@ def validation_loss(trainer: Trainer, batches: list) -> float:
         return torch.stack(losses).mean().item()
     finally:
         model.train()
+
+
+def measure(spec: RunSpec, trainer: Trainer, record: Record, sinks=()) -> None:
+    """The parts a time-to-loss run measures (the measured loop calls it instead of the
+    throughput window): the setup and the optimizer as before any run, compile health over the
+    whole run (no measured window: recompiles_in_window null), and the time_to_loss part."""
+    record.setup = describe_setup(spec, trainer)
+    record.optimizer = describe_optimizer(spec, trainer, record.setup.mem_estimate)
+    compiles = CompileProbe(spec.perf.compile)
+    compiles.start()
+    train_to_target(spec, trainer, record, sinks=sinks)
+    record.compile = compiles.result()
 
 
 def train_to_target(

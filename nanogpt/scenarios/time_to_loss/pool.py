@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nanogpt.analysis.stats import CONFIDENCE, NOT_SIGNIFICANT, RESAMPLES, SEED
-from nanogpt.record import Record
-from nanogpt.record.time_to_loss import TimeToLoss
+from nanogpt.record import Record, TimeToLoss
 
 if TYPE_CHECKING:  # the table's type; pandas and scipy are imported where a table is compared
     import pandas as pd
@@ -201,6 +200,12 @@ def pool(records: list[Record]) -> Record:
 
 def _reached(value) -> list[float]:
     return [t for t in (value if isinstance(value, list) else []) if t is not None]
+
+
+def run_times(rows: list[dict]) -> list:
+    """Each row's runs' wall-clock spans (ttl_run_times: json-only, so read from the records,
+    not the table), for add_comparison."""
+    return [row.get("ttl_run_times") for row in rows]
 
 
 def same_target(table: pd.DataFrame, base: int, i: int) -> bool:

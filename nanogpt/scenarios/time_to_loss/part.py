@@ -1,7 +1,12 @@
 """The record's time_to_loss part: how long a run took to reach bench.target_loss on held-out
-data, and what it cost to find out (scenarios/time_to_loss.py fills one run's; results/
-time_to_loss.py pools a point's runs). Every name carries `ttl_` (or is `time_to_loss_s`), so
-the group stays together in the flat record. docs/time_to_loss.md says what is timed."""
+data, and what it cost to find out (run.py fills one run's; pool.py pools a point's runs). Every
+name carries `ttl_` (or is `time_to_loss_s`), so the group stays together in the flat record.
+docs/time_to_loss.md says what is timed.
+
+Also what the rest of the package asks of the scenario about a record (`measured`, the table's
+columns, the console line, the interval), so that no module outside scenarios/ reads a field
+of it. Import it through nanogpt.record, which imports it first (this module reads
+record.fields, whose package imports this part for its Record)."""
 
 from __future__ import annotations
 
@@ -38,3 +43,46 @@ class TimeToLoss:
     # Each run's wall-clock span, [start, end] in epoch s (its step-0 evaluation to its last),
     # a pair per run: the table reads from them whether compared points' runs alternated
     ttl_run_times: list | None = json_only()
+
+
+def measured(record) -> bool:
+    """Whether a run's (or a point's) record is this scenario's: its part holds a target."""
+    return record.time_to_loss.ttl_target_loss is not None
+
+
+# The table's columns this scenario adds (its part's and pool.add_comparison's), in order:
+# summary.csv's headline (analysis/tidy.py) and the console's table (analysis/display.py:
+# name, header, a number or text), shown when a point has a target.
+HEADLINE = (
+    "time_to_loss_s",
+    "ttl_ci_low",
+    "ttl_ci_high",
+    "ttl_note",
+    "ttl_ratio",
+    "ttl_p_value",
+    "ttl_verdict",
+)
+SHOWN = (
+    ("time_to_loss_s", "to_target_s", True),
+    ("ttl_note", "runs", False),
+    ("ttl_p_value", "p", True),
+    ("ttl_verdict", "to_target", False),
+)
+
+
+def console_line(result: dict, fmt) -> str | None:
+    """A run's console line after its status and name (runner/job.py), or None for a run of
+    another scenario; `fmt(key, spec)` formats a field of `result` ("-" when null)."""
+    if result.get("ttl_target_loss") is None:  # no step window: the time to loss instead
+        return None
+    return (
+        f"time to loss {result['ttl_target_loss']:g} {fmt('time_to_loss_s', '.2f')} s "
+        f"({result.get('ttl_note') or '-'})"
+    )
+
+
+def interval(record: dict) -> tuple[float, float] | None:
+    """A point's 95 % interval of its time to loss (a flat record), or None without one."""
+    if record.get("ttl_ci_low") is None:
+        return None
+    return record["ttl_ci_low"], record["ttl_ci_high"]
