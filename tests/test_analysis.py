@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from pathlib import Path
 
 import matplotlib.image
 import pandas as pd
@@ -205,14 +206,21 @@ def test_preset_runs_end_to_end_and_writes_valid_pngs(preset_sweep):
     assert not list(sweep_dir.glob(".*.tmp"))
 
 
+def measured_in_file(job_dir) -> list[float]:
+    """A point's measured step times as its steps.csv holds them (rank 0's)."""
+    steps = pd.read_csv(Path(job_dir) / "steps.csv")
+    return steps.loc[steps["phase"] == "measure", "step_ms"].astype(float).to_list()
+
+
 def bar_widths(container) -> list[float]:
     return [bar.get_width() for bar in container]
 
 
 def test_plots_are_drawn_from_the_rows_of_the_table(preset_sweep):
     _, sweep_dir = preset_sweep
-    table = report.build_table(sweep_dir).table
-    figures = plots.figures(table)
+    sweep = report.build_table(sweep_dir)
+    table = sweep.table
+    figures = plots.figures(sweep)
     labels = plots.point_labels(table)
     assert all("perf.batch_size=" in label and "perf.dtype=" in label for label in labels)
 
@@ -236,13 +244,17 @@ def test_plots_are_drawn_from_the_rows_of_the_table(preset_sweep):
 
     (ax,) = figures["step_times.png"].axes
     medians = [line.get_xdata()[0] for line in ax.lines if line.get_gid() == "median"]
-    expected = [statistics.median(plots.measured_step_ms(job)) for job in table["job_dir"]]
+    expected = [statistics.median(measured_in_file(job)) for job in table["job_dir"]]
+    assert [plots.measured_step_ms(sweep, job) for job in table["job_dir"]] == [
+        pytest.approx(measured_in_file(job)) for job in table["job_dir"]
+    ]
     assert medians[::-1] == pytest.approx(expected)
     assert expected == pytest.approx(table["step_ms_median"].to_list())
 
     (ax,) = figures["memory_anatomy.png"].axes
     stacks = {container.get_label(): bar_widths(container) for container in ax.containers}
-    estimates = [plots.memory_estimate(job) for job in table["job_dir"]]
+    estimates = [read_result(Path(job) / "result.json")["mem_estimate"] for job in table["job_dir"]]
+    assert [plots.memory_estimate(sweep, job) for job in table["job_dir"]] == estimates
     scale = plots.MIB if max(e["total"] for e in estimates) < plots.GIB else plots.GIB
     for part in plots.MEMORY_PARTS:
         if any(part in e for e in estimates):
@@ -269,9 +281,9 @@ def test_failed_points_are_named_and_marked_but_get_no_bar(preset_sweep, oom_swe
 
 def test_a_plot_without_data_is_skipped_with_a_message(oom_sweep, capsys):
     _, sweep_dir = oom_sweep
-    table = report.build_table(sweep_dir).table
-    assert table["status"].to_list() == ["oom"]
-    written = plots.write_plots(sweep_dir, table)
+    sweep = report.build_table(sweep_dir)
+    assert sweep.table["status"].to_list() == ["oom"]
+    written = plots.write_plots(sweep_dir, sweep)
     # The estimate exists before the first step; nothing else was measured.
     assert [path.name for path in written] == ["memory_anatomy.png"]
     skipped = capsys.readouterr().err

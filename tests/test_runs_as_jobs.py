@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -146,47 +147,72 @@ def test_hydras_own_sweeper_refuses_more_than_one_run_a_point_in_one_line(tmp_pa
 
 # --- a run's record is read once (issue 44) -----------------------------------------------------
 
-# Runs nanogpt.run as `python -m` does, counting this process's opens of each run's result.json
-# (an audit hook: every open() of the interpreter), written to OUT at exit.
+# Runs nanogpt.run as `python -m` does, counting this process's reads of each record file (a
+# run's or a point's result.json and steps.csv: an audit hook sees every open() of the
+# interpreter), written to OUT at exit.
 COUNTING = """
-import atexit, collections, json, runpy, sys
+import atexit, collections, json, os, runpy, sys
 out, opened = sys.argv.pop(1), collections.Counter()
 def hook(event, args):
-    if event == "open" and isinstance(args[0], str) and args[0].endswith("result.json"):
-        if "/run-" in args[0] and "w" not in str(args[1] or "r"):
-            opened[args[0]] += 1
+    if event == "open" and isinstance(args[0], (str, os.PathLike)):
+        path, mode = os.fspath(args[0]), str(args[1] or "r")
+        if path.endswith(("result.json", "steps.csv")) and not set("wax+") & set(mode):
+            opened[path] += 1
 sys.addaudithook(hook)
 atexit.register(lambda: open(out, "w").write(json.dumps(opened)))
 sys.argv[0] = "nanogpt.run"
 runpy.run_module("nanogpt.run", run_name="__main__", alter_sys=True)
 """
+FILES = ("result.json", "steps.csv")  # a record's files
+# Every output of the sweep's end: the summary files and console, the plots, the W&B summary
+# run (its table, the pooled figures) and the W&B view
+OUTPUTS = ["report.plots=true", "logger=wandb", "logger.mode=offline"]
 
 
 @pytest.mark.slow
 def test_the_sweep_process_opens_each_runs_record_at_most_once(tmp_path):
     """The job owns its run's record and hands it back in memory (the objective, the status,
-    a kept run); the resume's index reads the sweep dir once a process; the table pools each
-    point's runs from what it holds or reads them once. Counted for real (sys.addaudithook) in
-    the sweep process of a 2-point, 2-run sweep on the basic launcher (its jobs run there), then
-    of its resume with one run more a point."""
+    a kept run, its steps); the resume's index reads the sweep dir once a process; the table
+    pools each point's runs from what it holds or reads them once, and every output (summary
+    files, console, plots, the W&B table, summary run and view) takes the sweep it built,
+    reading no record file again. Counted for real (sys.addaudithook) in the sweep process of a
+    2-point, 2-run sweep on the basic launcher (its jobs run there), then of its resume with
+    one run more a point. The W&B summary run holds each point's pooled figures."""
+    from .wandb_reader import read_run, run_file
 
     sweep_dir = tmp_path / "sweep"
     for repeats in (2, 3):
         out = tmp_path / f"opened_{repeats}.json"
-        args = with_micro(["perf.batch_size=1,2", f"bench.repeats={repeats}"])
+        args = with_micro(["perf.batch_size=1,2", f"bench.repeats={repeats}", *OUTPUTS])
         command = [sys.executable, "-c", COUNTING, str(out), "-m", *args]
         proc = subprocess.run(
             [*command, f"hydra.sweep.dir={sweep_dir}"], cwd=tmp_path, capture_output=True, text=True
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "plot: " in proc.stdout and (sweep_dir / "wandb_view.json").is_file()
         opened = json.loads(out.read_text())
         runs = list(sweep_dir.glob("*/run-*/result.json"))
         assert len(runs) == 2 * repeats
-        assert max(opened.values(), default=0) <= 1, opened  # each run's at most once
-        # the resume reads the 4 kept runs' records once (its index), the new ones not at all
-        assert len(opened) == (0 if repeats == 2 else 4), opened
+        assert max(opened.values(), default=0) <= 1, opened  # each file at most once
+        # The first sweep reads nothing back: its runs' records and steps, and the points' pools
+        # it wrote, are held. The resume's index reads every record once (the 4 kept runs', the
+        # 2 points' earlier pools), the pool the kept runs' steps once, the new runs' nothing.
+        kept = [f"{p}/run-{r}/{name}" for p in (0, 1) for r in (1, 2) for name in FILES]
+        expected = [] if repeats == 2 else [*kept, "0/result.json", "1/result.json"]
+        assert sorted(str(Path(p).relative_to(sweep_dir)) for p in opened) == sorted(expected)
     assert "resume: kept 4 run(s) of 2 point(s)" in proc.stdout
-    assert read_summary(sweep_dir)["repeats"].tolist() == [3, 3]
+    summary = read_summary(sweep_dir)
+    assert summary["repeats"].tolist() == [3, 3]
+    # the pooled figures in the sweep's W&B summary run (the resume's, the newest)
+    summary_run = read_run(run_file(sorted((sweep_dir / "wandb").glob("offline-run-*"))[-1]))
+    assert summary_run.job_type == "sweep-summary"
+    points = summary_run.summary["points"]
+    assert list(points) == summary["overrides"].tolist()
+    for row in summary.itertuples():
+        pooled = points[row.overrides]
+        assert pooled["repeats"] == 3 and pooled["status"] == "ok"
+        assert pooled["tokens_per_s"] == pytest.approx(row.tokens_per_s)
+        assert pooled["step_ms_median"] == pytest.approx(row.step_ms_median)
 
 
 @pytest.mark.slow

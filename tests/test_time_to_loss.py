@@ -4,6 +4,7 @@ the bad inputs. The runs are in-process on micro models, but for one real micro 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -16,7 +17,6 @@ from nanogpt.analysis.derive import Ceilings, Peak
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.table import build_table
-from nanogpt.analysis.tidy import read_summary
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.spec import DataConfig, LoggerConfig, LoggerMode
 from nanogpt.publish.plot_parts import NoData
@@ -426,7 +426,7 @@ def test_a_target_sweep_records_runs_seeds_and_the_verdict(sweep, monkeypatch):
     assert not {"steady", "speedup", "beside", "step_ms"} & {c.strip() for c in header.split("|")}
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert table["ttl_verdict"].iloc[0] == "baseline" and pd.isna(table["ttl_verdict"].iloc[1])
-    _the_loss_plot_draws_every_run(read_summary(sweep_dir), [reached, missed])
+    _the_loss_plot_draws_every_run(build_table(sweep_dir), [reached, missed])
     _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch)
 
 
@@ -458,10 +458,11 @@ def _the_notebook_shows_time_to_loss(sweep_dir, monkeypatch):
     assert any("image/png" in o.get("data", {}) for o in outputs)
 
 
-def _the_loss_plot_draws_every_run(table, records):
-    """val_loss.png (scenarios/time_to_loss/plot.py), drawn from the sweep's own table and files: a
-    line per run through its evaluations, a colour per point, a dashed line per target."""
-    fig = validation_loss(table)
+def _the_loss_plot_draws_every_run(sweep, records):
+    """val_loss.png, drawn from the sweep (its table and its points' records, no file read
+    again): a line per run through its evaluations, a colour per point, a dashed line per
+    target."""
+    fig = validation_loss(sweep)
     ax = fig.axes[0]
     runs = [(n, run) for n, record in enumerate(records) for run in record["ttl_evals"]]
     lines = [line for line in ax.get_lines() if line.get_linestyle() != "--"]
@@ -473,4 +474,4 @@ def _the_loss_plot_draws_every_run(table, records):
     targets = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert sorted(targets) == [0.01, 4.0]
     with pytest.raises(NoData, match="bench.target_loss"):  # a throughput sweep: none drawn
-        validation_loss(table.assign(ttl_target_loss=None))
+        validation_loss(dataclasses.replace(sweep, table=sweep.table.assign(ttl_target_loss=None)))

@@ -86,15 +86,25 @@ def read_steps(job_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def pool_runs(point_dir: Path, known: dict[Path, dict] | None = None) -> Record | None:
+def pool_runs(
+    point_dir: Path,
+    known: dict[Path, dict] | None = None,
+    known_steps: dict[Path, list[dict]] | None = None,
+) -> Record | None:
     """The point's record from its runs' (POINT/run-R), written to POINT/result.json and
     steps.csv; None for a point dir without runs (a record written before runs were jobs stays
     as it is). All ok: their pool, every figure derived once (analysis/figures.derive_point, as
     for one run); otherwise the first run that was not ok is the point's record (a later run of
     a failed point is never measured). A point with fewer runs than it asked (a sweep stopped
     between rounds) is the pool of those it has: its run count says so. `known`: records this
-    process holds (the resume's Index), by resolved dir: not read again."""
-    known = known or {}
+    process holds (the resume's Index), by resolved dir: not read again; `known_steps` their
+    steps, likewise."""
+    known, known_steps = known or {}, known_steps or {}
+
+    def steps_of(where: Path) -> list[dict]:
+        held = known_steps.get(Path(where).resolve())
+        return list(held) if held is not None else read_steps(where)
+
     runs = [
         (number, known.get(d.resolve()) or read_result(d / RESULT_FILE), d)
         for number, d in run_dirs(point_dir)
@@ -106,12 +116,12 @@ def pool_runs(point_dir: Path, known: dict[Path, dict] | None = None) -> Record 
     if failed:
         flat, where = failed[0]
         record = Record.from_dict(flat)
-        record.steps = read_steps(where)
+        record.steps = steps_of(where)
     else:
         records = []
         for _, flat, where in runs:
             records.append(Record.from_dict(flat))
-            records[-1].steps = read_steps(where)
+            records[-1].steps = steps_of(where)
         floor_s = ((runs[0][1].get("measured_config") or {}).get("bench") or {}).get("measure_s")
         record = derive_point(records, floor_s or 0.0) if len(records) > 1 else records[0]
         record.wall_s = sum(r.wall_s or 0.0 for r in records)
@@ -128,12 +138,12 @@ def pool_sweep(sweep_dir: Path) -> dict[Path, Record]:
         point_dir = path.parent.parent
         newest[point_dir] = max(newest.get(point_dir, 0.0), path.stat().st_mtime)
     held = _INDEXES.get(str(Path(sweep_dir).resolve()))  # the runs this process holds
-    known = held.records if held else {}
+    known, known_steps = (held.records, held.steps) if held else ({}, {})
     pooled_now = {}
     for point_dir, ran in sorted(newest.items()):
         pooled = point_dir / RESULT_FILE
         if not pooled.is_file() or pooled.stat().st_mtime < ran:  # else: pooled since
-            record = pool_runs(point_dir, known)
+            record = pool_runs(point_dir, known, known_steps)
             if record is not None:
                 pooled_now[point_dir.resolve()] = record
     return pooled_now
@@ -185,6 +195,7 @@ class Index:
         self.pooled: dict[str, Path] = {}
         self.owner: dict[Path, str] = {}  # an ok record's dir (resolved) -> its point's key
         self.records: dict[Path, dict] = {}  # an ok record's dir (resolved) -> the record
+        self.steps: dict[Path, list[dict]] = {}  # a run this process wrote -> its steps' rows
         for path, record in iter_records(Path(sweep_dir), runs=True):
             if not record or record.get("status") != "ok":
                 continue
@@ -206,8 +217,11 @@ class Index:
                     return found, pooled, self.records[Path(found).resolve()]
         return None
 
-    def add(self, job_dir: Path, record: dict) -> None:
+    def add(self, job_dir: Path, record: dict, steps: list[dict] | None = None) -> None:
+        """A run this process wrote: its record and its steps (steps.csv's rows), held."""
         number = run_number(job_dir)
+        if steps is not None:
+            self.steps[Path(job_dir).resolve()] = steps
         if record.get("status") == "ok" and number is not None:
             self.runs[(_key(record), number)] = Path(job_dir)
             self.owner[Path(job_dir).resolve()] = _key(record)

@@ -40,7 +40,11 @@ def build(records: list[dict]) -> pd.DataFrame:
 
 def _point_rows(record: dict) -> list[dict]:
     job_dir = record["job_dir"]
-    rows = _read_csv(Path(job_dir) / store.STEPS_FILE)
+    held = record.get("steps")  # a point pooled in this process: its rows, not read back
+    if held is None:
+        rows = _read_csv(Path(job_dir) / store.STEPS_FILE)
+    else:
+        rows = [{key: (None if value == "" else value) for key, value in r.items()} for r in held]
     for row in rows:
         row["job_dir"] = job_dir
         row["repeat"] = row.get("repeat") or 1

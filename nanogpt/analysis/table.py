@@ -37,10 +37,13 @@ class ReportError(Exception):
 
 def load_records(sweep_dir: Path) -> tuple[list[dict], list[Path]]:
     """Readable records, one per point (the newest ok one wins), and the unreadable files. Each
-    point's runs are pooled first (store.pool_sweep: POINT/result.json). A record moved aside
-    (SWEEP_DIR/moved/: a resumed sweep whose points changed) is no row: the table is the
+    point's runs are pooled first (store.pool_sweep: POINT/result.json); a point pooled now is
+    kept as pooled, its steps with it (`steps`: steps.csv's rows), not read back. A record moved
+    aside (SWEEP_DIR/moved/: a resumed sweep whose points changed) is no row: the table is the
     sweep's current points."""
-    pooled = {where: record.to_dict() for where, record in store.pool_sweep(sweep_dir).items()}
+    pooled = {
+        where: record.to_dict(steps=True) for where, record in store.pool_sweep(sweep_dir).items()
+    }
     by_point: dict[str, dict] = {}
     unreadable = []
     for path, record in store.iter_records(sweep_dir, moved=False, known=pooled):
@@ -70,13 +73,23 @@ def _natural(text: str) -> list:
 
 @dataclass
 class Sweep:
-    """A sweep's table and what goes with it."""
+    """A sweep as every output takes it (summary files, console, plots, loss curves, the W&B
+    table and view, a search's answer, compare), built once by `build_table`: no output reads a
+    record file again."""
 
     table: pd.DataFrame  # one row per point: the record's columns, swept keys, speedups
     steps: pd.DataFrame  # the long steps table (analysis/sweep_steps.py), keyed by job_dir
     swept: list[str]  # the swept keys, one column each (record/swept.py)
     baseline: str  # which point is the speedup baseline, and why
     unreadable: list[Path] = field(default_factory=list)
+    # the points' records (flat, with job_dir; the table's rows in its order): their json-only
+    # fields too (mem_estimate, ttl_evals, ...), which the table has no column for
+    points: list[dict] = field(default_factory=list)
+
+    def point(self, job_dir) -> dict:
+        """The record of the point measured at `job_dir` (a table row's), {} if none."""
+        wanted = str(job_dir)
+        return next((p for p in self.points if p.get("job_dir") == wanted), {})
 
     def series(self) -> list:
         """Each row's measured steps (a list per repeat), found by its job_dir."""
@@ -114,7 +127,7 @@ def build_table(
         choice = baseline_rule.choose(table, baseline)
     except baseline_rule.BaselineError as err:
         raise ReportError(str(err)) from None
-    sweep = Sweep(table, steps, keys, "", unreadable)
+    sweep = Sweep(table, steps, keys, "", unreadable, rows)
     compare.add_speedups(table, sweep.series(), choice.position)
     ttl.add_comparison(table, choice.position, ttl_alpha, ttl.run_times(rows))  # with a target
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)

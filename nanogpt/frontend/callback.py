@@ -183,11 +183,12 @@ class SweepReport(Callback):
 
     def _end(self, config: DictConfig) -> None:
         logs.sweep_console()  # the sweep's own lines (its W&B summary run) as a job's are
-        sweep_dir, table = self._table(config)
+        sweep_dir, sweep = self._table(config)
+        table = sweep.table
         logger = OmegaConf.to_object(config.logger)
         summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
-        unreachable = wandb_sink.log_sweep_table(logger, sweep_dir, table, summary_csv)
-        wandb_view.save_and_publish(logger, sweep_dir, unreachable)  # the sweep's ready view
+        unreachable = wandb_sink.log_sweep_table(logger, sweep_dir, sweep, summary_csv)
+        wandb_view.save_and_publish(logger, sweep_dir, sweep, unreachable)  # its ready view
         stopped = table[table["status"] == "interrupted"]
         if len(stopped):  # a launcher that runs points elsewhere (parallel slots, SLURM jobs)
             resume = f"rerun the same command with hydra.sweep.dir={sweep_dir} to resume"
@@ -217,5 +218,4 @@ class SweepReport(Callback):
     def _publish(self, config: DictConfig):
         """Build, write and print the sweep's table (publish/sweep_outputs.py)."""
         sweep_dir = Path(config.hydra.sweep.dir)
-        sweep = publish(sweep_dir, settings_of(config))
-        return sweep_dir, sweep.table
+        return sweep_dir, publish(sweep_dir, settings_of(config))

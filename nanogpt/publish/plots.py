@@ -1,13 +1,14 @@
 """Plots of a sweep: PNGs written into the sweep dir, beside summary.csv.
 
-`python -m nanogpt.report DIR --plots` (or report.plots=true in a multirun) draws, from the rows
-of the sweep table and each point's own files:
+`python -m nanogpt.report DIR --plots` (or report.plots=true in a multirun) draws, from the sweep
+(analysis/table.Sweep: its table's rows, its steps table and its points' records; no file is read
+again):
 - throughput.png      tokens/s per point (failed points are named, with their status, barless)
 - mfu.png             MFU per point, against the peak named in the title
 - batch_scaling.png   tokens/s and peak memory against perf.batch_size, one line per setting of
                       the other overrides; batch sizes that ran out of memory are marked
-- step_times.png      the distribution of each point's measured step times (its steps.csv)
-- memory_anatomy.png  the analytic memory estimate by component (result.json's mem_estimate)
+- step_times.png      the distribution of each point's measured step times (its steps' rows)
+- memory_anatomy.png  the analytic memory estimate by component (the record's mem_estimate)
                       beside the measured peak
 - bottleneck.png      each point's step split into device, communication, data and host time,
                       and its device time by kind (the diagnosis, analysis/bottleneck.py)
@@ -25,17 +26,20 @@ import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from nanogpt.analysis import store
 from nanogpt.analysis.compare import measured_peak
 from nanogpt.analysis.labels import parse_overrides, point_labels
 from nanogpt.publish.bottleneck_plot import bottleneck
 from nanogpt.publish.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.record.files import write_atomic
 from nanogpt.scenarios.time_to_loss.plot import validation_loss
+
+if TYPE_CHECKING:
+    from nanogpt.analysis.table import Sweep
 
 MIB, GIB = 2**20, 2**30
 # The parts of the memory estimate (train/memory_estimate.estimate_memory), stacked in this order;
@@ -131,23 +135,24 @@ def _keys_that_set(column: pd.Series, table: pd.DataFrame) -> tuple[str, ...]:
     )
 
 
-def measured_step_ms(job_dir: str | Path) -> list[float]:
-    """A point's measured step times (ms) from its steps.csv (rank 0's under torchrun, where
-    the table's step_ms_* take the slowest rank per step); [] when there are none."""
-    path = Path(job_dir) / store.STEPS_FILE
-    if not path.is_file():
-        return []
-    steps = pd.read_csv(path)
-    return steps.loc[steps["phase"] == "measure", "step_ms"].astype(float).to_list()
+def measured_step_ms(sweep: Sweep, job_dir: str | Path) -> list[float]:
+    """A point's measured step times (ms) from the sweep's steps table (rank 0's under torchrun,
+    where the table's step_ms_* take the slowest rank per step); [] when there are none."""
+    steps = sweep.steps
+    mine = steps[(steps["job_dir"] == str(job_dir)) & (steps["phase"] == "measure")]
+    return mine["step_ms"].dropna().astype(float).to_list()
 
 
-def step_times(table: pd.DataFrame) -> Figure:
+def step_times(sweep: Sweep) -> Figure:
+    table = sweep.table
     labels = tagged_labels(table)
     jobs = table["job_dir"]
-    series = [(label, measured_step_ms(job)) for label, job in zip(labels, jobs, strict=True)]
+    series = [
+        (label, measured_step_ms(sweep, job)) for label, job in zip(labels, jobs, strict=True)
+    ]
     series = [(label, ms) for label, ms in series if ms]
     if not series:
-        raise NoData("no point has measured steps in its steps.csv")
+        raise NoData("no point has measured steps")
     fig = new_figure(len(series))
     ax = fig.add_subplot()
     series.reverse()  # first point on top
@@ -162,16 +167,17 @@ def step_times(table: pd.DataFrame) -> Figure:
     return fig
 
 
-def memory_estimate(job_dir: str | Path) -> dict | None:
-    record = store.read_result(Path(job_dir) / store.RESULT_FILE)
-    return record.get("mem_estimate") if record else None
+def memory_estimate(sweep: Sweep, job_dir: str | Path) -> dict | None:
+    """The analytic memory estimate of the point at `job_dir` (its record's), or None."""
+    return sweep.point(job_dir).get("mem_estimate")
 
 
-def memory_anatomy(table: pd.DataFrame) -> Figure:
-    estimates = [memory_estimate(job) for job in table["job_dir"]]
+def memory_anatomy(sweep: Sweep) -> Figure:
+    table = sweep.table
+    estimates = [memory_estimate(sweep, job) for job in table["job_dir"]]
     keep = [estimate is not None for estimate in estimates]
     if not any(keep):
-        raise NoData("no point's result.json has a mem_estimate")
+        raise NoData("no point's record has a mem_estimate")
     shown = table[keep]
     estimates = [e for e in estimates if e is not None]
     peak, peak_name = measured_peak(shown)
@@ -241,34 +247,40 @@ def pareto(table: pd.DataFrame) -> Figure:
     return fig
 
 
-PLOTS: dict[str, Callable[[pd.DataFrame], Figure]] = {
-    "throughput.png": throughput,
-    "mfu.png": mfu,
-    "batch_scaling.png": batch_scaling,
+def _of_table(draw: Callable[[pd.DataFrame], Figure]) -> Callable[[Sweep], Figure]:
+    """A plot of the table's rows alone, drawn from the sweep."""
+    return lambda sweep: draw(sweep.table)
+
+
+# Each plot draws from the sweep (the table's rows alone, or its steps and records too)
+PLOTS: dict[str, Callable[[Sweep], Figure]] = {
+    "throughput.png": _of_table(throughput),
+    "mfu.png": _of_table(mfu),
+    "batch_scaling.png": _of_table(batch_scaling),
     "step_times.png": step_times,
     "memory_anatomy.png": memory_anatomy,
-    "speedup.png": speedup,
-    "pareto.png": pareto,
-    "bottleneck.png": bottleneck,
+    "speedup.png": _of_table(speedup),
+    "pareto.png": _of_table(pareto),
+    "bottleneck.png": _of_table(bottleneck),
     "val_loss.png": validation_loss,
 }
 
 
-def figures(table: pd.DataFrame) -> dict[str, Figure]:
+def figures(sweep: Sweep) -> dict[str, Figure]:
     """Every plot that has data, by file name; the others are skipped with a message."""
     drawn = {}
     for name, draw in PLOTS.items():
         try:
-            drawn[name] = draw(table)
+            drawn[name] = draw(sweep)
         except NoData as why:
             print(f"plot skipped: {name}: {why}", file=sys.stderr)
     return drawn
 
 
-def write_plots(sweep_dir: Path, table: pd.DataFrame) -> list[Path]:
-    """Draw the plots of a sweep table and write each PNG atomically into the sweep dir."""
+def write_plots(sweep_dir: Path, sweep: Sweep) -> list[Path]:
+    """Draw the plots of a sweep and write each PNG atomically into the sweep dir."""
     written = []
-    for name, fig in figures(table).items():
+    for name, fig in figures(sweep).items():
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=110)
         write_atomic(sweep_dir / name, buffer.getvalue())

@@ -43,7 +43,7 @@ def publish(sweep_dir: Path, settings: dict, notes: list[str] = ()) -> sweep_tab
     if plots:
         from nanogpt.publish.plots import write_plots  # matplotlib only when asked for
 
-        for path in write_plots(sweep_dir, sweep.table):
+        for path in write_plots(sweep_dir, sweep):
             print(f"plot: {path}")
     for line in [*notes, *(answer.closing_lines(search) if search else [])]:
         print(line)  # a search closes with its answer

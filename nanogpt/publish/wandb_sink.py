@@ -21,7 +21,9 @@ process from the measurement, whatever a sink does. The one sink is Weights & Bi
   record's part as torchtitan names its metrics (`timing/step_ms_median`, `rates/mfu`,
   `point/status`: results/summary_keys.summary_key), but wall_s, which is measured around the whole
   point after the run closed; a failed point is a failed run;
-- at the end of a multirun, the sweep table goes to a summary run of the same group.
+- at the end of a multirun, the sweep table goes to a summary run of the same group: its rows
+  as a wandb.Table and, in the run's summary, each point's pooled figures (`points`, by the
+  point's overrides), taken from the sweep the table was built as (analysis/table.Sweep).
 
 Online init that fails (no route, a timeout, a refused key) falls back to offline in the same
 process (a new run id: wandb refuses an id twice in a process; the failed attempt's empty dir is
@@ -61,7 +63,7 @@ from nanogpt.record.summary_keys import namespaced
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from nanogpt.analysis.table import Sweep
 
 T = TypeVar("T")
 
@@ -108,11 +110,13 @@ def open_sinks(
 
 
 def log_sweep_table(
-    logger: LoggerConfig, sweep_dir: Path, table: pd.DataFrame, summary_csv: Path
+    logger: LoggerConfig, sweep_dir: Path, sweep: Sweep, summary_csv: Path
 ) -> str | None:
-    """The sweep table as a wandb.Table, and summary.csv as an artifact, in a summary run.
-    Returns why W&B's server is out of reach ("online init failed") when the run had to go
-    offline for it, so that the sweep does not try it again for its view; else None."""
+    """The sweep table as a wandb.Table, each point's pooled figures in the run's summary
+    (`pooled_figures`), and summary.csv as an artifact, in a summary run. Returns why W&B's
+    server is out of reach ("online init failed") when the run had to go offline for it, so
+    that the sweep does not try it again for its view; else None."""
+    table = sweep.table
     group = logger.group or sweep_id(sweep_dir)
     earlier = earlier_runs(sweep_dir)  # the summary runs of earlier runs of this sweep
     run = start_run(
@@ -134,10 +138,26 @@ def log_sweep_table(
         artifact = wandb.Artifact(re.sub(r"[^\w.-]", "-", f"sweep-{group}"), type="sweep-summary")
         artifact.add_file(str(summary_csv))
         wandb_run.log_artifact(artifact)
+        wandb_run.summary.update({"points": pooled_figures(sweep)})
 
     run.attempt("logging the sweep table", log_table)
     run.close(exit_code=0)
     return run.offline_reason
+
+
+def pooled_figures(sweep: Sweep) -> dict[str, dict]:
+    """Each point's figures as the table pooled them (all its runs), by its overrides: the
+    table's columns that hold a value (a swept key's column, named with dots, is in the
+    overrides already)."""
+    points = {}
+    for row in sweep.table.to_dict(orient="records"):
+        figures = {}
+        for column, value in row.items():
+            value = value.item() if hasattr(value, "item") else value  # numpy -> Python
+            if "." not in column and value is not None and value == value:  # NaN: no value
+                figures[column] = value
+        points[str(row["overrides"])] = figures
+    return points
 
 
 def start_run(

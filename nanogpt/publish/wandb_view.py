@@ -4,7 +4,8 @@ The view is first plain JSON, the *view spec* (`view_spec`): every panel with th
 by where W&B keeps them (`summary`: the run summary, i.e. the record's field names namespaced
 by part, "rates/tokens_per_s" (record/summary_keys.py);
 `history`: the keys logged at each window; `config`: the run config; `table`: a logged
-wandb.Table). `write_view` writes it to SWEEP_DIR/wandb_view.json at the end of a multirun;
+wandb.Table). `write_view` writes it to SWEEP_DIR/wandb_view.json at the end of a multirun,
+from the sweep the table was built as (analysis/table.Sweep: no record read again);
 `publish` builds wandb-workspaces objects from it (`build_views`) and saves them, which needs an
 API key and the network (offline: `wandb sync`, then `python -m nanogpt.dashboard SWEEP_DIR`).
 The file holds the spec, not wandb-workspaces' wire form (private, with random panel ids): the
@@ -27,6 +28,7 @@ A swept key with no config path of its own (+sweep/accum_split) is read from the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanogpt.analysis.store import iter_records, sweep_id
 from nanogpt.config.spec import LoggerConfig, LoggerMode
@@ -35,6 +37,9 @@ from nanogpt.record import swept
 from nanogpt.record.faults import describe
 from nanogpt.record.files import read_json, write_atomic, write_json
 from nanogpt.record.summary_keys import summary_key
+
+if TYPE_CHECKING:
+    from nanogpt.analysis.table import Sweep
 
 VIEW_FILE = "wandb_view.json"
 URL_FILE = "wandb_view_url.txt"
@@ -145,10 +150,19 @@ def _view(name: str, filters: list, columns: dict, sections: dict[str, list]) ->
 
 
 def write_view(
-    sweep_dir: Path, project: str, entity: str | None = None, group: str | None = None
+    sweep_dir: Path,
+    project: str,
+    entity: str | None = None,
+    group: str | None = None,
+    sweep: Sweep | None = None,
 ) -> Path:
-    """Write SWEEP_DIR/wandb_view.json (atomically) from the sweep's records; its path."""
-    records = [record for _, record in iter_records(sweep_dir, moved=False) if record]
+    """Write SWEEP_DIR/wandb_view.json (atomically) from the sweep's points; its path. `sweep`:
+    the sweep this process built (its points' records); None: the records read from the dir
+    (`python -m nanogpt.dashboard`, a process of its own)."""
+    if sweep is not None:
+        records = sweep.points
+    else:
+        records = [record for _, record in iter_records(sweep_dir, moved=False) if record]
     spec = view_spec(
         project,
         group or sweep_id(sweep_dir),
@@ -273,13 +287,13 @@ def publish(
 
 
 def save_and_publish(
-    logger: LoggerConfig, sweep_dir: Path, unreachable: str | None = None
+    logger: LoggerConfig, sweep_dir: Path, sweep: Sweep, unreachable: str | None = None
 ) -> str | None:
-    """At the end of a multirun with W&B on: write the view file, then publish it (not tried
-    where the summary run found the server `unreachable`)."""
+    """At the end of a multirun with W&B on: write the view file from the sweep's table, then
+    publish it (not tried where the summary run found the server `unreachable`)."""
     if logger.backend != "wandb" or resolve_mode(logger.mode)[0] == "disabled":
         return None
-    write_view(sweep_dir, logger.project, entity=logger.entity, group=logger.group)
+    write_view(sweep_dir, logger.project, entity=logger.entity, group=logger.group, sweep=sweep)
     return publish(sweep_dir, logger.mode, unreachable)
 
 

@@ -87,7 +87,7 @@ def run_point(spec: RunSpec, job: Job) -> Outcome:
     store.write_record(job.job_dir, record)
     result = record.to_dict()
     if job.sweep_dir:
-        store.index(job.sweep_dir).add(job.job_dir, result)
+        store.index(job.sweep_dir).add(job.job_dir, result, record.steps)
     signal_hook("record-written")  # TESTING ONLY: a test's signal at this moment, if asked
     log.info(summary_line(record, run_name(job.overrides, job.sweep_dir, job.repeat)))
     return Outcome(record.status, result)
