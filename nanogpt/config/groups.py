@@ -26,6 +26,21 @@ from nanogpt.config.choices import (
     Tokenizer,
 )
 
+# Whether a key makes a point another one is said on its field (record/identity.py reads it).
+# A key is in the point unless its field says otherwise: NOT_A_POINT, it never changes a figure
+# (where a file goes, whether to measure again, how many runs, an explanation); LATER, it was
+# added after sweeps were recorded, so it is in the point only when set off its default (a point
+# measured before it keeps its point_id, and a resume finds it).
+POINT = "point"
+NOT_A_POINT, LATER = "not a point", "later"
+
+
+def key(default: Any = None, *, point: str, factory: Any = None) -> Any:
+    """A field with what it does to a point (its default, or a factory for one)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={POINT: point})
+    return field(default=default, metadata={POINT: point})
+
 
 @dataclass
 class ModelConfig:
@@ -37,13 +52,16 @@ class ModelConfig:
     vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64
     dropout: float = 0.0
     bias: bool = False
-    chosen_by: str | None = None  # model=auto: which model the device got, and why
+    chosen_by: str | None = key(
+        None, point=NOT_A_POINT
+    )  # model=auto: which model the device got, and why
     # The user's own model, built Hydra's way in the measuring child
     # (nanogpt/config/target_nodes.py,
     # docs/models.md): {_target_: mymod.GPT, its arguments, nested _target_ allowed}. Empty:
     # the built-in GPT of the keys above. block_size and vocab_size still shape the batches.
-    build: dict[str, Any] = field(default_factory=dict)
-    code_dir: str | None = None  # where model.build and optimizer.build are found (default: cwd)
+    build: dict[str, Any] = key(factory=dict, point=LATER)
+    # where model.build and optimizer.build are found (default: cwd)
+    code_dir: str | None = key(None, point=NOT_A_POINT)
 
 
 @dataclass
@@ -76,24 +94,28 @@ class OptimizerConfig:
     momentum: float = 0.9  # sgd and muon
     grad_clip: float = 1.0  # 0 disables clipping
     impl: OptimizerImpl = OptimizerImpl.auto  # muon: its AdamW part (Muon steps a tensor a time)
-    adjust_lr_fn: str = "original"  # muon: torch.optim.Muon's learning-rate adjustment
-    roles: RolesConfig = field(default_factory=RolesConfig)
+    adjust_lr_fn: str = key(
+        "original", point=LATER
+    )  # muon: torch.optim.Muon's learning-rate adjustment
+    roles: RolesConfig = key(factory=RolesConfig, point=LATER)
     # Any optimizer class, built Hydra's way: {_target_: torch.optim.Adagrad, _partial_: true,
     # its other arguments}, called with the parameter groups (nanogpt/train/optim.py). Empty: by
     # name.
-    build: dict[str, Any] = field(default_factory=dict)
+    build: dict[str, Any] = key(factory=dict, point=LATER)
     # optimizer=from_model: the model's own factory, called as `model.<method>(**args)` (nanoGPT's
     # configure_optimizers, nanochat's setup_optimizer); `device_arg` names the argument the
     # runner fills with the point's device type ("cuda", "cpu"), empty for none. `args` are also
     # an optimizer class's own keyword arguments where its recipe takes them (adafactor's).
-    method: str = ""
-    args: dict[str, Any] = field(default_factory=dict)
-    device_arg: str = ""
+    method: str = key("", point=LATER)
+    args: dict[str, Any] = key(factory=dict, point=LATER)
+    device_arg: str = key("", point=LATER)
     # The learning rate's schedule, every param group scaled by one factor a step, its horizon
     # bench.max_steps (nanogpt/train/lr_schedule.py, docs/time_to_loss.md)
-    schedule: Schedule = Schedule.constant
-    warmup_steps: int = 0  # linear warmup from 0 over this many steps (any schedule)
-    decay_frac: float = 0.2  # wsd: the share of bench.max_steps spent decaying to 0
+    schedule: Schedule = key(Schedule.constant, point=LATER)
+    warmup_steps: int = key(
+        0, point=LATER
+    )  # linear warmup from 0 over this many steps (any schedule)
+    decay_frac: float = key(0.2, point=LATER)  # wsd: the share of bench.max_steps decaying to 0
 
 
 @dataclass
@@ -114,9 +136,9 @@ class PerfConfig:
 class DataConfig:
     kind: DataKind = DataKind.synthetic
     path: str | None = None
-    cache_dir: str | None = None  # where `text` keeps its tokenized .bin (default: user cache)
-    tokenizer: Tokenizer = Tokenizer.gpt2  # text: gpt2 | char
-    val_fraction: float = 0.1  # text: the last share of tokens held out for validation
+    cache_dir: str | None = key(None, point=NOT_A_POINT)  # where `text` keeps its tokenized .bin
+    tokenizer: Tokenizer = key(Tokenizer.gpt2, point=LATER)  # text: gpt2 | char
+    val_fraction: float = key(0.1, point=LATER)  # text: the last share of tokens held out
 
 
 @dataclass
@@ -133,7 +155,9 @@ class BenchConfig:
     measure_s: float = 0.0
     time_budget_s: float = 20.0  # a point's steps (warmup, diagnosis too) stop after this long ...
     min_measure_steps: int = 5  # ... once this many steps are in
-    repeats: int = 1  # measure the point this many times, each in a fresh process
+    repeats: int = key(
+        1, point=NOT_A_POINT
+    )  # measure the point this many times, each a fresh process
     isolate: bool = True  # measure in a fresh child process
     cold_compile_cache: bool = False  # give this point its own, empty Inductor cache
     profile: bool = False  # torch.profiler over profile_steps steps after the measured ones
@@ -143,23 +167,27 @@ class BenchConfig:
     memory_snapshot: bool = False  # on CUDA OOM, save an allocator snapshot
     find_max_batch: bool = False  # grow then bisect perf.batch_size until OOM
     max_batch_memory_gib: float | None = None  # the search's memory budget (default: all free)
-    rerun: bool = False  # rerun points that already have an ok record
+    rerun: bool = key(False, point=NOT_A_POINT)  # rerun points that already have an ok record
     inject_fault: str | None = None  # TESTING ONLY: oom@N | nan@N | raise@N | kill@N
-    exclusive: Exclusive = Exclusive.warn  # other processes on the device while measuring
+    exclusive: Exclusive = key(
+        Exclusive.warn, point=NOT_A_POINT
+    )  # others on the device while measuring
     # Time to a target validation loss (scenarios/time_to_loss/, docs/time_to_loss.md): set, a run
     # trains from its first step until an evaluation reads loss <= target_loss, or its budget ends
-    target_loss: float | None = None
-    eval_every: int = 50  # steps between evaluations of the validation loss
-    eval_batches: int = 8  # held-out batches each evaluation reads (the same ones every time)
-    max_steps: int = 5000  # a target run's step budget ...
-    max_s: float = 600.0  # ... and its wall-time budget (training and evaluation)
+    target_loss: float | None = key(None, point=LATER)
+    eval_every: int = key(50, point=LATER)  # steps between evaluations of the validation loss
+    eval_batches: int = key(
+        8, point=LATER
+    )  # held-out batches an evaluation reads (the same each time)
+    max_steps: int = key(5000, point=LATER)  # a target run's step budget ...
+    max_s: float = key(600.0, point=LATER)  # ... and its wall-time budget (training, evaluation)
 
 
 @dataclass
 class HardwareConfig:
     peak_tflops: float | None = None  # overrides the datasheet peak (TFLOP/s)
     calibrate: bool = False  # measure the achievable matmul peak if not cached
-    recalibrate: bool = False  # force a fresh calibration
+    recalibrate: bool = key(False, point=NOT_A_POINT)  # force a fresh calibration
 
 
 @dataclass
@@ -179,7 +207,7 @@ class DistConfig:
     nproc: int = 1  # the point's ranks, all nodes: >1 runs it under torchrun (or SLURM's tasks)
     # The machines its ranks span (hydra/launcher=slurm only): nproc / nodes ranks on each,
     # the first node the ranks' rendezvous (docs/distributed.md)
-    nodes: int = 1
+    nodes: int = key(1, point=LATER)
     strategy: Strategy = Strategy.ddp  # with more than one rank: ddp | fsdp2
     reshard_after_forward: bool = True  # fsdp2: free gathered parameters after forward
 

@@ -25,38 +25,32 @@ before a fork (runner/forkserver.py). `hardware.recalibrate` counts as `hardware
 resume with more runs keeps the ok ones and measures the rest. A record written while it was in
 (one pooled result.json a point) is found by `legacy_point_id_of`.
 
+Whether a key is in is said on its field in config/groups.py (`key(..., point=NOT_A_POINT)`, or
+`point=LATER` for a key added after sweeps were recorded: in only when set off its default).
+
 The resolved keys are recorded in result.json as `measured_config`, their digest as `point_id`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
 from nanogpt import optimizers
+from nanogpt.config.groups import LATER, NOT_A_POINT, POINT
 from nanogpt.config.spec import RunSpec, spec_to_dict
 from nanogpt.config.target_nodes import source_digest
 
 MEASURED_GROUPS = ("model", "optimizer", "perf", "data", "bench", "dist", "hardware")
-NOT_MEASURED = {
-    "model": ("chosen_by", "code_dir"),
-    "data": ("cache_dir",),
-    "bench": ("rerun", "exclusive", "repeats"),
-    "hardware": ("recalibrate",),
-}
 ALSO_MEASURED = {"logger": ("log_interval",)}
-# Keys added after sweeps were recorded: left out while at their defaults, so that a point
-# measured before them keeps its point_id (and a resume finds it).
-LATER_KEYS = {
-    "optimizer": (
-        *("adjust_lr_fn", "roles", "build", "method", "args", "device_arg"),
-        *("schedule", "warmup_steps", "decay_frac"),
-    ),
-    "model": ("build",),
-    "data": ("tokenizer", "val_fraction"),
-    "bench": ("target_loss", "eval_every", "eval_batches", "max_steps", "max_s"),
-    "dist": ("nodes",),
-}
+
+
+def keys_marked(group: str, point: str) -> tuple[str, ...]:
+    """The keys of a config group whose field says `point` (config/groups.py: NOT_A_POINT, a key
+    that never changes a figure; LATER, one added after sweeps were recorded)."""
+    fields = dataclasses.fields(getattr(RunSpec(), group))
+    return tuple(f.name for f in fields if f.metadata.get(POINT) == point)
 
 
 def measured_config(spec: RunSpec) -> dict:
@@ -64,14 +58,16 @@ def measured_config(spec: RunSpec) -> dict:
     plain = spec_to_dict(spec)
     measured = {}
     for group in MEASURED_GROUPS:
-        skip = NOT_MEASURED.get(group, ())
+        skip = keys_marked(group, NOT_A_POINT)
         measured[group] = {k: v for k, v in plain[group].items() if k not in skip}
     for group, keys in ALSO_MEASURED.items():
         measured[group] = {k: plain[group][k] for k in keys}
     measured["hardware"]["calibrate"] = spec.hardware.calibrate or spec.hardware.recalibrate
+    # a key added later is left out while at its default: a point measured before it keeps
+    # its point_id (and a resume finds it)
     defaults = spec_to_dict(RunSpec())
-    for group, keys in LATER_KEYS.items():
-        for key in keys:
+    for group in MEASURED_GROUPS:
+        for key in keys_marked(group, LATER):
             if measured[group].get(key) == defaults[group][key]:
                 del measured[group][key]
     # optimizer.* keys the optimizer never receives (from_model's method gets its args alone)
