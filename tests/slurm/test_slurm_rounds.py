@@ -10,11 +10,12 @@ import subprocess
 import sys
 
 from nanogpt.analysis.tidy import read_summary
+from nanogpt.scenarios.time_to_loss import pool as ttl
 from tests.conftest import needs_shared
 from tests.signalling import in_terminal, interrupt, wait_until
 from tests.slurm.conftest import slurm_args, squeue
 from tests.slurm.test_slurm_sweeps import job_of, measuring, records
-from tests.test_runs_as_jobs import TARGET, assert_rounds, runs_of, ttl  # ttl: the pooling module
+from tests.test_runs_as_jobs import TARGET, assert_rounds, runs_of
 
 
 @needs_shared
