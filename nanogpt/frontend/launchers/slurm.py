@@ -25,6 +25,7 @@ SLURM job. What this class adds, from the submitting side:
 from __future__ import annotations
 
 import copy
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -282,7 +283,14 @@ class SlurmLauncher(SubmititSlurmLauncher):
         on an interrupted run: the table of what is done, one line, exit 130 (143 after
         SIGTERM). The same command resumes: its ok runs are kept, the others measured."""
         ids = [job.job_id for job in jobs]
-        cancel(ids)
+        # a second Ctrl-C must not stop scancel half-way (it would reach scancel, in this
+        # group, too): ignored while it runs; after it, a second signal ends the wait and the
+        # records early (the grid sweeper writes the table of what is recorded)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            cancel(ids)
+        finally:
+            signal.signal(signal.SIGINT, previous)
         print(
             f"interrupted: cancelled {len(ids)} SLURM job(s) of this round: {' '.join(ids)}",
             file=sys.stderr,
