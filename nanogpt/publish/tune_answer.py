@@ -90,7 +90,9 @@ def write(sweep_dir: Path, summary: dict) -> None:
     if len(summary["objectives"]) > 1:
         front = pareto_front([v[:2] for v in ok], summary["directions"][:2])
         summary["pareto"] = [ok[i][:2] for i in front]
-    write_atomic(sweep_dir / TUNE_JSON, json.dumps(summary, indent=1, default=str))
+    text = json.dumps(summary, indent=1, default=str)
+    write_atomic(sweep_dir / TUNE_JSON, text)
+    _WRITTEN[str(Path(sweep_dir).resolve())] = json.loads(text)  # as `read` would find it
     best = summary.get("best")
     if best:
         text = (
@@ -277,7 +279,16 @@ def none_feasible(probes: list, sweep_dir: Path) -> ConfigError:
     )
 
 
+# The answers this process wrote, by sweep dir (resolved): the sweep's end takes its answer from
+# here, never reading back the tune.json it has just written
+_WRITTEN: dict[str, dict] = {}
+
+
 def read(sweep_dir: Path) -> dict | None:
-    """A search's answer as data (tune.json), or None in a sweep that is no search."""
+    """A search's answer as data (tune.json; the one this process wrote, held), or None in a
+    sweep that is no search."""
+    held = _WRITTEN.get(str(Path(sweep_dir).resolve()))
+    if held is not None:
+        return json.loads(json.dumps(held))  # a copy: the caller may change it
     path = sweep_dir / TUNE_JSON
     return json.loads(path.read_text()) if path.exists() else None

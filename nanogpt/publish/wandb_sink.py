@@ -149,13 +149,15 @@ def pooled_figures(sweep: Sweep) -> dict[str, dict]:
     """Each point's figures as the table pooled them (all its runs), by its overrides: the
     table's columns that hold a value (a swept key's column, named with dots, is in the
     overrides already)."""
+    import pandas as pd
+
     points = {}
     for row in sweep.table.to_dict(orient="records"):
         figures = {}
         for column, value in row.items():
-            value = value.item() if hasattr(value, "item") else value  # numpy -> Python
-            if "." not in column and value is not None and value == value:  # NaN: no value
-                figures[column] = value
+            if "." in column or (pd.api.types.is_scalar(value) and pd.isna(value)):
+                continue  # a swept key's column, or no value (None, NaN, NA)
+            figures[column] = value.item() if hasattr(value, "item") else value  # numpy -> Python
         points[str(row["overrides"])] = figures
     return points
 
