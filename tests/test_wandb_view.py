@@ -175,7 +175,8 @@ def test_every_panel_key_is_a_key_the_runs_logged(sweep):
     spec = json.loads(write_view(sweep_dir, "nanogpt-sweep").read_text())
     assert spec["swept_keys"] == ["perf.batch_size", SPLIT]
 
-    points = [run for job in ("0", "1", "2", "3") for run in offline_runs(sweep_dir / job)]
+    jobs = [sweep_dir / job / "run-1" for job in ("0", "1", "2", "3")]  # a point's run: POINT/run-R
+    points = [run for job in jobs for run in offline_runs(job)]
     (summary_run,) = offline_runs(sweep_dir)
     assert len(points) == 4 and summary_run.job_type == "sweep-summary"
     for run in [*points, summary_run]:  # the view's group filter keeps every run of the sweep
