@@ -266,8 +266,13 @@ def diagnosed():
             for _ in range(2):
                 trainer.step()
             # 5 steps: a step of the tiny point is a few ms, about the scheduler's time slice, so
-            # one preemption inside an operator would weigh on 2 steps.
-            figures, step_ms, _ = diagnose.profile_diagnosis(trainer, 5)
+            # one preemption inside an operator would weigh on 2 steps. The shares are wall-clock
+            # spans, and on a loaded machine a preemption inside an operator counts as device
+            # time (the tiny point came out device-bound beside a full test run): of 3
+            # diagnoses, the one whose profiled steps took least wall time is kept, as timeit
+            # keeps the minimum, since others' work only ever adds time to a step.
+            tries = [diagnose.profile_diagnosis(trainer, 5) for _ in range(3)]
+            figures, step_ms, _ = min(tries, key=lambda t: sum(t[1][1:]))
             out[name] = (spec, figures, step_ms)
         return out
 
