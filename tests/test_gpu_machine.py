@@ -146,10 +146,24 @@ def test_gpu_check_dry_run_has_a_part_per_path_each_box_its_arithmetic_within_ni
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
+def prepared_tokens(into) -> str:
+    """The token files `gpu_check.sh --prepare` writes into .gpu/ttl/, made by the script's own
+    generator (its heredoc, run into `into`); returns train.bin's path. A clean clone (CI) has no
+    .gpu/, so the time_to_loss part's data.path is pointed here: its points are then validated
+    against the very file the loan reads (ids below model.vocab_size, long enough for a block)."""
+    script = GPU_CHECK.read_text()
+    found = re.search(r"\"\$PY\" - \.gpu/ttl <<'EOF'[^\n]*\n(.*?)\nEOF\n", script, flags=re.S)
+    assert found, "gpu_check.sh --prepare no longer writes .gpu/ttl from a python heredoc"
+    into.mkdir()
+    subprocess.run([sys.executable, "-", str(into)], input=found.group(1), text=True, check=True)
+    return str(into / "train.bin")
+
+
 def test_every_sweep_part_of_the_gpu_check_composes_and_validates_for_a_cuda_machine(tmp_path):
     """Each sweep part's points, composed and checked as its multirun checks them before the
     first is measured (compose.check_points; here=False: this machine's devices are not asked), so
-    a renamed key or a refused combination shows here, not on the loan."""
+    a renamed key or a refused combination shows here, not on the loan. A data.path into .gpu/
+    (there only after --prepare) is read from a copy --prepare's generator writes in tmp_path."""
     from hydra import initialize_config_dir
 
     from nanogpt.frontend.compose import check_points
@@ -171,6 +185,12 @@ def test_every_sweep_part_of_the_gpu_check_composes_and_validates_for_a_cuda_mac
         assert proc.returncode == 0, (part, proc.stderr)
         overrides = proc.stdout.splitlines()
         assert "bench.device=cuda" in overrides
+        prepared = os.path.realpath(REPO / ".gpu" / "ttl" / "train.bin")
+        for i, override in enumerate(overrides):
+            key, _, value = override.partition("=")
+            if key == "data.path" and "/.gpu/" in value:
+                assert os.path.realpath(value) == prepared, override  # what --prepare writes
+                overrides[i] = f"data.path={prepared_tokens(tmp_path / 'ttl')}"
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             check_points(expand(overrides), None, here=False)  # raises ConfigError, naming the key
         checked.append(part)
