@@ -6,12 +6,13 @@ with activation checkpointing. Skipped where transformers is not installed (the 
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.train import flops
 from nanogpt.train import user_model as byo
@@ -54,6 +55,7 @@ GPT2 = [
     "model.vocab_size=256",
     "perf.activation_checkpointing=true",
 ]
+PLAIN = "perf.activation_checkpointing=false"  # the same model, its blocks not wrapped
 
 
 def spec_of(overrides: list[str], *more: str):
@@ -100,9 +102,20 @@ def test_a_transformers_model_keeps_the_contract(overrides, blocks):
     logits = model.inner(input_ids=idx).logits
     expected = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
     torch.testing.assert_close(loss, expected)
-    # activation checkpointing wraps each block's forward; backward recomputes through it
-    assert all(isinstance(b.forward, functools.partial) for b in model.blocks)
-    loss.backward()
+    # activation checkpointing wraps each block as a module (torch's checkpoint_wrapper, its
+    # forward never reassigned); backward runs the blocks' forward again (counted: more FLOPs
+    # than the same model's backward unwrapped; a module hook does not fire in the recompute),
+    # and grads reach them
+    assert all(isinstance(b, CheckpointWrapper) and "forward" not in vars(b) for b in model.blocks)
+    backward_flops = {}
+    for checkpointed in (True, False):
+        torch.manual_seed(0)
+        built = model if checkpointed else byo.build_user_model(spec_of(overrides, PLAIN))
+        _, built_loss = built(idx, targets)
+        with FlopCounterMode(display=False) as counter:
+            built_loss.backward()
+        backward_flops[checkpointed] = counter.get_total_flops()
+    assert backward_flops[True] > backward_flops[False]
     assert all(p.grad is not None for p in model.blocks[1].parameters())
     figures = flops.flops_of(spec, model)
     assert figures["flops_source"] == "counted: FlopCounterMode, one step on a meta copy"
