@@ -218,7 +218,8 @@ def test_cli_rejects_a_bad_override(cache, tmp_path):
 def test_run_with_calibration_carries_consistent_columns(cache, tiny_ladder_everywhere, sweep):
     proc, sweep_dir = sweep("hardware.calibrate=true")
     assert proc.returncode == 0, proc.stderr
-    (record,) = [read_result(p) for p in sweep_dir.rglob("result.json")]
+    # The one run's record (POINT/run-R; POINT/result.json pools the point's runs).
+    (record,) = [read_result(p) for p in sweep_dir.glob("*/run-*/result.json")]
     assert record["status"] == "ok"
     entry = calibrate.lookup(CPU, "fp32")  # calibrated by the run, in a process of its own
     assert list(entry["by_shape_tflops"]) == ["128x128x128"]  # the ladder that process had
@@ -244,7 +245,8 @@ def test_a_run_faster_than_the_achievable_peak_is_flagged(cache, sweep):
     cache.write_text(json.dumps(data))
     proc, sweep_dir = sweep()  # no hardware.calibrate: runs reuse what the cache holds
     assert proc.returncode == 0, proc.stderr
-    (record,) = [read_result(p) for p in sweep_dir.rglob("result.json")]
+    # The one run's record (POINT/run-R; POINT/result.json pools the point's runs).
+    (record,) = [read_result(p) for p in sweep_dir.glob("*/run-*/result.json")]
     assert record["mfu_achievable"] > 1 and record["mfu_flag"] is True
     assert "mfu_achievable" in proc.stderr
     table = read_summary(sweep_dir)
