@@ -111,6 +111,22 @@ def test_every_preset_composes_and_each_point_validates_where_it_can_run(hydra_c
             to_spec(cfg)
 
 
+def test_a_search_preset_runs_the_search_and_a_grid_preset_the_grid(hydra_conf):
+    # Hydra keeps the first override of a group it meets, the primary config's first: the grid
+    # default is chosen through conf/sweeper/, so that a preset's `override /sweeper: tune`
+    # holds (it once fell to the grid, 1,920 points for `tune`), and the command line's wins.
+    for overrides, sweeper in (
+        (["+sweep=tune"], "TuneSweeper"),
+        (["+sweep=tune_cpu"], "TuneSweeper"),
+        (["+sweep=compile_dtype_cpu"], "GridSweeper"),
+        ([], "GridSweeper"),
+        (["+sweep=tune", "hydra/sweeper=grid"], "GridSweeper"),
+    ):
+        hydra_cfg = compose("config", overrides=overrides, return_hydra_config=True).hydra
+        assert hydra_cfg.sweeper._target_.endswith(f".{sweeper}"), overrides
+        assert sweeper.lower().startswith(hydra_cfg.runtime.choices["hydra/sweeper"]), overrides
+
+
 def test_grad_accum_preset_keeps_tokens_per_step_and_batch_scaling_passes_what_fits(hydra_conf):
     splits = []
     for point in preset_points("grad_accum"):
