@@ -32,6 +32,7 @@ from nanogpt.train.tokenize import char_vocab, tokenize_text
 from nanogpt.train.trainer import build_trainer
 
 from .conftest import SHAKESPEARE, needs_shared, sweep_refusal, with_micro
+from .signalling import wait_until
 from .wandb_reader import read_run, run_file
 
 CPU = torch.device("cpu")
@@ -153,6 +154,14 @@ def test_wandb_gets_every_evaluation_against_steps_and_training_time(text_file, 
     train_to_target(spec, trainer, record, sinks=[WandbSink(run)])
     run.close(exit_code=0)
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    # finish can return before wandb-core's writer has flushed the run file (seen under load:
+    # no history yet, all of it a moment later): read it once its exit record, written last,
+    # is there
+    wait_until(
+        lambda: read_run(run_file(run_dir)).exit_code is not None,
+        "the run's exit record",
+        timeout=60,
+    )
     rows = [row for row in read_run(run_file(run_dir)).history if "val/loss" in row]
     evals = record.time_to_loss.ttl_evals
     assert [row["_step"] for row in rows] == [e["step"] for e in evals] == [0, 2, 4]
