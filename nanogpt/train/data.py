@@ -11,9 +11,9 @@ Three kinds, chosen by `data.kind`:
   sha256
   of the file's bytes, and from then on it is `tokens`.
 
-Held out for the validation loss (bench.target_loss, scenarios/time_to_loss/run.py): `text` keeps the
-last data.val_fraction of its tokens apart (nanoGPT's shakespeare_char split: the first 90 %
-train, the last 10 % validate); `tokens` reads nanoGPT's pair, train.bin at data.path and
+Held out for the validation loss (bench.target_loss, scenarios/time_to_loss/run.py): `text`
+keeps the last data.val_fraction of its tokens apart (nanoGPT's shakespeare_char split: the first
+90 % train, the last 10 % validate); `tokens` reads nanoGPT's pair, train.bin at data.path and
 val.bin beside it. A source opened with split="val" reads only those tokens; "train" never does.
 
 A batch is `(x, y)`: two int64 tensors of shape (batch_size, block_size) on the target device,
