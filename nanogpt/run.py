@@ -48,7 +48,9 @@ def job_from_hydra(cfg: DictConfig) -> Job:
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    sweep_dir = Path(hc.sweep.dir) if multirun else None
+    # absolute, as Hydra's output_dir is: the default hydra.sweep.dir (multirun/DATE/TIME) is
+    # relative, and a run's place in its sweep is job_dir relative to it
+    sweep_dir = Path(hc.sweep.dir).resolve() if multirun else None
     job_dir = Path(hc.runtime.output_dir)
     return Job(
         job_dir=job_dir,

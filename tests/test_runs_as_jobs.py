@@ -246,3 +246,17 @@ def test_a_sweep_dir_written_before_runs_were_jobs_still_reads_and_resumes(tmp_p
         assert read_result(sweep_dir / point / "result.json")["finished_at"] == at
     assert not list(sweep_dir.glob("*/run-*/result.json"))  # nothing measured
     assert read_summary(sweep_dir)["status"].tolist() == ["ok", "ok"]
+
+
+@pytest.mark.slow
+def test_a_sweep_under_a_relative_sweep_dir_measures_its_runs(tmp_path):
+    # Hydra's default hydra.sweep.dir (multirun/DATE/TIME, make sweep's) is relative to where the
+    # command runs, while a job's output dir is absolute: a run's place in its sweep is one
+    # relative to the other (every run of make sweep failed so from a fresh clone, without a line)
+    proc = run_cli(
+        "-m", *with_micro(["perf.batch_size=1,2"]), "hydra.sweep.dir=rel/sweep", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for point in ("0", "1"):
+        run = read_result(tmp_path / "rel" / "sweep" / point / "run-1" / "result.json")
+        assert run["status"] == "ok"
