@@ -1,7 +1,6 @@
 """Roles that fit any model (train/optim_rules.py): the shapes models no one here wrote hold — a
-gate
-outside the blocks, value embeddings, a head padded past the vocabulary, a projection before the
-head, a 3-D tensor in a block, a setup_optimizer returning a class the state table lacks —
+gate outside the blocks, value embeddings, a head padded past the vocabulary, a projection before
+the head, a 3-D tensor in a block, a setup_optimizer returning a class the state table lacks —
 sorted without a refusal, and trained `ok` under every optimizer in one real sweep."""
 
 from __future__ import annotations

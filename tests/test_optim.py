@@ -1,6 +1,5 @@
 """Optimizers by role (nanogpt/train/optim.py, nanogpt/train/optim_rules.py): which parameters are
-matrices,
-Muon beside AdamW as one optimizer step, any class by optimizer.build, and the refusals.
+matrices, Muon beside AdamW as one optimizer step, any class by optimizer.build, and the refusals.
 
 Real torch optimizers on the real GPT, real Hydra compositions; the sweeps that run these
 points for real are tests/test_runs.py's cases (`muon`, `adagrad`)."""

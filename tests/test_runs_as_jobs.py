@@ -1,6 +1,5 @@
 """A run is a job (nanogpt/frontend/grid_sweeper.py): the grid sweeper launches one round of runs
-per
-launch — run r of every point after every run r - 1 ended — under any launcher; a killed or
+per launch — run r of every point after every run r - 1 ended — under any launcher; a killed or
 interrupted sweep, run again, measures only its missing runs. Real `python -m nanogpt.run -m`
 sweeps of micro time-to-loss points on tinyshakespeare."""
 

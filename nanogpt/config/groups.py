@@ -1,8 +1,7 @@
 """The spec's config groups: a plain dataclass each (model, optimizer, perf, data, bench, ...).
 
 Hydra registers them as structured-config schemas (nanogpt/frontend/compose.py), so a wrong type or
-an
-unknown key fails at composition; conf/<group>/*.yaml give them values. RunSpec (the package's
+an unknown key fails at composition; conf/<group>/*.yaml give them values. RunSpec (the package's
 __init__) holds one of each.
 """
 

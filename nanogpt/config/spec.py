@@ -1,12 +1,10 @@
 """The run specification: plain dataclasses, one per config group, and RunSpec holding them.
 
 Hydra registers the groups as structured-config schemas (see nanogpt/frontend/compose.py), so a
-wrong type or
-an unknown key fails at composition. Library code takes a `RunSpec` and never imports Hydra.
-The package: config/choices.py (the Enums a key's values come from), config/groups.py (a dataclass a
-config
-group), and here RunSpec and its plain-dict form (what a child process is handed). Every name
-is importable from `nanogpt.config.spec`.
+wrong type or an unknown key fails at composition. Library code takes a `RunSpec` and never imports
+Hydra. The package: config/choices.py (the Enums a key's values come from), config/groups.py (a
+dataclass a config group), and here RunSpec and its plain-dict form (what a child process is
+handed). Every name is importable from `nanogpt.config.spec`.
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ Every point ends with a record whose status is one of:
 A failed point's record keeps what was measured before the failure (static figures, first step,
 memory peak, the completed measured steps). `error` and `interrupted` rows make the multirun
 exit non-zero, naming them, once the table is built (nanogpt/frontend/callback.py). A single run
-exits
-with its status's code (EXIT_CODES), so a script never mistakes a failed point for success.
+exits with its status's code (EXIT_CODES), so a script never mistakes a failed point for success.
 
 SIGTERM (what `timeout`, schedulers and SLURM preemption send) stops a run like Ctrl-C: after
 `handle_sigterm()` it is raised as `Stopped`, a KeyboardInterrupt, so every path that records an

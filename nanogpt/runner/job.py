@@ -1,8 +1,7 @@
 """One run of a point, from the Hydra job process's side: resume, launch, record.
 
 A Hydra job is one run: the sweeper (nanogpt/frontend/grid_sweeper.py) sets its dir, POINT/run-R,
-and
-orders the runs round by round (run 1 of every point, then run 2, ...). The job measures run R
+and orders the runs round by round (run 1 of every point, then run 2, ...). The job measures run R
 (`Job.run`) with its own seed where the point has a target loss, and writes that run's record
 once; the point's row is the pool of its runs (analysis/store.pool_runs). A single run
 (`python -m nanogpt.run` without -m) of a point with bench.repeats > 1 measures its runs one

@@ -19,8 +19,7 @@ The loop is written so that measuring does not change what is measured:
 and returns a Record with what it measured: Setup, Timing, Memory, Rates, Profile and the steps.
 Whatever goes wrong, the record keeps what was measured up to then, with a status
 (nanogpt/record/faults.py). It knows nothing of Hydra, calibration files or W&B: a sink is anything
-with
-`window(stats)`.
+with `window(stats)`.
 """
 
 from __future__ import annotations

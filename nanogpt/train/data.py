@@ -8,8 +8,7 @@ Three kinds, chosen by `data.kind`:
   It is memory-mapped, and every batch reads `batch_size` windows at random offsets.
 - `text`: any UTF-8 text file. It is tokenized once (GPT-2's BPE, or one id per character with
   data.tokenizer=char: nanogpt/train/tokenize.py), the ids are cached as a `.bin` keyed by the
-  sha256
-  of the file's bytes, and from then on it is `tokens`.
+  sha256 of the file's bytes, and from then on it is `tokens`.
 
 Held out for the validation loss (bench.target_loss, scenarios/time_to_loss/run.py): `text`
 keeps the last data.val_fraction of its tokens apart (nanoGPT's shakespeare_char split: the first

@@ -82,8 +82,7 @@ def activation_memory_of(
     above): eager, log_softmax's fp32 output and its fp32 gradient; compiled, Inductor fuses
     the upcast into the loss kernels and holds less. With loss=chunked
     (nanogpt/train/chunked_loss.py) only one chunk's logits exist at a time, at `chunk_bytes` a
-    logit
-    (eager 8: the fp32 logits and logsumexp's fp32 temporary; compiled, the compute dtype and
+    logit (eager 8: the fp32 logits and logsumexp's fp32 temporary; compiled, the compute dtype and
     fp32), plus what it keeps whole: dx (b*s*n_embd) and dW (vocab*n_embd), both fp32, and
     under autocast the head's weight in the compute dtype. (So compiled, at GPT-2's width, the
     chunked loss can hold more than the full one.) tests/test_memory_estimate.py holds the

@@ -146,8 +146,7 @@ def check_optimizer(spec: RunSpec) -> None:
 
 def check_build(spec: RunSpec) -> None:
     """optimizer.build: a class to call with the parameter groups (nanogpt/train/optim.py), there
-    and
-    taking its keys (read from its source, not imported: targets.check_node; its module is
+    and taking its keys (read from its source, not imported: targets.check_node; its module is
     found where model.build's is, model.code_dir), and no second optimizer beside it."""
     opt, build = spec.optimizer, spec.optimizer.build
     if not build:

@@ -5,8 +5,7 @@ builds the model, converts its Linears to float8 when asked, wraps it for data p
 (DDP or FSDP2), compiles it when asked, and picks autocast,
 the GradScaler (fp16) and the attention kernel; `step()` sets the learning rate of
 optimizer.schedule first (nanogpt/train/lr_schedule.py). With `bench.inject_fault` (a testing knob)
-it
-returns a `FaultyTrainer`, so the trainer that measures never checks for a fault.
+it returns a `FaultyTrainer`, so the trainer that measures never checks for a fault.
 """
 
 from __future__ import annotations

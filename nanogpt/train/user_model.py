@@ -101,8 +101,7 @@ class UserModel(nn.Module):
 
 def build_user_model(spec: RunSpec) -> UserModel:
     """spec.model.build, instantiated (nanogpt/config/target_nodes.py), its weights initialised by
-    its own
-    init_weights() when it has one, and the knobs it cannot serve refused in one line."""
+    its own init_weights() when it has one, and the knobs it cannot serve refused in one line."""
     build, target = spec.model.build, str(spec.model.build.get("_target_"))
     try:
         inner = instantiate(build, "model.build", spec.model.code_dir)

@@ -5,12 +5,10 @@ express. Each failure raises ConfigError: one sentence naming the key and the fi
 
 The sweep's own process runs them for every point before it measures any. A point on the CPU
 is checked without importing torch (hardware/device_support.py, train/optim_rules.py): that process
-starts
-seconds sooner; a model.build or optimizer.build target is found from its source, never
+starts seconds sooner; a model.build or optimizer.build target is found from its source, never
 imported (config/target_nodes.py). The package: here the checks of the keys themselves (sizes,
-choices,
-the model, the strategy) and `check`, which runs them all; device.py the checks that ask this
-machine's devices (a CUDA, MPS or `auto` device is asked through torch, imported then).
+choices, the model, the strategy) and `check`, which runs them all; device.py the checks that ask
+this machine's devices (a CUDA, MPS or `auto` device is asked through torch, imported then).
 """
 
 from __future__ import annotations

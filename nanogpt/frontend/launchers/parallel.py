@@ -17,8 +17,7 @@ function lives (by name) and, through the queue, each point's overrides.
 Ctrl-C reaches every process of the terminal's group: each slot records its point
 `interrupted` and stops, no further point starts, and the table of what is done is built as
 after any multirun, which then exits 130 (nanogpt/frontend/callback.py). SIGTERM to this process
-alone
-is passed on to the slots. A slot holds both signals until it can handle them (a Ctrl-C while
+alone is passed on to the slots. A slot holds both signals until it can handle them (a Ctrl-C while
 it starts stops it before any point). A resumed sweep skips runs with an ok record, as ever.
 
 The launcher knows no rounds: a job is one run of a point, and the sweeper
