@@ -86,7 +86,9 @@ def outcome_of(job_return: JobReturn) -> Outcome:
         try:
             job_return.return_value  # noqa: B018 - raises the job's exception
         except Exception as err:  # noqa: BLE001 - any exception a job raised is its error
-            return Outcome("error", {"status": "error", "error": f"{type(err).__name__}: {err}"})
+            error = f"{type(err).__name__}: {err}"  # Hydra logged only that the job failed
+            print(f"[error] {' '.join(job_return.overrides or [])}: {error}", file=sys.stderr)
+            return Outcome("error", {"status": "error", "error": error})
     value = job_return.return_value
     if isinstance(value, Outcome):
         return value
