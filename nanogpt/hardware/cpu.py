@@ -17,7 +17,9 @@ with AVX-512) runs each 512-bit op as two 256-bit halves on its 256-bit units (A
 software optimization guide), so it is counted at AVX2's width: 32 fp32 FLOP/cycle, not 64.
 Some Intel parts have only one 512-bit unit (lower-bin Xeons); with the max clock (often a
 single-core turbo that wide vector code does not sustain), this keeps the estimate an upper
-bound, so CPU MFU errs low rather than high.
+bound, so CPU MFU errs low rather than high. One exception: a VM that exposes no max clock
+(no cpufreq driver) leaves only its nominal clock, which a boosting core exceeds (a 2.6 GHz
+EPYC VM measured 1.1x its one-core estimate); max_clock() says which clock it is.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def cpu_peak_estimate(dtype: Dtype) -> float | None:
     """Estimated peak FLOP/s of this machine's CPUs; None where it cannot honestly be estimated."""
     per_cycle = cpu_flop_per_cycle(_cpu_flags(), dtype, _splits_avx512(_cpuinfo()))
     cores = usable_cores()
-    clock_hz = _max_clock_hz()
+    clock_hz, _ = max_clock()
     if per_cycle is None or cores is None or clock_hz is None:
         return None
     return float(cores * clock_hz * per_cycle)
@@ -185,19 +187,23 @@ def physical_cores() -> int | None:
     return cores or os.cpu_count()
 
 
-def _max_clock_hz() -> float | None:
-    """Max clock from psutil, else the "cpu MHz" of /proc/cpuinfo (a current, not max, clock)."""
+def max_clock() -> tuple[float | None, bool]:
+    """(clock in Hz, whether it is the max clock). psutil's max clock (cpufreq) where there is
+    one; else the "cpu MHz" of /proc/cpuinfo, a current clock: in a VM (many expose no cpufreq
+    driver, so psutil reports max=0) that is the host's nominal clock, which a boosting core
+    exceeds, so an estimate built on it is no upper bound (False)."""
     try:
         freq = psutil.cpu_freq()
         mhz = freq.max if freq else 0.0
     except Exception:
         mhz = 0.0
-    if not mhz:  # Many VMs expose no cpufreq driver, so psutil reports max=0.
-        try:
-            mhz = float(_cpuinfo().get("cpu MHz", 0))
-        except ValueError:
-            mhz = 0.0
-    return mhz * 1e6 if mhz > 0 else None
+    if mhz > 0:
+        return mhz * 1e6, True
+    try:
+        mhz = float(_cpuinfo().get("cpu MHz", 0))
+    except ValueError:
+        mhz = 0.0
+    return (mhz * 1e6 if mhz > 0 else None), False
 
 
 def _macos_cpu_brand() -> str | None:
