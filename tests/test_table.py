@@ -8,7 +8,9 @@ Fast tests on tables built by hand (the rule, the override grammar); slow ones o
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -238,6 +240,91 @@ def test_summary_has_a_typed_column_per_swept_key(tidy_sweep):
     assert {"perf.grad_accum", "perf.dtype", "optimizer.betas", "job_dir"} <= set(stored)
     assert not {"status", "step_ms_median", "grad_accum", "dtype"} & set(stored)
     assert stored["perf.grad_accum"].tolist() == parquet["grad_accum"].tolist()
+
+
+def _at(data: dict, path: str):
+    """The value at a dotted path of nested dicts (`timing.step_ms_median`), or KeyError."""
+    for key in path.split("."):
+        data = data[key]
+    return data
+
+
+def _same(a, b) -> bool:
+    if pd.isna(a) if not isinstance(a, list | dict) else False:
+        return b is None or (not isinstance(b, list | dict) and pd.isna(b))
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b)
+    return a == b
+
+
+def test_a_field_has_one_name_in_result_json_summary_parquet_and_summary_csv(tidy_sweep):
+    """Issue 46, one name a field: each of summary.csv's columns, as written on disk, is the
+    same string in summary.parquet with the same values, and names a record field by where
+    result.json keeps it: `part.field` is result.json's part and field (`point.`: the record's
+    own fields, at result.json's top), what was asked by its config path, its place in what the
+    point measured (asked.measured_config). A bare name is a figure that compares points (in
+    no result.json) or one of the asked fields no config key holds (point_id, job_dir)."""
+    _, sweep_dir = tidy_sweep
+    csv = tidy.read_stored(sweep_dir / report.SUMMARY_CSV)  # the files' own names
+    parquet = tidy.read_stored(sweep_dir / SUMMARY_PARQUET)
+    assert "timing.step_ms_median" in csv and "step_ms_median" not in csv
+    assert set(csv.columns) <= set(parquet.columns)
+    assert parquet["job_dir"].tolist() == csv["job_dir"].tolist()  # the same rows, in order
+    for column in csv.columns:
+        pairs = zip(csv[column], parquet[column], strict=True)
+        assert all(_same(a, b) for a, b in pairs), column
+    results = [json.loads((Path(d) / "result.json").read_text()) for d in csv["job_dir"]]
+    parts = {key for key, value in results[0].items() if isinstance(value, dict)}
+    in_a_part = {field for part in parts - {"asked"} for field in results[0][part]}
+    swept_columns = [key.lstrip("+") for key in SWEPT]  # the sweep's keys: no record's fields
+    for column in [c for c in csv.columns if c not in swept_columns]:
+        head, dot, rest = column.partition(".")
+        for row, result in zip(csv[column], results, strict=True):
+            if head == "point":  # the record's own: status, error
+                assert dot and _same(row, result[rest]), column
+            elif dot and head in parts:
+                assert _same(row, result[head][rest]), column
+            elif dot:  # asked, by its config path
+                assert _same(row, _at(result["asked"]["measured_config"], column)), column
+            elif column in results[0]["asked"]:  # the point's identity, no config key's
+                expected = result["asked"][column]
+                if column == "overrides":  # a list, the CSV's cell its text
+                    expected = " ".join(expected) or "defaults"
+                if column == "job_dir":  # the table's: the dir it read the record from (the
+                    expected = row  # point's; the pooled record's names its first run)
+                assert _same(row, expected), column
+            else:  # a figure that compares points: no field of any part
+                assert column not in in_a_part and column not in result, column
+
+
+def test_a_sweep_dir_written_before_one_name_a_field_is_read_reported_and_compared(
+    tidy_sweep, tmp_path
+):
+    """A sweep dir from before summary.csv took the stored names (its headline under the flat
+    names, `status`, `step_ms_median`): read_summary reads it as it reads today's, and
+    `python -m nanogpt.report` and `--compare` work against it; the report writes it anew
+    under today's names."""
+    _, sweep_dir = tidy_sweep
+    old = tmp_path / "old"
+    shutil.copytree(sweep_dir, old)
+    today = read_summary(old / report.SUMMARY_CSV)
+    written = pd.read_csv(old / report.SUMMARY_CSV)
+    flat = {stored: name for name, stored in tidy.stored_names(tidy.HEADLINE).items()}
+    written.rename(columns=flat).to_csv(old / report.SUMMARY_CSV, index=False)  # as before
+    header = (old / report.SUMMARY_CSV).read_text().splitlines()[0].split(",")
+    assert {"status", "step_ms_median", "tokens_per_s"} <= set(header)
+    assert not {"point.status", "timing.step_ms_median"} & set(header)
+    pd.testing.assert_frame_equal(read_summary(old / report.SUMMARY_CSV), today)
+
+    proc = report_cli(sweep_dir, "--compare", old)
+    assert proc.returncode == 0, proc.stderr
+    for label in point_labels(today):  # every point, matched to itself
+        assert label in proc.stdout
+    proc = report_cli(old)
+    assert proc.returncode == 0, proc.stderr
+    header = (old / report.SUMMARY_CSV).read_text().splitlines()[0].split(",")
+    assert {"point.status", "timing.step_ms_median", "rates.tokens_per_s"} <= set(header)
+    assert read_summary(old / report.SUMMARY_CSV)["point_id"].tolist() == today["point_id"].tolist()
 
 
 def test_point_id_is_a_column_and_labels_are_the_swept_keys(tidy_sweep):

@@ -1,18 +1,24 @@
 """The sweep table's files: summary.csv, summary.parquet and steps.parquet, typed.
 
-- summary.csv: what a person opens first. One row per point: the swept keys, by config path
-  (`perf.dtype`), then the `HEADLINE` columns below, in that order; a column empty in every
-  row is left out. List and dict cells (a swept `[1,2]`) are JSON, so `read_summary` gives them
-  back as lists; booleans are True/False.
+A figure has one name in every file (`stored_names`): a record field as `part.field`
+(`timing.step_ms_median`, `point.status`: `point` is the record's own part, whose fields stand at
+result.json's top), a field of what was asked by its config path (`perf.dtype`, `model.name`;
+one column where the sweep swept that key; `point_id`, `overrides`, `job_dir`, which no config
+key holds, bare), the swept keys by config path, the figures that compare points (speedup,
+p-values, verdicts) by their bare names, as they are no record field.
+- summary.csv: what a person opens first. One row per point: the swept keys, then the `HEADLINE`
+  columns below, in that order; a column empty in every row is left out. List and dict cells
+  (a swept `[1,2]`) are JSON, so `read_summary` gives them back as lists; booleans are
+  True/False.
 - summary.parquet: the whole table with its types (every record field, the swept keys and
-  every figure that compares points; lists stay lists, integers stay integers), its columns
-  named by where each figure lives (`parquet_names`): a record field as `part.field`
-  (`timing.step_ms_median`, `point.status`), a field of what was asked by its config path
-  (`perf.dtype`; one column where the sweep swept that key), the swept keys by config path,
-  the figures that compare points (speedup, p-values, verdicts) by their bare names.
-  `read_summary` gives the flat names back, so code reads one namespace whichever file.
+  every figure that compares points; lists stay lists, integers stay integers).
 - steps.parquet: the long steps table (analysis/sweep_steps.py), keyed by job_dir, repeat, step.
 Each is written atomically (temp file + rename). docs/record.md lists the headline columns.
+
+In memory the table (analysis/table.py) keeps the record's flat names (`step_ms_median`), the
+namespace of read_result and the library: `read_summary` is the one place a file's names become
+the table's (`_flat`), for a file of this version and for one written before (a summary.csv with
+the flat names, which are the table's own).
 """
 
 from __future__ import annotations
@@ -24,20 +30,18 @@ from pathlib import Path
 import pandas as pd
 
 from nanogpt.record.files import write_atomic
+from nanogpt.record.swept import split_overrides, swept_keys
 from nanogpt.scenarios.time_to_loss import part as ttl_part
 
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PARQUET = "summary.parquet"
 STEPS_PARQUET = "steps.parquet"
 SUMMARY_MD = "summary.md"
-# summary.parquet's metadata (DataFrame.attrs): the swept columns that also stand for an asked
-# field ({"perf.dtype": "dtype"}), whose own column parquet_names would give the same name
-SWEPT_ASKED = "nanogpt_swept_asked"
 
 
-# summary.csv's columns after the swept keys: the figures that answer "which point, how fast,
-# how sure, does it fit, why", then what identifies the point. Every other field is in
-# summary.parquet and result.json.
+# summary.csv's columns after the swept keys, by the table's flat names (each written under its
+# stored name): the figures that answer "which point, how fast, how sure, does it fit, why",
+# then what identifies the point. Every other field is in summary.parquet and result.json.
 HEADLINE = (
     "status",
     "tokens_per_s",
@@ -71,9 +75,10 @@ HEADLINE = (
 )
 
 
-def parquet_names(columns) -> dict[str, str]:
-    """summary.parquet's name of each flat column (module docstring); a column that is no
-    record field (a swept key, a figure that compares points) keeps its name."""
+def stored_names(columns) -> dict[str, str]:
+    """The name in summary.csv and summary.parquet of each of the table's flat columns (module
+    docstring); a column that is no record field (a swept key, a figure that compares points)
+    keeps its name."""
     from nanogpt.record import TOP, flat_fields
     from nanogpt.record.fields import CONFIG
 
@@ -92,26 +97,31 @@ def parquet_names(columns) -> dict[str, str]:
 
 
 def _nested(table: pd.DataFrame) -> pd.DataFrame:
-    """The table with summary.parquet's names; an asked copy of a swept key's column dropped
-    (the file's metadata, SWEPT_ASKED, says which field each such column also stands for)."""
-    names = parquet_names(table.columns)
-    copies = {c: n for c, n in names.items() if n != c and n in table.columns}
-    out = table.drop(columns=list(copies)).rename(columns=names)
-    out.attrs = {**table.attrs, SWEPT_ASKED: {n: c for c, n in copies.items()}}
-    return out
+    """The table with the files' names; an asked field's column dropped where a swept key's
+    column has its name (`perf.dtype` swept: that column stands for the field too)."""
+    names = stored_names(table.columns)
+    copies = [c for c, n in names.items() if n != c and n in table.columns]
+    return table.drop(columns=copies).rename(columns=names)
 
 
 def _flat(table: pd.DataFrame) -> pd.DataFrame:
-    """summary.parquet's table with the flat names; a swept key's column that also stands for
-    an asked field keeps its name and gives the field a copy."""
+    """A file's table with the table's flat names: the one converter at the read boundary.
+    A column under its stored name (`timing.step_ms_median`) takes its flat name; a column a
+    file written before this naming holds under the flat name (summary.csv's `step_ms_median`)
+    is already the table's. A swept key's column that also stands for an asked field keeps its
+    name and gives the field a copy (`perf.dtype` and `dtype`): which keys are swept is read
+    from the overrides column, as the table was built (analysis/table.py)."""
     from nanogpt.record import columns
 
-    swept = table.attrs.get(SWEPT_ASKED) or {}  # swept column -> the asked field's flat name
-    flat = {nested: name for name, nested in parquet_names(columns()).items()}
-    out = table.rename(columns={c: flat[c] for c in table.columns if c in flat and c not in swept})
-    for column, name in swept.items():
-        if column in table.columns:
-            out[name] = table[column]
+    flat = {stored: name for name, stored in stored_names(columns()).items()}
+    overrides = table["overrides"] if "overrides" in table else []
+    keys = swept_keys(
+        [split_overrides(text if isinstance(text, str) else None) for text in overrides]
+    )
+    copies = {key: flat[key] for key in keys if key in flat and key in table.columns}
+    out = table.rename(columns={c: flat[c] for c in table.columns if c in flat and c not in copies})
+    for column, name in copies.items():
+        out[name] = table[column]
     return out
 
 
@@ -139,14 +149,21 @@ def to_csv(table: pd.DataFrame) -> str:
 
 
 def read_summary(path: str | Path) -> pd.DataFrame:
-    """A sweep's table read back with its types: a sweep dir gives summary.parquet (every
-    field); a file is read as it is (summary.csv: a column whose every cell is JSON list or
-    dict text comes back as lists or dicts)."""
+    """A sweep's table read back with its types and the table's flat names (`_flat`): a sweep
+    dir gives summary.parquet (every field), a file its own columns (summary.csv: the
+    headline)."""
+    return _flat(read_stored(path))
+
+
+def read_stored(path: str | Path) -> pd.DataFrame:
+    """A sweep's file as written, its columns under the names it has on disk, with its types:
+    a sweep dir gives summary.parquet; in summary.csv a column whose every cell is JSON list or
+    dict text comes back as lists or dicts (Parquet's lists as lists, not numpy arrays)."""
     path = Path(path)
     if path.is_dir():
         path = path / SUMMARY_PARQUET
     if path.suffix == ".parquet":
-        return _flat(_from_arrow(pd.read_parquet(path)))
+        return _from_arrow(pd.read_parquet(path))
     table = pd.read_csv(path)
     for column in table.columns:
         if table[column].dtype == object or pd.api.types.is_string_dtype(table[column]):
@@ -198,11 +215,11 @@ def to_parquet(table: pd.DataFrame) -> bytes:
 def write(
     sweep_dir: Path, table: pd.DataFrame, swept: list[str], steps: pd.DataFrame, markdown: str
 ) -> None:
-    """summary.csv (the headline), summary.parquet (everything), steps.parquet and summary.md,
-    each atomically. Without pyarrow (a GPU image lacks it: ../shared/device/README.md) the two
-    parquet files are not written and one line says so: the records and summary.csv hold the
-    figures."""
-    write_atomic(sweep_dir / SUMMARY_CSV, to_csv(headline(table, swept)))
+    """summary.csv (the headline), summary.parquet (everything), both with the stored names,
+    steps.parquet and summary.md, each atomically. Without pyarrow (a GPU image lacks it:
+    ../shared/device/README.md) the two parquet files are not written and one line says so:
+    the records and summary.csv hold the figures."""
+    write_atomic(sweep_dir / SUMMARY_CSV, to_csv(_nested(headline(table, swept))))
     try:
         import pyarrow  # noqa: F401 (to_parquet's engine)
     except ImportError:
