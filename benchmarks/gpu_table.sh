@@ -30,13 +30,14 @@ fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" WANDB_MODE=${WANDB_MODE:-disabled}
 read -r -a extra <<<"${EXTRA:-}"
 
-# The documented columns of a sweep's summary.csv, as markdown.
+# The documented columns of a sweep's summary.csv, as markdown (read_summary: the file's
+# part.field names back as the table's flat ones, whichever version wrote it).
 COLUMNS='
 import sys
-import pandas as pd
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.display import to_markdown
-t = pd.read_csv(sys.argv[1])
+from nanogpt.analysis.tidy import read_summary
+t = read_summary(sys.argv[1])
 t["point"] = point_labels(t)
 t["peak_alloc_GiB"] = t["mem_peak_allocated_bytes"] / 2**30
 cols = ["point", "model", "batch_size", "status", "step_ms_median", "tokens_per_s", "mfu", "peak_alloc_GiB",
