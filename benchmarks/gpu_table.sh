@@ -39,8 +39,9 @@ from nanogpt.analysis.display import to_markdown
 from nanogpt.analysis.tidy import read_summary
 t = read_summary(sys.argv[1])
 t["point"] = point_labels(t)
-t["peak_alloc_GiB"] = t["mem_peak_allocated_bytes"] / 2**30
-cols = ["point", "model", "batch_size", "status", "step_ms_median", "tokens_per_s", "mfu", "peak_alloc_GiB",
+if "peak_memory_bytes" in t:  # what the point needs (a headline column; no NaN-only column)
+    t["peak_GiB"] = t["peak_memory_bytes"] / 2**30
+cols = ["point", "model", "batch_size", "status", "step_ms_median", "tokens_per_s", "mfu", "peak_GiB",
         "j_per_token", "speedup", "error"]
 print(to_markdown(t[[c for c in cols if c in t]]))
 '
