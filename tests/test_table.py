@@ -181,6 +181,32 @@ def test_the_console_shows_numbers_for_people():
     assert display.percent(0.0822) == "8.2 %" and display.mebibytes(501.5 * 2**20) == "502"
 
 
+def test_a_part_says_where_its_fields_are_shown(monkeypatch):
+    """Issue 46, a record part owns its rules: summary.csv's headline and the console's columns
+    are the fields their parts mark (record/fields.py: HEADLINE, SHOWN), in the places the
+    marks give, with the table's own figures among them; two figures in one place are refused,
+    naming both."""
+    from dataclasses import fields
+
+    from nanogpt.record import Record, Timing, flat_fields
+    from nanogpt.record.fields import HEADLINE, SHOWN, shown_at
+
+    marked = {f.name: f.metadata[HEADLINE] for _, _, f in flat_fields() if HEADLINE in f.metadata}
+    assert [c for c in tidy.HEADLINE if c in marked] == sorted(marked, key=marked.__getitem__)
+    assert [c for c in tidy.HEADLINE if c not in marked] == list(tidy.TABLE_PLACES)
+    median = next(f for f in fields(Timing) if f.name == "step_ms_median")
+    assert median.metadata[SHOWN][1:] == ("step_ms", "number")
+    assert display.SHOWN[1][:2] == ("step_ms_median", "step_ms")  # the second place, the label
+    assert fields(Record)[0].metadata[HEADLINE] == min(marked.values())  # status comes first
+    # a field added to a part with a mark is a headline column; a place taken twice, an error
+    monkeypatch.setitem(tidy.TABLE_PLACES, "new_figure", 999)
+    assert tidy._headline()[-1] == "new_figure"
+    monkeypatch.setitem(tidy.TABLE_PLACES, "new_figure", median.metadata[HEADLINE])
+    with pytest.raises(ValueError, match="new_figure.*step_ms_median"):
+        tidy._headline()
+    assert shown_at(headline=5).metadata == {HEADLINE: 5}
+
+
 # --- real sweeps --------------------------------------------------------------------------
 
 # Swept: a nested preset group (no config path of its own) and a list-valued key.

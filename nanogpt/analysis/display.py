@@ -3,7 +3,8 @@
 summary.csv and summary.parquet keep the numbers as numbers (analysis/tidy.py); this module turns
 a few headline columns into text for a reader: thousands separated (30,822 tok/s), three
 significant figures (16.6 ms), shares in percent (8.2 %), bytes in MiB, never an exponent. The
-columns shown are `SHOWN` (each a record column, the label it is shown under and its format);
+columns shown are `SHOWN` (each a record column, the label it is shown under and its format),
+each field's place, label and format said on the field by its part (record/fields.py, SHOWN);
 each point is named by what the sweep varies (analysis/labels.py), not by every override.
 """
 
@@ -17,6 +18,8 @@ from nanogpt.analysis import stats
 from nanogpt.analysis.derive import DRIFT
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.stats import ONE_PROCESS
+from nanogpt.record import flat_fields
+from nanogpt.record.fields import SHOWN as SHOWN_MARK
 from nanogpt.scenarios.time_to_loss import part as ttl_part
 
 MIB = 2**20
@@ -42,19 +45,27 @@ def mebibytes(value) -> str:
     return "-" if value is None or pd.isna(value) else f"{float(value) / MIB:,.0f}"
 
 
+# A field's format by the name its part gives it (record/fields.py, SHOWN)
+FORMATS = {"text": str, "number": number, "percent": percent, "mebibytes": mebibytes}
+
+
+def _shown() -> tuple[tuple, ...]:
+    """SHOWN: every field marked with a place in the console's table (record/fields.py, SHOWN:
+    `shown_at(shown=(20, "step_ms", "number"))` on Timing.step_ms_median), by place, then time
+    to a target loss's columns (scenarios/time_to_loss/), shown when a point has one."""
+    places = {}
+    for name, _, f in flat_fields():
+        if SHOWN_MARK in f.metadata:
+            place, header, fmt = f.metadata[SHOWN_MARK]
+            if place in places:
+                raise ValueError(f"console place {place} taken by {places[place][0]} and {name}")
+            places[place] = (name, header, FORMATS[fmt])
+    ttl = ((name, header, number if numeric else str) for name, header, numeric in ttl_part.SHOWN)
+    return (*(places[p] for p in sorted(places)), *ttl)
+
+
 # (record column, shown as, format): the console's and summary.md's columns, after `point`.
-SHOWN = (
-    ("status", "status", str),
-    ("step_ms_median", "step_ms", number),
-    ("step_ms_cv", "cv", percent),
-    ("tokens_per_s", "tok/s", number),
-    ("mfu", "MFU", percent),
-    ("mem_peak_rss_bytes", "rss_MiB", mebibytes),
-    ("mem_peak_allocated_bytes", "cuda_MiB", mebibytes),
-    ("bottleneck", "bottleneck", str),
-    # time to a target loss (scenarios/time_to_loss/), shown when a point has one
-    *((name, header, number if numeric else str) for name, header, numeric in ttl_part.SHOWN),
-)
+SHOWN = _shown()
 
 
 def shown(table: pd.DataFrame, names: list[str] | None = None) -> pd.DataFrame:

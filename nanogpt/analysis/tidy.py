@@ -29,6 +29,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from nanogpt.record import TOP, columns, flat_fields
+from nanogpt.record.fields import CONFIG
+from nanogpt.record.fields import HEADLINE as PLACE
 from nanogpt.record.files import write_atomic
 from nanogpt.record.swept import split_overrides, swept_keys
 from nanogpt.scenarios.time_to_loss import part as ttl_part
@@ -42,46 +45,42 @@ SUMMARY_MD = "summary.md"
 # summary.csv's columns after the swept keys, by the table's flat names (each written under its
 # stored name): the figures that answer "which point, how fast, how sure, does it fit, why",
 # then what identifies the point. Every other field is in summary.parquet and result.json.
-HEADLINE = (
-    "status",
-    "tokens_per_s",
-    "tokens_per_s_ci_low",
-    "tokens_per_s_ci_high",
-    "step_ms_median",
-    "step_ms_cv",
-    "steady",
-    "contended",
-    "mfu",
-    "peak_memory_bytes",
-    "speedup",
-    "speedup_ci_low",
-    "speedup_ci_high",
-    "speedup_verdict",
-    *ttl_part.HEADLINE,  # a target loss's points (scenarios/time_to_loss/)
-    "compile_breakeven_steps",
-    "compile_verdict",
-    "bottleneck",
-    "tokens_per_kwh",
-    "usd_per_1m_tokens",
-    "repeats",
-    "model",
-    "n_params",
-    "tokens_per_step",
-    "device_name",
-    "error",
-    "overrides",
-    "point_id",
-    "job_dir",
-)
+# A record field says its own place (record/fields.py, HEADLINE: `shown_at(headline=30)` on
+# Timing.step_ms_median); the table's own figures, which compare points and are no record's
+# field, have theirs here, among them.
+TABLE_PLACES = {
+    "speedup": 50,
+    "speedup_ci_low": 51,
+    "speedup_ci_high": 52,
+    "speedup_verdict": 53,
+    # a target loss's points: its part's figures and its comparison (scenarios/time_to_loss/)
+    **{name: 60 + i for i, name in enumerate(ttl_part.HEADLINE)},
+    "compile_breakeven_steps": 70,
+    "compile_verdict": 71,
+    "usd_per_1m_tokens": 82,
+}
+
+
+def _headline() -> tuple[str, ...]:
+    """HEADLINE: every field marked with a headline place, and TABLE_PLACES, by place."""
+    places = dict(TABLE_PLACES)
+    for name, _, f in flat_fields():
+        if PLACE in f.metadata:
+            places[name] = f.metadata[PLACE]
+    taken = sorted(places.values())
+    if len(set(taken)) != len(taken):
+        twice = sorted(n for n, p in places.items() if taken.count(p) > 1)
+        raise ValueError(f"headline places taken twice: {twice}; give each field its own")
+    return tuple(sorted(places, key=places.__getitem__))
+
+
+HEADLINE = _headline()
 
 
 def stored_names(columns) -> dict[str, str]:
     """The name in summary.csv and summary.parquet of each of the table's flat columns (module
     docstring); a column that is no record field (a swept key, a figure that compares points)
     keeps its name."""
-    from nanogpt.record import TOP, flat_fields
-    from nanogpt.record.fields import CONFIG
-
     fields = {name: (part, f) for name, part, f in flat_fields()}
     names = {}
     for column in columns:
@@ -111,8 +110,6 @@ def _flat(table: pd.DataFrame) -> pd.DataFrame:
     is already the table's. A swept key's column that also stands for an asked field keeps its
     name and gives the field a copy (`perf.dtype` and `dtype`): which keys are swept is read
     from the overrides column, as the table was built (analysis/table.py)."""
-    from nanogpt.record import columns
-
     flat = {stored: name for name, stored in stored_names(columns()).items()}
     overrides = table["overrides"] if "overrides" in table else []
     keys = swept_keys(

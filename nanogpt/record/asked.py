@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanogpt.config.spec import RunSpec
-from nanogpt.record.fields import JSON_ONLY, config_key, json_only
+from nanogpt.record.fields import HEADLINE, JSON_ONLY, config_key, json_only, shown_at
 from nanogpt.record.identity import measured_config
 
 
@@ -14,10 +14,12 @@ from nanogpt.record.identity import measured_config
 class Asked:
     """The point as asked: its Hydra overrides and the spec's main choices, as plain values."""
 
-    point_id: str | None = None  # the point's identity: a digest of measured_config
-    overrides: list[str] = field(default_factory=list)  # summary.csv: as text, space-separated
+    # the point's identity: a digest of measured_config
+    point_id: str | None = shown_at(headline=97)
+    # summary.csv: as text, space-separated
+    overrides: list[str] = field(default_factory=list, metadata={HEADLINE: 96})
     overrides_str: str = field(default="defaults", metadata={JSON_ONLY: True})
-    model: str | None = config_key("model.name")
+    model: str | None = config_key("model.name", headline=91)
     model_chosen_by: str | None = None  # model=auto: which model the device got, and why
     dtype: str | None = config_key("perf.dtype")
     compile: bool | None = config_key("perf.compile")
@@ -25,9 +27,8 @@ class Asked:
     attention: str | None = config_key("perf.attention")
     activation_checkpointing: bool | None = config_key("perf.activation_checkpointing")
     fp8: str | None = config_key("perf.fp8")  # torchao float8 recipe, or none
-    loss_kind: str | None = config_key(
-        "perf.loss"
-    )  # full | chunked (perf.loss); loss_first/loss_last: values
+    # full | chunked (perf.loss); loss_first/loss_last: values
+    loss_kind: str | None = config_key("perf.loss")
     loss_chunk: int | None = config_key("perf.loss_chunk")  # tokens per chunk (loss=chunked only)
     dist_strategy: str | None = config_key("dist.strategy")  # ddp | fsdp2 (with more than one rank)
     reshard_after_forward: bool | None = config_key("dist.reshard_after_forward")  # fsdp2 only
@@ -37,7 +38,7 @@ class Asked:
     block_size: int | None = config_key("model.block_size")
     grad_accum: int | None = config_key("perf.grad_accum")
     warmup_steps: int | None = config_key("bench.warmup_steps")
-    job_dir: str | None = None
+    job_dir: str | None = shown_at(headline=98)
     measured_config: dict | None = json_only()  # the resolved keys it measures (record/identity.py)
 
     @classmethod

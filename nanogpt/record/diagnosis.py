@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nanogpt.record.fields import shown_at
+
 
 @dataclass
 class Diagnosis:
@@ -12,7 +14,8 @@ class Diagnosis:
     (docs/measurement.md, Diagnosis). All shares are fractions; null everywhere, with
     `diag_error` saying why, when not run."""
 
-    bottleneck: str | None = None  # host-bound | device-bound | data-bound | communication-bound
+    # host-bound | device-bound | data-bound | communication-bound
+    bottleneck: str | None = shown_at(headline=80, shown=(80, "bottleneck", "text"))
     bottleneck_hint: str | None = None
     # shares of the step's wall time, summing to 1 (diag_step_*_frac) ...
     diag_step_device_frac: float | None = None

@@ -12,6 +12,14 @@ STEPS = "steps"  # marks Record.steps: steps.csv's rows, no field of result.json
 # An asked field that is a config key: its column in summary.parquet is the key's path
 # (`perf.dtype`), the name a user types and a sweep's swept column carries (analysis/tidy.py).
 CONFIG = "config"
+# Where a field is shown, said on the field so that a part owns it (a field added with a mark is
+# a column there with no other edit): HEADLINE, its place among summary.csv's headline columns
+# (analysis/tidy.py sorts by it); SHOWN, (its place, its header, its format: "text", "number",
+# "percent" or "mebibytes") among the console's and summary.md's columns (analysis/display.py).
+# A place is a number, unique in its list (the table's own figures have theirs: tidy.py,
+# display.py).
+HEADLINE = "headline"
+SHOWN = "shown"
 
 
 def json_only(**kwargs):
@@ -20,7 +28,21 @@ def json_only(**kwargs):
     return field(metadata={JSON_ONLY: True}, **kwargs)
 
 
-def config_key(path: str, **kwargs):
-    """An asked field holding the config key at `path` (its summary.parquet column)."""
+def config_key(path: str, headline: int | None = None, **kwargs):
+    """An asked field holding the config key at `path` (its summary.parquet column); `headline`
+    as `shown_at`'s."""
     kwargs.setdefault("default", None)
-    return field(metadata={CONFIG: path}, **kwargs)
+    return field(metadata={CONFIG: path, **_places(headline, None)}, **kwargs)
+
+
+def shown_at(default=None, *, headline: int | None = None, shown: tuple | None = None):
+    """A record field with its place among summary.csv's headline columns (`headline`) and in
+    the console's table (`shown`: place, header, format name); see HEADLINE and SHOWN."""
+    return field(default=default, metadata=_places(headline, shown))
+
+
+def _places(headline: int | None, shown: tuple | None) -> dict:
+    return {
+        **({HEADLINE: headline} if headline is not None else {}),
+        **({SHOWN: shown} if shown is not None else {}),
+    }
