@@ -185,7 +185,10 @@ def _cuda_record(batch: int, step_ms: float, measured_gib: float, warmup_gib: fl
     record.setup.tokens_per_step, record.setup.world_size = 1024 * batch, 1
     record.setup.flops_per_token = 10**9
     record.timing.step_ms_median = step_ms
-    record.timing.step_ms_measured = [[step_ms * (1 + i / 100) for i in range(8)]]
+    record.steps = [
+        {"step": i + 1, "phase": "measure", "step_ms_job": step_ms * (1 + i / 100)}
+        for i in range(8)
+    ]
     record.memory.mem_peak_allocated_bytes = int(measured_gib * gib)
     record.memory.mem_warmup_peak_allocated_bytes = int(warmup_gib * gib)
     record.rates = derive.rates(record, derive.Ceilings(derive.Peak(None, "unknown")))

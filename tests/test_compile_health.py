@@ -166,10 +166,11 @@ def test_a_pooled_point_keeps_the_recompiles_inside_every_repeats_window():
     from nanogpt.record.compile import CompilePart
 
     def run(recompiles: int) -> Record:
-        timing = Timing(step_ms_measured=[[10.0] * 9], measured_steps=9, measured_s=1.0)
+        timing = Timing(measured_steps=9, measured_s=1.0)
         setup = Setup(device="cpu", tokens_per_step=32, world_size=1, flops_per_token=1000)
         part = CompilePart(graph_breaks=2, recompiles_in_window=recompiles)
-        return Record(status="ok", setup=setup, timing=timing, compile=part)
+        steps = [{"phase": "measure", "step_ms_job": 10.0} for _ in range(9)]
+        return Record(status="ok", setup=setup, timing=timing, compile=part, steps=steps)
 
     pooled = derive_point([run(0), run(1)], floor_s=0.0)
     assert pooled.compile.graph_breaks == 2 and pooled.compile.recompiles_in_window == 1

@@ -67,7 +67,10 @@ def test_every_column_of_a_real_table_is_documented(tmp_path):
         record.asked.compile, record.asked.dtype = False, "fp32"
         record.setup.tokens_per_step, record.setup.world_size = 64, 1
         record.timing.step_ms_median = step_ms
-        record.timing.step_ms_measured = [[step_ms * (1 + i / 100) for i in range(8)]]
+        record.steps = [
+            {"step": i + 1, "phase": "measure", "step_ms_job": step_ms * (1 + i / 100)}
+            for i in range(8)
+        ]
         record.rates.tokens_per_s = 64 / (step_ms / 1e3)
         write_record(tmp_path / str(number), record)
     built = table.build_table(tmp_path).table

@@ -351,7 +351,7 @@ def test_a_point_is_contended_when_any_of_its_repeats_was():
     from nanogpt.record import Rates, Record, Setup, Timing
 
     def measured(contended: bool | None, text: str) -> Record:
-        timing = Timing(step_ms_measured=[[10.0, 11.0, 12.0]], measured_steps=3)
+        timing = Timing(measured_steps=3)
         timing.step_ms_median, timing.contended, timing.contention = 11.0, contended, text
         rates = Rates(peak_source="unknown")
         setup = Setup(

@@ -57,7 +57,7 @@ def test_the_columns_are_the_fields_not_marked_json_only():
     assert {"point_id", "status", "tokens_per_s", "sm_clock_mean_mhz", "loss_kind"} <= set(
         columns()
     )
-    assert not {"env", "measured_config", "step_ms_measured", "steps"} & set(columns())
+    assert not {"env", "measured_config", "step_ms_per_rank", "steps"} & set(columns())
     # A field a part gains becomes a column with no other edit.
     extra = dataclasses.make_dataclass(
         "TimingPlus", [("job_node", str | None, None)], bases=(Timing,)
@@ -283,9 +283,12 @@ def test_a_pooled_point_is_steady_only_if_every_repeat_was_and_shows_the_worst_d
 
     def run(last_third_ms: float) -> Record:
         steps = [10.0 + 0.01 * (i % 3) for i in range(20)] + [last_third_ms] * 10
-        timing = Timing(step_ms_measured=[steps], measured_steps=len(steps), measured_s=30.0)
+        timing = Timing(measured_steps=len(steps), measured_s=30.0)
         setup = Setup(device="cpu", tokens_per_step=32, world_size=1, flops_per_token=1000)
-        return Record(status="ok", asked=Asked(dtype="fp32"), setup=setup, timing=timing)
+        rows = [{"phase": "measure", "step_ms_job": ms} for ms in steps]
+        return Record(
+            status="ok", asked=Asked(dtype="fp32"), setup=setup, timing=timing, steps=rows
+        )
 
     pooled = derive_point([run(10.01), run(10.01), run(11.0)], floor_s=1.0)
     timing = pooled.timing

@@ -141,6 +141,11 @@ def test_torchrun_by_hand_writes_one_record_of_the_slowest_rank(tmp_path):
     assert record["step_ms_median_per_rank"] == pytest.approx(medians)
     slowest = statistics.median(max(pair) for pair in zip(*per_rank, strict=True))
     assert record["step_ms_median"] == pytest.approx(slowest)
+    # the statistics' step times are steps.csv's, stored once there: each the slowest rank's
+    steps_csv = pd.read_csv(run_dir / "steps.csv")
+    job = steps_csv.loc[steps_csv["phase"] == "measure", "step_ms_job"].tolist()
+    assert job == pytest.approx([max(pair) for pair in zip(*per_rank, strict=True)])
+    assert "step_ms_measured" not in record
 
     tokens_per_step = 2 * 16 * 2 * 2  # batch x block x grad_accum x world_size
     assert record["tokens_per_step"] == tokens_per_step

@@ -495,7 +495,7 @@ def test_records_moved_aside_are_not_rows(tmp_path):
         record.asked.compile, record.asked.dtype = False, "fp32"
         record.setup.tokens_per_step, record.setup.world_size = 64, 1
         record.timing.step_ms_median = 10.0
-        record.timing.step_ms_measured = [[10.0 + i / 10 for i in range(8)]]
+        record.steps = [{"phase": "measure", "step_ms_job": 10.0 + i / 10} for i in range(8)]
         write_record(where, record)
 
     point(tmp_path / "0", 2)

@@ -1,11 +1,11 @@
 """A point's figures, derived once from the raw parts of its record.
 
-The measured loop (scenarios/loop.py) fills only what it measured: every step's time (the slowest
-rank's per step, `step_ms_measured`), the measured window's length, the memory peaks, the energy
-counter, the compile counters, the diagnosis' shares, and the ceilings it was told to divide by
-(`rates.ceilings`, as the worker resolved them). Everything that follows from those is derived
-here, by `derive_point`, in one pass and by one function a figure (analysis/derive.py,
-analysis/stats.py):
+The measured loop (scenarios/loop.py) fills only what it measured: every step's time (the record's
+steps, each measured row's `step_ms_job`: the slowest rank's), the measured window's length, the
+memory peaks, the energy counter, the compile counters, the diagnosis' shares, and the ceilings it
+was told to divide by (`rates.ceilings`, as the worker resolved them). Everything that follows
+from those is derived here, by `derive_point`, in one pass and by one function a figure
+(analysis/derive.py, analysis/stats.py):
 
   the step statistics   median, mean, p10/p90, std, cv over every measured step; the point's
                         step (the median of its runs' medians) and its 95 % interval
@@ -35,7 +35,7 @@ def derive_point(runs: list[Record], floor_s: float) -> Record:
     if ttl_part.measured(record):  # the time-to-loss scenario's figures are its pool's
         return record
     timing = record.timing
-    series = [steps for steps in timing.step_ms_measured or [] if steps]
+    series = record.step_series()  # a list per run: its measured steps' times
     timing.repeats = len(runs)
     timing.set_stats(stats.summarize([ms for steps in series for ms in steps]))
     timing.step_ms_median = stats.point_figure(series)  # one run: its median
@@ -54,7 +54,7 @@ def _steadiness(timing: Timing, runs: list[Record], floor_s: float) -> None:
     the run that drifted most, and the first unsteady run's note."""
     judged = []
     for run in runs:
-        steps = (run.timing.step_ms_measured or [[]])[0]
+        steps = (run.step_series() or [[]])[0]
         on_accelerator = not str(run.setup.device or "cpu").startswith("cpu")
         judged.append(
             derive.steadiness(

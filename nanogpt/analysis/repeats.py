@@ -9,12 +9,12 @@ interval (analysis/stats.py), steadiness run by run, and the rates with the ceil
 stored (rates.ceilings: the peak, the calibration, matmul_emulated, as the measuring child
 resolved them).
 
-Timing keeps every run's measured steps (step_ms_measured, a list per run), their count and
-the windows' wall time over them; a point is `contended` if any run was. Peaks of memory are
+The pool's steps are every run's rows, numbered by run (`repeat`): the measured steps behind its
+statistics (Record.step_series, a list per run). Timing keeps their count and the windows' wall
+time over them; a point is `contended` if any run was. Peaks of memory are
 the largest of any run; energy is summed over all measured steps; recompiles and the CUDA
 allocator's retries and OOMs inside the measured steps are summed. The rest (the model's
 figures, the first step, the profile, the diagnosis, the optimizer's roles) is the first run's.
-steps.csv keeps every run's rows, numbered.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def pool(records: list[Record]) -> Record:
 
 
 def _timing(parts: list):
-    """Every run's measured steps, their count and wall-clock step; contended if any was."""
+    """The count of every run's measured steps and their wall-clock step; contended if any
+    was (the steps themselves are the pool's rows, `pool`)."""
     timing = dataclasses.replace(parts[0])
-    timing.step_ms_measured = [steps for t in parts for steps in t.step_ms_measured or []]
     timing.measured_steps = sum(t.measured_steps or 0 for t in parts)
     timing.measured_s = sum(t.measured_s or 0.0 for t in parts)
     timing.loss_last = parts[-1].loss_last

@@ -1,5 +1,11 @@
 """A run's files in its job dir: `result.json` (the record) and `steps.csv` (its steps).
 
+A run's steps are stored once, in steps.csv (Record.steps: a row a step, the measured rows with
+`step_ms_job`, the time the statistics use); result.json holds the statistics derived from them,
+never the steps. A run written before that (its record held the measured steps' times as
+`step_ms_measured`, its steps.csv had no step_ms_job) is converted where its steps are read,
+`read_steps`, by one function (`_steps_of_old`): every reader gets the steps in today's form.
+
 A sweep dir holds a dir per point (its index) and in it a dir per run, POINT/run-R, set by the
 sweeper (nanogpt/frontend/grid_sweeper.py); each run's job writes its own record there, atomically
 (nanogpt/record/files.py), by the job process alone. The point's own result.json beside its runs is
@@ -22,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from nanogpt.analysis.figures import derive_point
-from nanogpt.record import PARTS, TOP, Record, flat_fields
+from nanogpt.record import MEASURE, PARTS, STEP_COLUMNS, STEP_MS_JOB, TOP, Record, flat_fields
 from nanogpt.record.files import read_json, write_atomic, write_json
 from nanogpt.record.swept import point_key  # a point's overrides, order-free
 
 RESULT_FILE = "result.json"
 STEPS_FILE = "steps.csv"
 MOVED_DIR = "moved"  # SWEEP_DIR/moved/POINT_ID: a record whose job dir another point now uses
-STEPS_COLUMNS = ("step", "phase", "step_ms", "data_ms", "loss", "repeat")
+OLD_STEPS = "step_ms_measured"  # a record written before the steps were stored once: its steps
 RUN_PREFIX = "run-"  # POINT/run-R: run R (from 1) of the point in POINT
 _RUN_DIR = re.compile(rf"{RUN_PREFIX}(\d+)")
 
@@ -58,7 +64,7 @@ def write_record(job_dir: Path, record: Record) -> None:
 
 def write_steps(job_dir: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=STEPS_COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=STEP_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     write_atomic(job_dir / STEPS_FILE, buf.getvalue())
@@ -77,13 +83,43 @@ def read_result(path: Path) -> dict | None:
     return flattened(data) if isinstance(data, dict) and "status" in data else None
 
 
-def read_steps(job_dir: Path) -> list[dict]:
-    """steps.csv's rows (text values, as written), [] where there is none."""
-    path = Path(job_dir) / STEPS_FILE
-    if not path.is_file():
-        return []
-    with path.open(encoding="utf-8", newline="") as f:
-        return list(csv.DictReader(f))
+def read_steps(job_dir: Path, record: dict | None = None) -> list[dict]:
+    """A run's (or a pooled point's) steps: steps.csv's rows, text as written and an empty cell
+    None; [] where there is none or it cannot be read. `record`: the record of the same dir as
+    read (read_result), which is what tells a run written before the steps were stored once:
+    its steps come back converted (_steps_of_old)."""
+    try:
+        with open(Path(job_dir) / STEPS_FILE, encoding="utf-8", newline="") as f:
+            rows = [{k: v if v != "" else None for k, v in r.items()} for r in csv.DictReader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        rows = []
+    if record is not None and record.get(OLD_STEPS):
+        return _steps_of_old(rows, record[OLD_STEPS])
+    return rows
+
+
+def _steps_of_old(rows: list[dict], measured: list[list[float]]) -> list[dict]:
+    """The one converter of a run (or pooled point) written before its steps were stored once.
+    Its record held the measured steps' times the statistics used (`measured`: step_ms_measured,
+    a list per run, under torchrun the slowest rank's per step) and its steps.csv rank 0's rows
+    without them. Each run's times go onto its measured rows, in order, as step_ms_job; where
+    the counts differ (a steps.csv missing or cut short) that run's measured rows are the
+    record's times alone (step and the other columns empty), as its statistics were computed
+    from them."""
+    pooled = len(measured) > 1  # a pool's rows are numbered by run; a run's own have no repeat
+    for number, series in enumerate(measured, 1):
+        at = [r for r in rows if r.get("phase") == MEASURE and int(r.get("repeat") or 1) == number]
+        if len(at) == len(series):
+            for row, ms in zip(at, series, strict=True):
+                row[STEP_MS_JOB] = ms
+            continue
+        dropped = {id(row) for row in at}
+        rows = [row for row in rows if id(row) not in dropped]
+        rows += [
+            {"phase": MEASURE, "step_ms": ms, STEP_MS_JOB: ms, "repeat": number if pooled else None}
+            for ms in series
+        ]
+    return rows
 
 
 def pool_runs(
@@ -101,9 +137,9 @@ def pool_runs(
     steps, likewise."""
     known, known_steps = known or {}, known_steps or {}
 
-    def steps_of(where: Path) -> list[dict]:
+    def steps_of(where: Path, flat: dict) -> list[dict]:
         held = known_steps.get(Path(where).resolve())
-        return list(held) if held is not None else read_steps(where)
+        return list(held) if held is not None else read_steps(where, flat)
 
     runs = [
         (number, known.get(d.resolve()) or read_result(d / RESULT_FILE), d)
@@ -116,12 +152,12 @@ def pool_runs(
     if failed:
         flat, where = failed[0]
         record = Record.from_dict(flat)
-        record.steps = steps_of(where)
+        record.steps = steps_of(where, flat)
     else:
         records = []
         for _, flat, where in runs:
             records.append(Record.from_dict(flat))
-            records[-1].steps = steps_of(where)
+            records[-1].steps = steps_of(where, flat)
         floor_s = ((runs[0][1].get("measured_config") or {}).get("bench") or {}).get("measure_s")
         record = derive_point(records, floor_s or 0.0) if len(records) > 1 else records[0]
         record.wall_s = sum(r.wall_s or 0.0 for r in records)
@@ -270,13 +306,13 @@ def move_other_point(sweep_dir: Path, point_dir: Path, keys: list[str]) -> None:
 
 def copy_record(source: Path, job_dir: Path, record: dict) -> dict:
     """An ok record (as read) kept from another dir (a resumed sweep whose points moved) copied
-    into job_dir, steps first; the record."""
+    into job_dir, steps first (read_steps: a run of before in today's form); the record."""
     if Path(source).resolve() != Path(job_dir).resolve():
         Path(job_dir).mkdir(parents=True, exist_ok=True)
-        if (Path(source) / STEPS_FILE).is_file():
-            text = (Path(source) / STEPS_FILE).read_text(encoding="utf-8")
-            write_atomic(Path(job_dir) / STEPS_FILE, text)
-        record = {**record, "job_dir": str(job_dir)}
+        steps = read_steps(source, record)
+        if steps:
+            write_steps(Path(job_dir), steps)
+        record = {k: v for k, v in record.items() if k != OLD_STEPS} | {"job_dir": str(job_dir)}
         write_result(Path(job_dir), record)
     return record
 

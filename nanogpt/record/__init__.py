@@ -100,6 +100,15 @@ PARTS = {
 }
 
 
+# A step's row (Record.steps, steps.csv's columns): its number, its phase (warmup | measure |
+# profile | diagnose), rank 0's own step_ms and data_ms, the loss at a window's end, the run it
+# belongs to in a pool (repeat), and on a measured row step_ms_job: the job's step time, the
+# slowest rank's under torchrun (train/distributed.slowest_per_step), which the statistics use.
+STEP_COLUMNS = ("step", "phase", "step_ms", "data_ms", "loss", "repeat", "step_ms_job")
+STEP_MS_JOB = "step_ms_job"
+MEASURE = "measure"  # the phase of a measured step
+
+
 @dataclass
 class Record:
     # ok | oom | diverged | error | interrupted (nanogpt/record/faults.py)
@@ -124,8 +133,21 @@ class Record:
     env: dict | None = json_only()  # versions, devices, host, git commit (hardware/env.py)
     wall_s: float | None = None  # the job process's clock around the whole point
     finished_at: str | None = None
-    # steps.csv's rows: in no summary (to_dict leaves them out unless asked)
+    # The run's steps, the one store of them (steps.csv on disk): a row a step (STEP_COLUMNS),
+    # the measured rows with the time the statistics use (step_series); in no summary
+    # (to_dict leaves them out unless asked)
     steps: list[dict] = field(default_factory=list, metadata={STEPS: True})
+
+    def step_series(self) -> list[list[float]]:
+        """The measured steps' times the statistics use (`step_ms_job` of the `measure` rows),
+        a list per run in run order (`repeat`: a pool's runs numbered; a run's own rows have
+        none). Rows read back from steps.csv hold text: read as numbers here."""
+        series: dict[int, list[float]] = {}
+        for row in self.steps:
+            ms = row.get(STEP_MS_JOB)
+            if row.get("phase") == MEASURE and ms not in (None, ""):
+                series.setdefault(int(row.get("repeat") or 1), []).append(float(ms))
+        return [series[number] for number in sorted(series)]
 
     def to_dict(self, steps: bool = False) -> dict[str, Any]:
         """The flat record: the table's columns first (`columns()`), then the json-only fields."""

@@ -61,7 +61,8 @@ class Setup:
 
 @dataclass
 class Timing:
-    """The step clock. step_ms_* are over measured steps only (the slowest rank's per step)."""
+    """The step clock. step_ms_* are over measured steps only (the slowest rank's per step):
+    statistics of the run's steps, which are the record's steps (Record.steps, steps.csv)."""
 
     step_timer: str | None = None  # cuda-events | perf_counter | perf_counter+mps-sync
     first_step_ms: float | None = None
@@ -101,7 +102,6 @@ class Timing:
     # measurements of the point, each in a fresh process
     repeats: int | None = shown_at(headline=90)
     step_ms_median_per_repeat: list | None = None
-    step_ms_measured: list | None = json_only()  # the steps behind step_ms_*: a list per repeat
     step_ms_per_rank: list | None = json_only()
     step_ms_median_per_rank: list | None = None  # step_ms_* are the slowest rank's per step
     data_ms_median: float | None = None

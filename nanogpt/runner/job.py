@@ -196,10 +196,9 @@ def record_ended_outside(
     record.status, record.error = status, error
     record.setup.slurm_job_id = record.setup.slurm_job_id or slurm_job_id
     record.setup.slurm_node = record.setup.slurm_node or node
-    if earlier:
-        store.write_result(job.job_dir, record.to_dict())  # its steps.csv stays
-    else:
-        store.write_record(job.job_dir, record)
+    if earlier:  # its steps as they are stored (one written before: converted, store.py)
+        record.steps = store.read_steps(job.job_dir, earlier)
+    store.write_record(job.job_dir, record)
     log.info(summary_line(record))
     return status
 

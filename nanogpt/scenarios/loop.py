@@ -16,7 +16,8 @@ The loop is written so that measuring does not change what is measured:
   (`diagnostics_active`).
 
 `measure(...)` takes plain values (the spec, the device, the ceilings MFU divides by, the sinks)
-and returns a Record with what it measured: Setup, Timing, Memory, Rates, Profile and the steps.
+and returns a Record with what it measured: Setup, Timing, Memory, Rates, Profile and the steps
+(each measured row with the job's step time, step_ms_job, from which the statistics follow).
 Whatever goes wrong, the record keeps what was measured up to then, with a status
 (nanogpt/record/faults.py). It knows nothing of Hydra, calibration files or W&B: a sink is anything
 with `window(stats)`.
@@ -47,7 +48,7 @@ from nanogpt.probes.setup import (
 )
 from nanogpt.probes.timing import StepTimer
 from nanogpt.probes.window import StepLog, Window
-from nanogpt.record import Record, Setup
+from nanogpt.record import MEASURE, STEP_MS_JOB, Record, Setup
 from nanogpt.record.asked import Asked
 from nanogpt.record.faults import classify, describe
 from nanogpt.scenarios.progress import Progress
@@ -294,7 +295,11 @@ def _collect(trainer: Trainer, ceilings, record: Record, log: StepLog) -> None:
     per_rank = trainer.world.gather(log.measured("step_ms"))
     timing.step_ms_per_rank = per_rank
     timing.step_ms_median_per_rank = [stats.summarize(times)["median"] for times in per_rank]
-    timing.step_ms_measured = [slowest_per_step(per_rank)]
+    # The job's step time of each measured step goes on its row: the run's steps are stored
+    # once (Record.steps, steps.csv), and the statistics are derived from those rows.
+    measured = [row for row in log.rows if row["phase"] == MEASURE]
+    for row, ms in zip(measured, slowest_per_step(per_rank), strict=True):
+        row[STEP_MS_JOB] = ms
     timing.data_ms_median = stats.summarize(log.measured("data_ms"))["median"]
     timing.step_timer = StepTimer(trainer.device).clock
     record.rates.ceilings = ceilings.to_dict()  # as the worker resolved them, whole
