@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from nanogpt.analysis import stats
 from nanogpt.config.protocol import STEADY_MIN_S
-from nanogpt.record import Energy, Rates, Record, Setup
+from nanogpt.record import Energy, Memory, Rates, Record, Setup
+from nanogpt.record.fields import PEAK
 
 PEAK_SOURCES = ("datasheet", "cpu-estimate", "override", "calibrated", "unknown")
 # A board cannot hold more than its enforced limit for long; a mean above it by more than this
@@ -169,11 +170,15 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
     return out
 
 
+def _peak_fields() -> tuple[tuple[str, str, str], ...]:
+    """PEAK_FIELDS, from the Memory part's marks (record/fields.py, PEAK)."""
+    marked = {f.metadata[PEAK]: f.name for f in dataclasses.fields(Memory) if PEAK in f.metadata}
+    kinds = dict.fromkeys(kind for kind, _ in marked)  # in the part's order: CUDA's first
+    return tuple((kind, marked[kind, "measured"], marked[kind, "warmup"]) for kind in kinds)
+
+
 # The peaks peak_memory weighs, CUDA's first: (kind, the measured steps' field, warmup's field)
-PEAK_FIELDS = (
-    ("cuda", "mem_peak_allocated_bytes", "mem_warmup_peak_allocated_bytes"),
-    ("rss", "mem_peak_rss_bytes", "mem_warmup_peak_rss_bytes"),
-)
+PEAK_FIELDS = _peak_fields()
 
 
 def peak_memory(fields: Mapping) -> tuple[int | None, str | None]:

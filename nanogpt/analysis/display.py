@@ -51,7 +51,7 @@ FORMATS = {"text": str, "number": number, "percent": percent, "mebibytes": mebib
 
 def _shown() -> tuple[tuple, ...]:
     """SHOWN: every field marked with a place in the console's table (record/fields.py, SHOWN:
-    `shown_at(shown=(20, "step_ms", "number"))` on Timing.step_ms_median), by place, then time
+    `marked(shown=(20, "step_ms", "number"))` on Timing.step_ms_median), by place, then time
     to a target loss's columns (scenarios/time_to_loss/), shown when a point has one."""
     places = {}
     for name, _, f in flat_fields():

@@ -45,7 +45,7 @@ SUMMARY_MD = "summary.md"
 # summary.csv's columns after the swept keys, by the table's flat names (each written under its
 # stored name): the figures that answer "which point, how fast, how sure, does it fit, why",
 # then what identifies the point. Every other field is in summary.parquet and result.json.
-# A record field says its own place (record/fields.py, HEADLINE: `shown_at(headline=30)` on
+# A record field says its own place (record/fields.py, HEADLINE: `marked(headline=30)` on
 # Timing.step_ms_median); the table's own figures, which compare points and are no record's
 # field, have theirs here, among them.
 TABLE_PLACES = {

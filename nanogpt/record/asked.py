@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanogpt.config.spec import RunSpec
-from nanogpt.record.fields import HEADLINE, JSON_ONLY, config_key, json_only, shown_at
+from nanogpt.record.fields import HEADLINE, JSON_ONLY, config_key, json_only, marked
 from nanogpt.record.identity import measured_config
 
 
@@ -15,7 +15,7 @@ class Asked:
     """The point as asked: its Hydra overrides and the spec's main choices, as plain values."""
 
     # the point's identity: a digest of measured_config
-    point_id: str | None = shown_at(headline=97)
+    point_id: str | None = marked(headline=97)
     # summary.csv: as text, space-separated
     overrides: list[str] = field(default_factory=list, metadata={HEADLINE: 96})
     overrides_str: str = field(default="defaults", metadata={JSON_ONLY: True})
@@ -38,7 +38,7 @@ class Asked:
     block_size: int | None = config_key("model.block_size")
     grad_accum: int | None = config_key("perf.grad_accum")
     warmup_steps: int | None = config_key("bench.warmup_steps")
-    job_dir: str | None = shown_at(headline=98)
+    job_dir: str | None = marked(headline=98)
     measured_config: dict | None = json_only()  # the resolved keys it measures (record/identity.py)
 
     @classmethod

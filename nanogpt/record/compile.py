@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanogpt.record.fields import json_only
+from nanogpt.record.fields import TOTAL, json_only, marked
 
 
 @dataclass
@@ -20,7 +20,8 @@ class CompilePart:
     graphs: int | None = None  # counters["stats"]["unique_graphs"]: graphs Dynamo captured
     recompiles: int | None = None  # frames compiled again after a guard failed
     recompile_reasons: list | None = json_only()  # the first few guard failures
-    recompiles_in_window: int | None = None  # of them, during the measured steps: unsteady
+    # of them, during the measured steps: unsteady
+    recompiles_in_window: int | None = marked(pool=TOTAL)
     compile_s_counted: float | None = None  # Dynamo + backend compile time, forward and backward
     cudagraph_skips: int | None = None  # counters["inductor"]["cudagraph_skips"]
     compile_note: str | None = None  # why a figure above is null: "not compiled", ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanogpt.record.fields import shown_at
+from nanogpt.record.fields import marked
 
 
 @dataclass
@@ -15,7 +15,7 @@ class Diagnosis:
     `diag_error` saying why, when not run."""
 
     # host-bound | device-bound | data-bound | communication-bound
-    bottleneck: str | None = shown_at(headline=80, shown=(80, "bottleneck", "text"))
+    bottleneck: str | None = marked(headline=80, shown=(80, "bottleneck", "text"))
     bottleneck_hint: str | None = None
     # shares of the step's wall time, summing to 1 (diag_step_*_frac) ...
     diag_step_device_frac: float | None = None

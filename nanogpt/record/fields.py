@@ -20,29 +20,51 @@ CONFIG = "config"
 # display.py).
 HEADLINE = "headline"
 SHOWN = "shown"
+# How a point's runs (bench.repeats) pool a field, said on it (analysis/repeats.py): LARGEST,
+# the largest of any run's (a peak; null where none has one); TOTAL, the runs' sum (a count over
+# the measured steps; null unless every run counted it). Unmarked, the first run's, unless its
+# part's own rule says more (repeats.POOLED: timing's steps, energy's joules).
+POOL = "pool"
+LARGEST = "largest"
+TOTAL = "total"
+# A peak of memory that peak_memory weighs (analysis/derive.py): (its kind, "cuda" or "rss", and
+# its window, "measured" or "warmup"); the kinds in the part's order, CUDA's first.
+PEAK = "peak"
 
 
 def json_only(**kwargs):
-    """A record field kept out of summary.csv (`columns()`): result.json and W&B only."""
+    """A record field kept out of summary.csv (`columns()`): result.json and W&B only; marks as
+    `marked`'s (`json_only(pool=LARGEST)`)."""
     kwargs.setdefault("default", None)
-    return field(metadata={JSON_ONLY: True}, **kwargs)
+    marks = {key: kwargs.pop(key) for key in _MARKS if key in kwargs}
+    return field(metadata={JSON_ONLY: True, **_marks(**marks)}, **kwargs)
 
 
-def config_key(path: str, headline: int | None = None, **kwargs):
-    """An asked field holding the config key at `path` (its summary.parquet column); `headline`
-    as `shown_at`'s."""
+def config_key(path: str, **kwargs):
+    """An asked field holding the config key at `path` (its summary.parquet column); marks as
+    `marked`'s (`config_key("model.name", headline=91)`)."""
     kwargs.setdefault("default", None)
-    return field(metadata={CONFIG: path, **_places(headline, None)}, **kwargs)
+    marks = {key: kwargs.pop(key) for key in _MARKS if key in kwargs}
+    return field(metadata={CONFIG: path, **_marks(**marks)}, **kwargs)
 
 
-def shown_at(default=None, *, headline: int | None = None, shown: tuple | None = None):
-    """A record field with its place among summary.csv's headline columns (`headline`) and in
-    the console's table (`shown`: place, header, format name); see HEADLINE and SHOWN."""
-    return field(default=default, metadata=_places(headline, shown))
+def marked(
+    default=None,
+    *,
+    headline: int | None = None,
+    shown: tuple | None = None,
+    pool: str | None = None,
+    peak: tuple | None = None,
+):
+    """A record field with the rules its part gives it: its place among summary.csv's headline
+    columns (`headline`), in the console's table (`shown`: place, header, format name), how
+    runs pool it (`pool`: LARGEST or TOTAL) and which peak of memory it is (`peak`)."""
+    return field(default=default, metadata=_marks(headline, shown, pool, peak))
 
 
-def _places(headline: int | None, shown: tuple | None) -> dict:
-    return {
-        **({HEADLINE: headline} if headline is not None else {}),
-        **({SHOWN: shown} if shown is not None else {}),
-    }
+_MARKS = ("headline", "shown", "pool", "peak")
+
+
+def _marks(headline=None, shown=None, pool=None, peak=None) -> dict:
+    marks = {HEADLINE: headline, SHOWN: shown, POOL: pool, PEAK: peak}
+    return {key: value for key, value in marks.items() if value is not None}
