@@ -185,26 +185,40 @@ def test_a_part_says_where_its_fields_are_shown(monkeypatch):
     """Issue 46, a record part owns its rules: summary.csv's headline and the console's columns
     are the fields their parts mark (record/fields.py: HEADLINE, SHOWN), in the places the
     marks give, with the table's own figures among them; two figures in one place are refused,
-    naming both."""
+    naming both. How runs pool a field and which fields are peaks of memory are its marks."""
     from dataclasses import fields
 
     from nanogpt.record import Record, Timing, flat_fields
-    from nanogpt.record.fields import HEADLINE, SHOWN, shown_at
+    from nanogpt.record.fields import HEADLINE, SHOWN, marked
 
-    marked = {f.name: f.metadata[HEADLINE] for _, _, f in flat_fields() if HEADLINE in f.metadata}
-    assert [c for c in tidy.HEADLINE if c in marked] == sorted(marked, key=marked.__getitem__)
-    assert [c for c in tidy.HEADLINE if c not in marked] == list(tidy.TABLE_PLACES)
+    places = {f.name: f.metadata[HEADLINE] for _, _, f in flat_fields() if HEADLINE in f.metadata}
+    assert [c for c in tidy.HEADLINE if c in places] == sorted(places, key=places.__getitem__)
+    assert [c for c in tidy.HEADLINE if c not in places] == list(tidy.TABLE_PLACES)
     median = next(f for f in fields(Timing) if f.name == "step_ms_median")
     assert median.metadata[SHOWN][1:] == ("step_ms", "number")
     assert display.SHOWN[1][:2] == ("step_ms_median", "step_ms")  # the second place, the label
-    assert fields(Record)[0].metadata[HEADLINE] == min(marked.values())  # status comes first
+    assert fields(Record)[0].metadata[HEADLINE] == min(places.values())  # status comes first
     # a field added to a part with a mark is a headline column; a place taken twice, an error
     monkeypatch.setitem(tidy.TABLE_PLACES, "new_figure", 999)
     assert tidy._headline()[-1] == "new_figure"
     monkeypatch.setitem(tidy.TABLE_PLACES, "new_figure", median.metadata[HEADLINE])
     with pytest.raises(ValueError, match="new_figure.*step_ms_median"):
         tidy._headline()
-    assert shown_at(headline=5).metadata == {HEADLINE: 5}
+    assert marked(headline=5).metadata == {HEADLINE: 5}
+    # how a point's runs pool a field, and which peaks peak_memory weighs, are marks too
+    from nanogpt.analysis import derive, repeats
+
+    runs = [Record(), Record(), Record()]
+    for run, rss, recompiles in zip(runs, (5, 9, 7), (1, 2, 0), strict=True):
+        run.memory.mem_peak_rss_bytes, run.compile.recompiles_in_window = rss, recompiles
+        run.memory.mem_peak_rss_method = f"first {rss}"  # unmarked: the first run's
+    pooled = repeats.pool(runs)
+    assert pooled.memory.mem_peak_rss_bytes == 9 and pooled.compile.recompiles_in_window == 3
+    assert pooled.memory.mem_peak_rss_method == "first 5"
+    runs[1].compile.recompiles_in_window = None  # a run that could not count: no total
+    assert repeats.pool(runs).compile.recompiles_in_window is None
+    assert [kind for kind, _, _ in derive.PEAK_FIELDS] == ["cuda", "rss"]
+    assert derive.PEAK_FIELDS[1][1:] == ("mem_peak_rss_bytes", "mem_warmup_peak_rss_bytes")
 
 
 # --- real sweeps --------------------------------------------------------------------------

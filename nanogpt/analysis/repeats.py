@@ -1,8 +1,9 @@
 """One record from a point measured several times (bench.repeats), each in a fresh process.
 
 A process hides part of the noise: its allocator state, its compiled code, the clocks it ran
-at. Repeats show it. `pool` aggregates the runs' raw parts, part by part (POOLED names the
-rule of each part that is not simply the first run's); analysis/figures.derive_point then
+at. Repeats show it. `pool` aggregates the runs' raw parts, part by part: a field as its part
+marks it (record/fields.py, POOL: the largest, the total, else the first run's; `by_marks`), and
+POOLED names a part's own rule where the marks do not say all; analysis/figures.derive_point then
 derives every figure of the pool as it does one run's: the step statistics over all the
 steps, the point's step as the median of the runs' medians with a hierarchical bootstrap
 interval (analysis/stats.py), steadiness run by run, and the rates with the ceilings the runs
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from nanogpt.record import PARTS, Record
+from nanogpt.record.fields import LARGEST, POOL, TOTAL
 from nanogpt.scenarios.time_to_loss import part as ttl_part
 from nanogpt.scenarios.time_to_loss import pool as ttl_pool
 
@@ -35,9 +37,23 @@ def pool(records: list[Record]) -> Record:
     for number, record in enumerate(records, 1):
         pooled.steps += [{**row, "repeat": number} for row in record.steps]
     for name in PARTS:
-        rule = POOLED.get(name)
         parts = [getattr(r, name) for r in records]
-        setattr(pooled, name, rule(parts) if rule else dataclasses.replace(parts[0]))
+        setattr(pooled, name, POOLED.get(name, by_marks)(parts))
+    return pooled
+
+
+def by_marks(parts: list):
+    """A part pooled field by field as each field's mark says (record/fields.py, POOL): the
+    largest of any run's (a peak), the runs' total (a count; null unless every run counted
+    it), else the first run's."""
+    pooled = dataclasses.replace(parts[0])
+    for f in dataclasses.fields(pooled):
+        values = [getattr(part, f.name) for part in parts]
+        if f.metadata.get(POOL) == LARGEST:
+            present = [v for v in values if v]
+            setattr(pooled, f.name, max(present) if present else None)
+        elif f.metadata.get(POOL) == TOTAL:
+            setattr(pooled, f.name, None if None in values else sum(values))
     return pooled
 
 
@@ -61,36 +77,14 @@ def _timing(parts: list):
     return timing
 
 
-def _compile(parts: list):
-    """The first repeat's compile part (each repeat compiles the same model alike; the first
-    with the coldest cache), with the recompiles inside every repeat's measured steps summed."""
-    part = dataclasses.replace(parts[0])
-    in_window = [p.recompiles_in_window for p in parts]
-    if None not in in_window:
-        part.recompiles_in_window = sum(in_window)
-    return part
-
-
 def _memory(parts: list):
-    """The largest peak of any run, each kind of peak on its own."""
-    memory = dataclasses.replace(parts[0])
-    for field in (
-        "mem_peak_allocated_bytes",
-        "mem_peak_reserved_bytes",
-        "mem_nvml_used_bytes",
-        "mem_peak_rss_bytes",
-        "mem_warmup_peak_allocated_bytes",
-        "mem_warmup_peak_reserved_bytes",
-        "mem_warmup_peak_rss_bytes",
-    ):
-        values = [getattr(m, field) for m in parts if getattr(m, field)]
-        setattr(memory, field, max(values) if values else None)
+    """The largest peak of any run, each kind of peak on its own, and the allocator's retries
+    and OOMs over every run's steps (the fields' marks, by_marks); the largest allocated peak's
+    window with it."""
+    memory = by_marks(parts)
     # which window the largest allocated peak came from (measured, or warmup's CUDA graphs)
     top = max(parts, key=lambda m: m.mem_peak_allocated_bytes or 0)
     memory.mem_peak_allocated_from = top.mem_peak_allocated_from
-    for field in ("mem_alloc_retries", "mem_ooms"):  # the allocator's, over every run's steps
-        counts = [getattr(m, field) for m in parts]
-        setattr(memory, field, None if None in counts else sum(counts))
     return memory
 
 
@@ -105,5 +99,6 @@ def _energy(parts: list):
     return energy
 
 
-# How each part of a pool is aggregated; a part not named here is the first run's.
-POOLED = {"timing": _timing, "memory": _memory, "energy": _energy, "compile": _compile}
+# How a part of a pool is aggregated where its fields' marks do not say all (by_marks: a part not
+# named here, the compile part's recompiles in the window among them).
+POOLED = {"timing": _timing, "memory": _memory, "energy": _energy}

@@ -46,7 +46,7 @@ from typing import Any
 from nanogpt.record.asked import Asked
 from nanogpt.record.compile import CompilePart
 from nanogpt.record.diagnosis import Diagnosis
-from nanogpt.record.fields import JSON_ONLY, STEPS, json_only, shown_at
+from nanogpt.record.fields import JSON_ONLY, STEPS, json_only, marked
 from nanogpt.record.measured import (
     STATS,
     Clocks,
@@ -112,9 +112,9 @@ MEASURE = "measure"  # the phase of a measured step
 @dataclass
 class Record:
     # ok | oom | diverged | error | interrupted (nanogpt/record/faults.py)
-    status: str = shown_at("running", headline=10, shown=(10, "status", "text"))
+    status: str = marked("running", headline=10, shown=(10, "status", "text"))
     # "Type: first line of the message" of a failed point
-    error: str | None = shown_at(headline=95)
+    error: str | None = marked(headline=95)
     asked: Asked = field(default_factory=Asked)  # runner/worker.py
     setup: Setup = field(default_factory=Setup)  # scenarios/loop.py, from here to profile
     timing: Timing = field(default_factory=Timing)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanogpt.record.fields import json_only, shown_at
+from nanogpt.record.fields import LARGEST, TOTAL, json_only, marked
 
 STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, probes/timing.py
 
@@ -17,9 +17,9 @@ class Setup:
     """The model on its device, known before the first step."""
 
     device: str | None = None
-    device_name: str | None = shown_at(headline=94)
+    device_name: str | None = marked(headline=94)
     world_size: int | None = None
-    n_params: int | None = shown_at(headline=92)  # all parameters, the tied embedding once
+    n_params: int | None = marked(headline=92)  # all parameters, the tied embedding once
     n_params_flops: int | None = None  # N of the FLOPs formula (no position embedding)
     flops_per_token: int | None = None  # the formula (train/flops.py)
     flops_per_token_counted: float | None = None  # FlopCounterMode on the meta device
@@ -27,7 +27,7 @@ class Setup:
     flops_formula: str | None = json_only()
     flops_source: str | None = None  # where flops_per_token came from (a user model: its hook,
     #                                  counted on meta, or 6N; docs/models.md)
-    tokens_per_step: int | None = shown_at(headline=93)  # all ranks
+    tokens_per_step: int | None = marked(headline=93)  # all ranks
     model_wrapping: str | None = json_only()  # e.g. compile(ddp(model)): what wraps what
     fp8_converted: int | None = None  # Linears swapped for torchao's Float8Linear
     fp8_layers: dict | None = json_only()  # {"converted": [names], "kept": [{layer, reason}]}
@@ -74,7 +74,7 @@ class Timing:
     measured_s: float | None = None  # wall time of the measured phase, window reads included
     stopped_by_budget: bool | None = None
     # derive.steadiness, run by run (analysis/figures.py)
-    steady: bool | None = shown_at(headline=32)
+    steady: bool | None = marked(headline=32)
     unsteady_reasons: list | None = None  # codes: "short" (window), "drift" (step time moved)
     steady_note: str | None = None  # the same in words, with the figures
     drift_pct: float | None = None  # last third's median step vs the first third's, in %
@@ -82,7 +82,7 @@ class Timing:
     drift_ci_high: float | None = None
     diagnostics_active: list | None = None  # what ran beside the measured steps ([]: nothing)
     # What else used the device in the measured window (probes/contention.py, bench.exclusive)
-    contended: bool | None = shown_at(headline=33)  # null: not probed (contention says why)
+    contended: bool | None = marked(headline=33)  # null: not probed (contention says why)
     contention: str | None = None  # what was seen, in words
     contention_window_s: float | None = json_only()
     own_cpu_s: float | None = json_only()  # the point's CPU time in the window (all ranks)
@@ -90,17 +90,17 @@ class Timing:
     others_gpu_processes: list | None = json_only()  # CUDA: pids of other compute processes (NVML)
     scaler_skipped_steps: int | None = None  # fp16: measured steps the GradScaler skipped
     scaler_settled: bool | None = None  # fp16: warmup ended with a step it did not skip
-    step_ms_median: float | None = shown_at(headline=30, shown=(20, "step_ms", "number"))
+    step_ms_median: float | None = marked(headline=30, shown=(20, "step_ms", "number"))
     step_ms_mean: float | None = None
     step_ms_p10: float | None = None
     step_ms_p90: float | None = None
     step_ms_std: float | None = None
-    step_ms_cv: float | None = shown_at(headline=31, shown=(30, "cv", "percent"))
+    step_ms_cv: float | None = marked(headline=31, shown=(30, "cv", "percent"))
     step_ms_ci_low: float | None = None  # 95 % interval of the median (analysis/stats.py)
     step_ms_ci_high: float | None = None
     ci_method: str | None = json_only()
     # measurements of the point, each in a fresh process
-    repeats: int | None = shown_at(headline=90)
+    repeats: int | None = marked(headline=90)
     step_ms_median_per_repeat: list | None = None
     step_ms_per_rank: list | None = json_only()
     step_ms_median_per_rank: list | None = None  # step_ms_* are the slowest rank's per step
@@ -115,23 +115,29 @@ class Timing:
 
 @dataclass
 class Memory:
-    mem_peak_allocated_bytes: int | None = shown_at(shown=(70, "cuda_MiB", "mebibytes"))  # CUDA
+    mem_peak_allocated_bytes: int | None = marked(  # the CUDA caching allocator's
+        shown=(70, "cuda_MiB", "mebibytes"), pool=LARGEST, peak=("cuda", "measured")
+    )
     # "measured", or "warmup" under CUDA graphs when warmup's peak (the graphs' pool) is larger
     mem_peak_allocated_from: str | None = None
-    mem_peak_reserved_bytes: int | None = None
-    mem_nvml_used_bytes: int | None = None  # the driver's view, all processes, largest sample
+    mem_peak_reserved_bytes: int | None = marked(pool=LARGEST)
+    # the driver's view, all processes, largest sample
+    mem_nvml_used_bytes: int | None = marked(pool=LARGEST)
     mem_nvml_device: str | None = json_only()  # the NVML device read (by UUID), or why none
-    mem_peak_rss_bytes: int | None = shown_at(shown=(60, "rss_MiB", "mebibytes"))  # this process
+    mem_peak_rss_bytes: int | None = marked(  # the measuring process's
+        shown=(60, "rss_MiB", "mebibytes"), pool=LARGEST, peak=("rss", "measured")
+    )
     mem_peak_rss_method: str | None = json_only()  # vmhwm | ru_maxrss
     memory_snapshot: str | None = json_only()  # file name, written on a CUDA OOM when asked
     # The peaks above are the measured steps' (probes/memory.py, MemoryProbe.split); warmup's,
     # first-step compilation and autotuning included, apart:
-    mem_warmup_peak_allocated_bytes: int | None = None
-    mem_warmup_peak_reserved_bytes: int | None = json_only()
-    mem_warmup_peak_rss_bytes: int | None = None
+    mem_warmup_peak_allocated_bytes: int | None = marked(pool=LARGEST, peak=("cuda", "warmup"))
+    mem_warmup_peak_reserved_bytes: int | None = json_only(pool=LARGEST)
+    mem_warmup_peak_rss_bytes: int | None = marked(pool=LARGEST, peak=("rss", "warmup"))
     # The CUDA caching allocator's trouble in the measured steps (torch.cuda.memory_stats):
-    mem_alloc_retries: int | None = None  # cudaMallocs retried after freeing the cache
-    mem_ooms: int | None = None  # allocations that failed even then
+    # cudaMallocs retried after freeing the cache
+    mem_alloc_retries: int | None = marked(pool=TOTAL)
+    mem_ooms: int | None = marked(pool=TOTAL)  # allocations that failed even then
     mem_alloc_note: str | None = json_only()  # why the two are null (no CUDA allocator)
 
 
@@ -166,15 +172,15 @@ class Clocks:
 class Rates:
     """Derived figures, each computed once in analysis/derive.py."""
 
-    tokens_per_s: float | None = shown_at(headline=20, shown=(40, "tok/s", "number"))
-    tokens_per_s_ci_low: float | None = shown_at(headline=21)  # from the step time's interval
-    tokens_per_s_ci_high: float | None = shown_at(headline=22)
+    tokens_per_s: float | None = marked(headline=20, shown=(40, "tok/s", "number"))
+    tokens_per_s_ci_low: float | None = marked(headline=21)  # from the step time's interval
+    tokens_per_s_ci_high: float | None = marked(headline=22)
     tokens_per_s_wall: float | None = None  # tokens_per_step / step_ms_wall: host pauses count
     achieved_tflops: float | None = None  # per device
     peak_tflops: float | None = None
     peak_source: str | None = None  # override | datasheet | cpu-estimate | calibrated | unknown
     peak_dtype: str | None = None  # the math mode of the peak
-    mfu: float | None = shown_at(headline=40, shown=(50, "MFU", "percent"))
+    mfu: float | None = marked(headline=40, shown=(50, "MFU", "percent"))
     hfu: float | None = None
     mfu_note: str | None = None  # why mfu and hfu are null where they are (perf.fp8)
     achievable_tflops: float | None = None  # the calibrated matmul peak, when known
@@ -185,13 +191,13 @@ class Rates:
     compile_s: float | None = None  # first step minus median step, with compile
     j_per_step: float | None = None  # energy_j / measured steps
     j_per_token: float | None = None  # per device: energy_j / tokens this device trained
-    tokens_per_kwh: float | None = shown_at(headline=81)
+    tokens_per_kwh: float | None = marked(headline=81)
     tokens_per_kwh_ci_low: float | None = None  # from energy_error_pct
     tokens_per_kwh_ci_high: float | None = None
     power_mean_w: float | None = None  # energy_j / energy_s
     power_over_limit: bool | None = None  # mean power > the enforced limit + 5 %: not trusted
     # what the point needs: max(warmup, measured) peak
-    peak_memory_bytes: int | None = shown_at(headline=41)
+    peak_memory_bytes: int | None = marked(headline=41)
     peak_memory_from: str | None = None  # which: "cuda measured", "cuda warmup", "rss ..."
 
 
