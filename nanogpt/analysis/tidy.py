@@ -117,9 +117,11 @@ def _flat(table: pd.DataFrame) -> pd.DataFrame:
     )
     copies = {key: flat[key] for key in keys if key in flat and key in table.columns}
     out = table.rename(columns={c: flat[c] for c in table.columns if c in flat and c not in copies})
-    for column, name in copies.items():
-        out[name] = table[column]
-    return out
+    if not copies:
+        return out
+    # one concat, not a column at a time: summary.parquet has hundreds of columns
+    given = pd.DataFrame({name: table[column] for column, name in copies.items()})
+    return pd.concat([out.drop(columns=[c for c in given if c in out]), given], axis=1)
 
 
 def headline(table: pd.DataFrame, swept: list[str]) -> pd.DataFrame:
