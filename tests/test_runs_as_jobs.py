@@ -214,8 +214,26 @@ def test_the_sweep_process_opens_each_runs_record_at_most_once(tmp_path):
         assert pooled["step_ms_median"] == pytest.approx(row.step_ms_median)
 
 
+# A plain 2-point sweep, run as make sweep runs it: under a relative hydra.sweep.dir (Hydra's
+# default, multirun/DATE/TIME, is relative to where the command runs, while a job's output dir
+# is absolute: a run's place in its sweep is one relative to the other).
+PLAIN = ["perf.batch_size=1,2"]
+
+
+@pytest.fixture(scope="module")
+def relative_sweep(tmp_path_factory) -> Path:
+    """PLAIN, run from a folder of its own into rel/sweep there: its sweep dir. Tests read it;
+    one that changes it works on a copy."""
+    root = tmp_path_factory.mktemp("relative")
+    proc = run_cli("-m", *with_micro(PLAIN), "hydra.sweep.dir=rel/sweep", cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return root / "rel" / "sweep"
+
+
 @pytest.mark.slow
-def test_a_sweep_dir_written_before_runs_were_jobs_still_reads_and_resumes(tmp_path):
+def test_a_sweep_dir_written_before_runs_were_jobs_still_reads_and_resumes(
+    tmp_path, relative_sweep
+):
     """A sweep dir of the old layout — one pooled result.json a point, no run dirs, its
     point_id digesting bench.repeats — read by the same command: each ok point counts as all
     its runs, kept (none measured again), one row each."""
@@ -223,9 +241,8 @@ def test_a_sweep_dir_written_before_runs_were_jobs_still_reads_and_resumes(tmp_p
     from nanogpt.record.identity import point_id
 
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", *with_micro(["perf.batch_size=1,2"]), f"hydra.sweep.dir={sweep_dir}"]
-    first = run_cli(*args, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-3000:]
+    args = ["-m", *with_micro(PLAIN), f"hydra.sweep.dir={sweep_dir}"]
+    shutil.copytree(relative_sweep, sweep_dir)  # a sweep of these points, measured once
     finished = {}
     for point in ("0", "1"):  # rewritten as before: the run's record is the point's, its id old
         record = read_result(sweep_dir / point / "run-1" / "result.json")
@@ -248,14 +265,9 @@ def test_a_sweep_dir_written_before_runs_were_jobs_still_reads_and_resumes(tmp_p
 
 
 @pytest.mark.slow
-def test_a_sweep_under_a_relative_sweep_dir_measures_its_runs(tmp_path):
-    # Hydra's default hydra.sweep.dir (multirun/DATE/TIME, make sweep's) is relative to where the
-    # command runs, while a job's output dir is absolute: a run's place in its sweep is one
-    # relative to the other (every run of make sweep failed so from a fresh clone, without a line)
-    proc = run_cli(
-        "-m", *with_micro(["perf.batch_size=1,2"]), "hydra.sweep.dir=rel/sweep", cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_a_sweep_under_a_relative_sweep_dir_measures_its_runs(relative_sweep):
+    # every run of make sweep failed so from a fresh clone, without a line (the sweep exited 0:
+    # the fixture checks it)
     for point in ("0", "1"):
-        run = read_result(tmp_path / "rel" / "sweep" / point / "run-1" / "result.json")
+        run = read_result(relative_sweep / point / "run-1" / "result.json")
         assert run["status"] == "ok"
