@@ -213,7 +213,7 @@ def test_preset_runs_end_to_end_and_writes_valid_pngs(preset_sweep):
     assert table["overrides"].str.contains("+sweep=activation_checkpointing", regex=False).all()
     # The preset turns report.plots on; val_loss.png is a target run's (time to loss), skipped.
     assert "plot skipped: val_loss.png: no point has a target" in proc.stderr
-    for name in [name for name in plots.PLOTS if name != "val_loss.png"]:
+    for name in [name for name in plots.every_plot() if name != "val_loss.png"]:
         path = sweep_dir / name
         assert path.read_bytes()[:8] == PNG_SIGNATURE, name
         height, width, _ = matplotlib.image.imread(path).shape
@@ -424,7 +424,7 @@ def test_notebook_runs_headless_on_real_sweeps(preset_sweep, oom_sweep, monkeypa
     images = [
         o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
     ]
-    assert len(images) >= 2 + len(plots.PLOTS)  # grid, speedups, and the sweep's own plots
+    assert len(images) >= 2 + len(plots.every_plot())  # grid, speedups, and the sweep's own plots
 
 
 # ------------------------------------------------------------------------------------------

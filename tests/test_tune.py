@@ -265,7 +265,7 @@ def test_objectives_read_the_record_and_name_what_they_need():
     assert objectives.needs("usd_per_1m_tokens", None, None).startswith("cost.usd_per_hour")
     reached = {"status": "ok", "time_to_loss_s": 12.5, "ttl_note": "5 of 5 reached"}
     assert objectives.value(reached, "time_to_loss") == 12.5
-    assert objectives.DIRECTIONS["time_to_loss"] == "minimize"
+    assert objectives.directions()["time_to_loss"] == "minimize"
     missed = {**reached, "time_to_loss_s": None, "ttl_note": "3 of 5 reached"}
     assert objectives.value(missed, "time_to_loss") is None  # infeasible, never a time
     assert objectives.needs("time_to_loss", None, None, target=2.5) is None

@@ -17,23 +17,31 @@ from those is derived here, by `derive_point`, in one pass and by one function a
 For one run it is called where the record is completed, in the measuring process (whose W&B run
 gets the figures); for `bench.repeats` runs, by the job process on the pool of their raw parts
 (analysis/repeats.py aggregates each part), so a pooled figure is derived exactly as one run's is.
-A run to a target loss (bench.target_loss) has no step series: its figures are to_target's and
-scenarios/time_to_loss/pool.py's.
+Which figures a point has is its scenario's (scenarios/base.py): `derive_point` pools the runs and
+derives through the scenario's pool face. Throughput's are `throughput_figures`, here; a run to a
+target loss has no step series: its figures are scenarios/time_to_loss/pool.py's.
 """
 
 from __future__ import annotations
 
-from nanogpt.analysis import derive, repeats, stats
+from nanogpt.analysis import derive, stats
 from nanogpt.record import Record, Timing
-from nanogpt.scenarios.time_to_loss import part as ttl_part
+from nanogpt.scenarios import base as scenarios
 
 
 def derive_point(runs: list[Record], floor_s: float) -> Record:
     """The point's record, every figure derived: `runs` are its measurements (one, or each
-    repeat's), ok; `floor_s` is bench.measure_s (a shorter window is unsteady)."""
-    record = runs[0] if len(runs) == 1 else repeats.pool(runs)
-    if ttl_part.measured(record):  # the time-to-loss scenario's figures are its pool's
-        return record
+    repeat's), ok; `floor_s` is bench.measure_s (a shorter window is unsteady). The runs'
+    scenario pools them and derives the point's figures from the pool."""
+    scenario = scenarios.of_record(runs[0])
+    record = runs[0] if len(runs) == 1 else scenario.pool.pool(runs)
+    return scenario.pool.derive(record, runs, floor_s)
+
+
+def throughput_figures(record: Record, runs: list[Record], floor_s: float) -> Record:
+    """The throughput scenario's figures (scenarios/throughput/pool.py) of a run's record, or of
+    the pool of `runs` (repeats.pool): the step statistics, steadiness, the rates and the
+    optimizer's share."""
     timing = record.timing
     series = record.step_series()  # a list per run: its measured steps' times
     timing.repeats = len(runs)

@@ -28,7 +28,7 @@ from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
 from nanogpt.record import columns, swept
 from nanogpt.record.faults import FAILED_STATUSES
-from nanogpt.scenarios.time_to_loss import pool as ttl
+from nanogpt.scenarios import base as scenarios
 
 
 class ReportError(Exception):
@@ -101,11 +101,11 @@ def build_table(
     baseline: str | None = None,
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
-    ttl_alpha: float = ttl.ALPHA,
+    ttl_alpha: float | None = None,
 ) -> Sweep:
     """The table of a sweep dir; `baseline` is text of the baseline point's overrides (None:
     the rule of analysis/baseline.py); `ttl_alpha` the time-to-loss verdict's threshold
-    (report.ttl_alpha, scenarios/time_to_loss/pool.py). Raises ReportError when nothing is
+    (report.ttl_alpha; None: scenarios/time_to_loss/pool.ALPHA). Raises ReportError when nothing is
     readable or the baseline names no ok point."""
     rows, unreadable = load_records(sweep_dir)
     if not rows:
@@ -128,8 +128,8 @@ def build_table(
     except baseline_rule.BaselineError as err:
         raise ReportError(str(err)) from None
     sweep = Sweep(table, steps, keys, "", unreadable, rows)
-    compare.add_speedups(table, sweep.series(), choice.position)
-    ttl.add_comparison(table, choice.position, ttl_alpha, ttl.run_times(rows))  # with a target
+    for scenario in scenarios.ALL:  # each its comparison: throughput's speedups, time to loss's
+        scenario.pool.compare(sweep, choice.position, ttl_alpha)
     table["compile_breakeven_steps"] = compare.compile_breakeven(table)
     reasons = [row.get("graph_break_reasons") for row in rows]  # json-only: from the records
     table["compile_verdict"] = compare.compile_verdict(table, reasons)
@@ -159,7 +159,7 @@ def publish(
     memory_budget_gib: float | None = None,
     usd_per_hour: float | None = None,
     usd_per_kwh: float | None = None,
-    ttl_alpha: float = ttl.ALPHA,
+    ttl_alpha: float | None = None,
     only: dict[str, str] | None = None,
 ) -> Sweep:
     """Build, write and print the table of a sweep dir, and the recommendation under it (the

@@ -130,7 +130,7 @@ class Search:
         self.fixed, self.dims = fixed, dims
         self._refuse_what_every_candidate_shares()
         self.names = names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
-        self.directions = [objectives.DIRECTIONS[n] for n in names]
+        self.directions = [objectives.directions()[n] for n in names]
         self.prices = {"usd_per_hour": cfg.cost.usd_per_hour, "usd_per_kwh": cfg.cost.usd_per_kwh}
         objectives.check(names, self.prices, ttl_checks.target_of(cfg.bench))  # one line, first
         self.sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -33,10 +33,9 @@ from matplotlib.figure import Figure
 
 from nanogpt.analysis.compare import measured_peak
 from nanogpt.analysis.labels import parse_overrides, point_labels
-from nanogpt.publish.bottleneck_plot import bottleneck
 from nanogpt.publish.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.record.files import write_atomic
-from nanogpt.scenarios.time_to_loss.plot import validation_loss
+from nanogpt.scenarios import base as scenarios
 
 if TYPE_CHECKING:
     from nanogpt.analysis.table import Sweep
@@ -247,29 +246,22 @@ def pareto(table: pd.DataFrame) -> Figure:
     return fig
 
 
-def _of_table(draw: Callable[[pd.DataFrame], Figure]) -> Callable[[Sweep], Figure]:
+def of_table(draw: Callable[[pd.DataFrame], Figure]) -> Callable[[Sweep], Figure]:
     """A plot of the table's rows alone, drawn from the sweep."""
     return lambda sweep: draw(sweep.table)
 
 
-# Each plot draws from the sweep (the table's rows alone, or its steps and records too)
-PLOTS: dict[str, Callable[[Sweep], Figure]] = {
-    "throughput.png": _of_table(throughput),
-    "mfu.png": _of_table(mfu),
-    "batch_scaling.png": _of_table(batch_scaling),
-    "step_times.png": step_times,
-    "memory_anatomy.png": memory_anatomy,
-    "speedup.png": _of_table(speedup),
-    "pareto.png": _of_table(pareto),
-    "bottleneck.png": _of_table(bottleneck),
-    "val_loss.png": validation_loss,
-}
+def every_plot() -> dict[str, Callable[[Sweep], Figure]]:
+    """Every scenario's plots by file name (its plot face's PLOTS: scenarios/base.py), in the
+    scenarios' order: throughput's (scenarios/throughput/plot.py, drawn here), then time to
+    loss's val_loss.png."""
+    return {name: draw for s in scenarios.ALL for name, draw in s.plot.PLOTS.items()}
 
 
 def figures(sweep: Sweep) -> dict[str, Figure]:
     """Every plot that has data, by file name; the others are skipped with a message."""
     drawn = {}
-    for name, draw in PLOTS.items():
+    for name, draw in every_plot().items():
         try:
             drawn[name] = draw(sweep)
         except NoData as why:

@@ -38,8 +38,7 @@ from nanogpt.record.swept import point_key
 from nanogpt.runner import forkserver, placement
 from nanogpt.runner.handoff import Handoff, Job
 from nanogpt.runner.process import run_child
-from nanogpt.scenarios.time_to_loss import checks as ttl_checks
-from nanogpt.scenarios.time_to_loss import part as ttl_part
+from nanogpt.scenarios import base as scenarios
 from nanogpt.train.distributed import World
 
 log = logging.getLogger(__name__)
@@ -125,12 +124,8 @@ def run_single(spec: RunSpec, job: Job) -> Outcome:
 
 
 def _seeded(spec: RunSpec, number: int) -> RunSpec:
-    """A time-to-loss run's spec: its own seed (bench.seed + number - 1: the model's init and
-    the batches' draw), as a run of a distribution over seeds. A throughput run keeps it."""
-    if not ttl_checks.asked(spec) or number == 1:
-        return spec
-    bench = dataclasses.replace(spec.bench, seed=spec.bench.seed + number - 1)
-    return dataclasses.replace(spec, bench=bench)
+    """Run `number`'s spec, as its scenario has it (a time-to-loss run: its own seed)."""
+    return scenarios.of_spec(spec).checks.run_spec(spec, number)
 
 
 def _measure_once(handoff: Handoff) -> Record:
@@ -219,15 +214,7 @@ def summary_line(record: Record, name: str | None = None) -> str:
         value = result.get(key)
         return "-" if value is None else format(value, spec)
 
-    mfu = result.get("mfu")
-    if (line := ttl_part.console_line(result, fmt)) is not None:  # no step window
-        return f"[{result['status']}] {name}: {line}" + (
-            f" ({result['error']})" if result.get("error") else ""
-        )
-    return (
-        f"[{result['status']}] {name}: "
-        f"step {fmt('step_ms_median', '.1f')} ms, {fmt('tokens_per_s', ',.0f')} tok/s, "
-        f"{fmt('achieved_tflops', '.3f')} TFLOP/s, "
-        f"MFU {'-' if mfu is None else f'{mfu:.1%}'}"
-        + (f" ({result['error']})" if result.get("error") else "")
+    line = scenarios.of_record(record).part.console_line(result, fmt)  # the scenario's figures
+    return f"[{result['status']}] {name}: {line}" + (
+        f" ({result['error']})" if result.get("error") else ""
     )

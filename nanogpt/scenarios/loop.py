@@ -51,9 +51,8 @@ from nanogpt.probes.window import StepLog, Window
 from nanogpt.record import MEASURE, STEP_MS_JOB, Record, Setup
 from nanogpt.record.asked import Asked
 from nanogpt.record.faults import classify, describe
+from nanogpt.scenarios import base as scenarios
 from nanogpt.scenarios.progress import Progress
-from nanogpt.scenarios.time_to_loss import checks as ttl_checks
-from nanogpt.scenarios.time_to_loss import run as ttl_run
 from nanogpt.train.distributed import World, slowest_per_step
 from nanogpt.train.trainer import Trainer, build_trainer
 
@@ -80,13 +79,13 @@ def measure(
     try:
         if record_history:
             # Python stacks only: C++ ones ("all") cost far more per allocation. Off again
-            # before the measured steps (_run_phases): it slows every allocation.
+            # before the measured steps (run_phases): it slows every allocation.
             torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
         trainer = build_trainer(spec, device, world)
-        if not ttl_checks.asked(spec):
-            _run_phases(spec, trainer, ceilings, record, log, sinks, out_dir, record_history)
-        else:  # time to a target loss instead of the throughput window (docs/time_to_loss.md)
-            ttl_run.measure(spec, trainer, record, sinks=sinks)
+        # the parts its scenario measures: throughput's phases (run_phases, below), or a time
+        # to a target loss instead of the throughput window (docs/time_to_loss.md)
+        context = scenarios.Measuring(ceilings, log, sinks, out_dir, record_history)
+        scenarios.of_spec(spec).run.measure(spec, trainer, record, context=context)
         record.status = "ok"
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
         record.status, record.error = classify(exc), describe(exc)
@@ -110,7 +109,8 @@ def _keep_measured_steps(record: Record, log: StepLog) -> None:
         record.timing.set_stats(stats.summarize(step_ms))
 
 
-def _run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, history) -> None:
+def run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, history) -> None:
+    """The throughput scenario's run (scenarios/throughput/run.py)."""
     bench, device = spec.bench, trainer.device
     record.setup = describe_setup(spec, trainer)
     record.optimizer = describe_optimizer(spec, trainer, record.setup.mem_estimate)

@@ -27,8 +27,8 @@ class JobNumbers:
 
 def kept(record: dict, job_dir: Path, names: list[str], prices: dict) -> dict:
     """The figures of a point's record (result.json) the search keeps, by its own names
-    (objectives.RECORD_FIELDS), with its objectives' values and where the record is."""
-    slim = {name: objectives.field(record, name) for name in objectives.RECORD_FIELDS}
+    (objectives.record_fields), with its objectives' values and where the record is."""
+    slim = {name: objectives.field(record, name) for name in objectives.record_fields()}
     slim["objectives"] = objectives.values(record, names, **prices)
     slim["footprint_bytes"] = objectives.footprint_bytes(record)
     slim["peak_memory_gib"] = objectives.peak_memory_gib(record)

@@ -1,32 +1,32 @@
 """The figures a search can optimise, read from a point's record (result.json, flat).
 
-One place names the record fields used (RECORD_FIELDS), so a renamed field is one line here.
-Each objective has a direction; a figure the record cannot give is None (the trial then has no
-value: infeasible for the search, with the reason).
+Each scenario answers its own objectives (its guard: scenarios/base.Guard): throughput's
+tokens/s, $ per 1M tokens, J per token and peak memory (scenarios/throughput/guard.py), time to
+loss's time_to_loss (scenarios/time_to_loss/guard.py). This module asks the one whose name it is
+and holds what every search reads besides (RECORD_FIELDS: status, peaks, the bottleneck). Each
+objective has a direction; a figure the record cannot give is None (the trial then has no value:
+infeasible for the search, with the reason).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
-from nanogpt.analysis import derive
 from nanogpt.config.errors import ConfigError
-from nanogpt.scenarios.time_to_loss import guard as ttl_guard
+from nanogpt.scenarios import base as scenarios
 
 if TYPE_CHECKING:
     from nanogpt.config.spec import RunSpec
 
 GIB = 2**30
 
-# The record's fields the search reads (nanogpt/record/).
+# The record's fields every search reads (nanogpt/record/), besides its scenarios' own
+# (record_fields).
 RECORD_FIELDS = {
     "status": "status",
     "error": "error",
-    "tokens_per_s": "tokens_per_s",
-    "tokens_per_s_ci_low": "tokens_per_s_ci_low",
-    "tokens_per_s_ci_high": "tokens_per_s_ci_high",
-    "j_per_token": "j_per_token",
     "peak": "peak_memory_bytes",  # the memory the point needs (analysis/derive.peak_memory)
     "peak_from": "peak_memory_from",  # which peak that is: "cuda ...", "rss ..."
     "estimate": "mem_estimate_bytes",
@@ -35,22 +35,28 @@ RECORD_FIELDS = {
     "point_id": "point_id",
     "repeats": "repeats",
     "device": "device",
-    **ttl_guard.RECORD_FIELDS,  # time to loss's (scenarios/time_to_loss/guard.py)
 }
 
-# name -> "maximize" | "minimize"
-DIRECTIONS = {
-    "tokens_per_s": "maximize",
-    "usd_per_1m_tokens": "minimize",
-    "j_per_token": "minimize",
-    "peak_memory_gib": "minimize",
-    ttl_guard.NAME: ttl_guard.DIRECTION,
-}
+
+@functools.cache
+def record_fields() -> dict[str, str]:
+    """The search's names -> a flat record's fields: RECORD_FIELDS and every scenario's (its
+    guard's RECORD_FIELDS), asked when first read (a guard reads this module's helpers)."""
+    return {
+        **RECORD_FIELDS,
+        **{k: v for s in scenarios.ALL for k, v in s.guard.RECORD_FIELDS.items()},
+    }
+
+
+@functools.cache
+def directions() -> dict[str, str]:
+    """Every objective's name -> "maximize" | "minimize", from each scenario's guard."""
+    return {name: d for s in scenarios.ALL for name, d in s.guard.OBJECTIVES.items()}
 
 
 def field(record: dict, name: str):
-    """A record's figure by the search's name for it (RECORD_FIELDS)."""
-    return record.get(RECORD_FIELDS[name])
+    """A record's figure by the search's name for it (record_fields)."""
+    return record.get(record_fields()[name])
 
 
 def peak_memory_gib(record: dict) -> float | None:
@@ -72,24 +78,11 @@ def footprint_bytes(record: dict) -> int | None:
 def value(
     record: dict, name: str, usd_per_hour: float | None = None, usd_per_kwh: float | None = None
 ) -> float | None:
-    """The objective `name` of an ok record; None where unknown."""
+    """The objective `name` of an ok record, as its scenario's guard reads it; None where
+    unknown."""
     if field(record, "status") not in ("ok", "skipped"):
         return None
-    tokens_per_s = field(record, "tokens_per_s")
-    j_per_token = field(record, "j_per_token")
-    if name == "tokens_per_s":
-        out = tokens_per_s
-    elif name == "j_per_token":
-        out = j_per_token
-    elif name == "peak_memory_gib":
-        out = peak_memory_gib(record)
-    elif name == ttl_guard.NAME:  # the olympic mean of the runs (scenarios/time_to_loss/pool.py)
-        out = field(record, ttl_guard.NAME)
-    elif name == "usd_per_1m_tokens":  # as the table prices a point
-        out = derive.usd_per_1m_tokens(tokens_per_s, j_per_token, usd_per_hour, usd_per_kwh)
-    else:
-        raise KeyError(name)
-    return None if out is None or not math.isfinite(out) else float(out)
+    return scenarios.of_objective(name).guard.value(record, name, usd_per_hour, usd_per_kwh)
 
 
 def values(record: dict, names: list[str], **prices) -> list[float | None]:
@@ -99,7 +92,7 @@ def values(record: dict, names: list[str], **prices) -> list[float | None]:
 def worst(name: str) -> float:
     """The value an infeasible trial is told: the worst there is, so a sampler never prefers it
     (its constraint says why)."""
-    return 0.0 if DIRECTIONS[name] == "maximize" else math.inf
+    return 0.0 if directions()[name] == "maximize" else math.inf
 
 
 def needs(
@@ -109,11 +102,7 @@ def needs(
     target: float | None = None,
 ) -> str | None:
     """Why an objective cannot be computed with these settings (the key to set), or None."""
-    if name == "usd_per_1m_tokens" and usd_per_hour is None and usd_per_kwh is None:
-        return "cost.usd_per_hour: usd_per_1m_tokens needs the machine's price; set it"
-    if name == ttl_guard.NAME:
-        return ttl_guard.needs(target)
-    return None
+    return scenarios.of_objective(name).guard.needs(name, usd_per_hour, usd_per_kwh, target)
 
 
 def check(names: list[str], prices: dict, target: float | None) -> None:

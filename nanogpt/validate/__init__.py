@@ -21,7 +21,7 @@ from nanogpt.config.protocol import CUDA_GRAPH_MODES
 from nanogpt.config.spec import COMPILE_MODES, Dtype, RunSpec, Strategy
 from nanogpt.config.target_nodes import check_node, require_target
 from nanogpt.record.faults import Fault
-from nanogpt.scenarios.time_to_loss import checks as ttl_checks
+from nanogpt.scenarios import base as scenarios
 from nanogpt.train.data import check_data
 from nanogpt.train.lr_schedule import check_schedule
 from nanogpt.train.optim_rules import check_optimizer
@@ -50,9 +50,10 @@ def check(spec: RunSpec, here: bool = True) -> None:
         check_cuda_graph_warmup(spec, device)
         check_gpus_per_point(spec.dist.nproc, device)
     Fault.parse(spec.bench.inject_fault)
-    ttl_checks.check_target(spec)
+    for scenario in scenarios.ALL:  # each scenario's own keys (time to loss's target)
+        scenario.checks.check(spec)
     check_schedule(spec)
-    m, val = spec.model, ttl_checks.asked(spec)  # a target reads held-out tokens
+    m, val = spec.model, scenarios.of_spec(spec).checks.reads_held_out(spec)
     check_data(spec.data, vocab_size=m.vocab_size, block_size=m.block_size, val=val)
 
 

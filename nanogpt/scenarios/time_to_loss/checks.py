@@ -3,11 +3,13 @@ torch before any point runs: one ConfigError line naming the key and the fix."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.spec import DataKind, RunSpec
 
 
-def check_target(spec: RunSpec) -> None:
+def check(spec: RunSpec) -> None:
     bench = spec.bench
     if bench.target_loss is None:
         return
@@ -47,3 +49,17 @@ def target_of(bench) -> float | None:
 def asked(spec: RunSpec) -> bool:
     """Whether a run is this scenario's: bench.target_loss is set (docs/time_to_loss.md)."""
     return target_of(spec.bench) is not None
+
+
+def reads_held_out(spec: RunSpec) -> bool:
+    """A target is a validation loss: its runs read the held-out split."""
+    return asked(spec)
+
+
+def run_spec(spec: RunSpec, number: int) -> RunSpec:
+    """Run `number`'s spec: its own seed (bench.seed + number - 1: the model's init and the
+    batches' draw), as a run of a distribution over seeds."""
+    if number == 1:
+        return spec
+    bench = dataclasses.replace(spec.bench, seed=spec.bench.seed + number - 1)
+    return dataclasses.replace(spec, bench=bench)

@@ -10,11 +10,14 @@ test, pool.py, asked the other way round).
 
 from __future__ import annotations
 
+import math
+
 from nanogpt.scenarios.time_to_loss import pool as ttl
 
 NAME = "time_to_loss"  # tune.objective's name (config/choices.Objective)
-DIRECTION = "minimize"  # time_to_loss_s: null unless every run reached the target
-# the search's names -> a flat record's fields (tune/objectives.RECORD_FIELDS takes them in)
+# time_to_loss_s, minimised: null unless every run reached the target
+OBJECTIVES = {NAME: "minimize"}
+# the search's names -> a flat record's fields (tune/objectives.record_fields takes them in)
 RECORD_FIELDS = {
     NAME: "time_to_loss_s",
     "ttl_s_per_run": "ttl_s_per_run",  # the quality guard's test (to_target)
@@ -24,8 +27,18 @@ RECORD_FIELDS = {
 }
 
 
-def needs(target: float | None) -> str | None:
+def value(record: dict, name: str, usd_per_hour=None, usd_per_kwh=None) -> float | None:
+    """The objective: the olympic mean of the runs (pool.py), null unless every run reached."""
+    del usd_per_hour, usd_per_kwh
+    if name != NAME:
+        raise KeyError(name)
+    out = record.get(RECORD_FIELDS[NAME])
+    return None if out is None or not math.isfinite(out) else float(out)
+
+
+def needs(name: str, usd_per_hour, usd_per_kwh, target: float | None) -> str | None:
     """Why the objective cannot be computed without a target (the key to set), or None."""
+    del name, usd_per_hour, usd_per_kwh
     if target is None:
         return (
             "bench.target_loss: time_to_loss needs a target validation loss; set it "

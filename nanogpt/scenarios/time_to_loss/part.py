@@ -70,11 +70,9 @@ SHOWN = (
 )
 
 
-def console_line(result: dict, fmt) -> str | None:
-    """A run's console line after its status and name (runner/job.py), or None for a run of
-    another scenario; `fmt(key, spec)` formats a field of `result` ("-" when null)."""
-    if result.get("ttl_target_loss") is None:  # no step window: the time to loss instead
-        return None
+def console_line(result: dict, fmt) -> str:
+    """A run's console line after its status and name (runner/job.py): no step window, the
+    time to loss instead; `fmt(key, spec)` formats a field of `result` ("-" when null)."""
     return (
         f"time to loss {result['ttl_target_loss']:g} {fmt('time_to_loss_s', '.2f')} s "
         f"({result.get('ttl_note') or '-'})"

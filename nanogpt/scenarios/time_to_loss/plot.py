@@ -63,3 +63,6 @@ def validation_loss(sweep: Sweep) -> Figure:
     ax.set_title("Validation loss against training time (a line per run)")
     ax.legend(fontsize="small")
     return fig
+
+
+PLOTS = {"val_loss.png": validation_loss}  # its face's plots (scenarios/base.Plot)

@@ -40,6 +40,8 @@ from nanogpt.record import Record, TimeToLoss
 if TYPE_CHECKING:  # the table's type; pandas and scipy are imported where a table is compared
     import pandas as pd
 
+    from nanogpt.analysis.table import Sweep
+
 ALPHA = 0.01  # report.ttl_alpha's default: modded-nanogpt's records ask for p < 0.01
 METHOD = (
     "percentile bootstrap of the olympic mean of the runs' times (scipy.stats.bootstrap, "
@@ -196,6 +198,18 @@ def pool(records: list[Record]) -> Record:
     out.timing = dataclasses.replace(records[0].timing, repeats=n)
     out.timing.loss_last = records[-1].timing.loss_last
     return out
+
+
+def derive(record: Record, runs: list[Record], floor_s: float) -> Record:
+    """A point's figures are its pool's (`pool`): a run to a target has no step series."""
+    del runs, floor_s
+    return record
+
+
+def compare(sweep: Sweep, base: int | None, alpha: float | None) -> None:
+    """The table's comparison against the baseline (`add_comparison`), the runs' spans read
+    from the points' records."""
+    add_comparison(sweep.table, base, alpha, run_times(sweep.points))
 
 
 def _reached(value) -> list[float]:

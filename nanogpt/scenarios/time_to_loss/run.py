@@ -36,6 +36,7 @@ from nanogpt.hardware.devices import synchronize
 from nanogpt.probes.compile_health import CompileProbe
 from nanogpt.probes.setup import describe_optimizer, describe_setup
 from nanogpt.record import Record, TimeToLoss
+from nanogpt.scenarios.base import Measuring
 from nanogpt.train.data import open_source
 from nanogpt.train.trainer import Trainer
 
@@ -70,7 +71,7 @@ def validation_loss(trainer: Trainer, batches: list) -> float:
         model.train()
 
 
-def measure(spec: RunSpec, trainer: Trainer, record: Record, sinks=()) -> None:
+def measure(spec: RunSpec, trainer: Trainer, record: Record, *, context: Measuring) -> None:
     """The parts a time-to-loss run measures (the measured loop calls it instead of the
     throughput window): the setup and the optimizer as before any run, compile health over the
     whole run (no measured window: recompiles_in_window null), and the time_to_loss part."""
@@ -78,7 +79,7 @@ def measure(spec: RunSpec, trainer: Trainer, record: Record, sinks=()) -> None:
     record.optimizer = describe_optimizer(spec, trainer, record.setup.mem_estimate)
     compiles = CompileProbe(spec.perf.compile)
     compiles.start()
-    train_to_target(spec, trainer, record, sinks=sinks)
+    train_to_target(spec, trainer, record, sinks=context.sinks)
     record.compile = compiles.result()
 
 
