@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -248,16 +250,45 @@ MICRO_SWEEP = [
 ]
 
 
+def once_a_session(tmp_path_factory, name: str, run) -> tuple[subprocess.CompletedProcess, Path]:
+    """`run(root)` (a real process, run in the new folder ROOT) once for the whole test session,
+    however many xdist workers ask: a session fixture alone runs once in each worker, and make
+    test's two workers each need the shared sweeps (their modules land on both). The first to
+    ask runs it under a file lock in the session's temporary folder, above the workers' own;
+    the others wait for it and read its process back from ROOT/process.json. Only for a result
+    the tests read and never write (one that changes a file works on a copy). Returns (the
+    process, ROOT); a run that failed is not kept (the next to ask runs it again)."""
+    from filelock import FileLock  # torch's own dependency
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # .../pytest-N/popen-gwK: every worker of this session shares N
+    root, saved = base / name, base / name / "process.json"
+    with FileLock(base / f"{name}.lock"):
+        if saved.is_file():
+            return subprocess.CompletedProcess(**json.loads(saved.read_text())), root
+        shutil.rmtree(root, ignore_errors=True)  # a failed attempt's
+        root.mkdir()
+        proc = run(root)
+        if proc.returncode == 0:
+            fields = ("args", "returncode", "stdout", "stderr")
+            saved.write_text(json.dumps({key: getattr(proc, key) for key in fields}))
+        return proc, root
+
+
 @pytest.fixture(scope="session")
 def micro_sweep(tmp_path_factory):
-    """MICRO_SWEEP, run once for the session (under xdist, once in each worker that needs it):
+    """MICRO_SWEEP, run once for the session (once_a_session: once for all xdist workers):
     (process, sweep_dir). Tests read it; one that changes a file works on a copy
     (shutil.copytree)."""
-    root = tmp_path_factory.mktemp("micro_sweep")
-    sweep_dir = root / "sweep"
-    proc = run_cli("-m", *with_micro(MICRO_SWEEP), f"hydra.sweep.dir={sweep_dir}", cwd=root)
+
+    def run(root):
+        args = ["-m", *with_micro(MICRO_SWEEP), f"hydra.sweep.dir={root / 'sweep'}"]
+        return run_cli(*args, cwd=root)
+
+    proc, root = once_a_session(tmp_path_factory, "micro_sweep", run)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, sweep_dir
+    return proc, root / "sweep"
 
 
 # W&B's window settings: 3 warmup steps (step 1 alone, then a warmup window of steps 2-3) and
@@ -277,13 +308,16 @@ WANDB_SWEEP = [
 
 @pytest.fixture(scope="session")
 def wandb_sweep(tmp_path_factory):
-    """WANDB_SWEEP, run once for the session: (process, sweep_dir). Tests only read it."""
-    root = tmp_path_factory.mktemp("wandb_sweep")
-    sweep_dir = root / "sweep"
-    args = ["-m", *with_micro(WANDB_SWEEP), f"hydra.sweep.dir={sweep_dir}"]
-    proc = run_without_a_key("nanogpt.run", args, root)
+    """WANDB_SWEEP, run once for the session (once_a_session): (process, sweep_dir). Tests only
+    read it."""
+
+    def run(root):
+        args = ["-m", *with_micro(WANDB_SWEEP), f"hydra.sweep.dir={root / 'sweep'}"]
+        return run_without_a_key("nanogpt.run", args, root)
+
+    proc, root = once_a_session(tmp_path_factory, "wandb_sweep", run)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, sweep_dir
+    return proc, root / "sweep"
 
 
 # A case sweep measures its points in the sweep's own process (one torch import, no fork
