@@ -24,16 +24,13 @@ import dataclasses
 
 from nanogpt.record import PARTS, Record
 from nanogpt.record.fields import LARGEST, POOL, TOTAL
-from nanogpt.scenarios.time_to_loss import part as ttl_part
-from nanogpt.scenarios.time_to_loss import pool as ttl_pool
 
 
 def pool(records: list[Record]) -> Record:
-    """The runs' raw parts aggregated (figures.derive_point derives the rest)."""
-    first = records[0]
-    if ttl_part.measured(first):  # runs to a target: no step series
-        return ttl_pool.pool(records)
-    pooled = dataclasses.replace(first, steps=[])
+    """The runs' raw parts aggregated, each by its own rule: the throughput scenario's pool
+    (scenarios/throughput/pool.py; figures.derive_point asks the runs' scenario, and derives the
+    rest)."""
+    pooled = dataclasses.replace(records[0], steps=[])
     for number, record in enumerate(records, 1):
         pooled.steps += [{**row, "repeat": number} for row in record.steps]
     for name in PARTS:
