@@ -1,6 +1,7 @@
 """Time to loss, the scenario of a run trained to a target validation loss (bench.target_loss,
-docs/time_to_loss.md), all in this folder. Its modules sit at the layers of what they do (the
-import contract in pyproject.toml names each), so this file imports none of them:
+docs/time_to_loss.md), all in this folder. Its modules are the faces of the scenario interface
+(scenarios/base.py), each at the layer of what it does (the import contract in pyproject.toml
+names each), so this file imports none of them:
 
   checks.py  what a time-to-loss run needs, checked without torch (config)
   part.py    the record's time_to_loss part, whether a spec or a record is this scenario's,
