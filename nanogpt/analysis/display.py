@@ -51,17 +51,19 @@ FORMATS = {"text": str, "number": number, "percent": percent, "mebibytes": mebib
 
 def _shown() -> tuple[tuple, ...]:
     """SHOWN: every field marked with a place in the console's table (record/fields.py, SHOWN:
-    `marked(shown=(20, "step_ms", "number"))` on Timing.step_ms_median), by place, then time
-    to a target loss's columns (scenarios/time_to_loss/), shown when a point has one."""
-    places = {}
+    `marked(shown=(20, "step_ms", "number"))` on Timing.step_ms_median), and time to a target
+    loss's comparison after its part's fields (scenarios/time_to_loss/part.py), by place."""
+    places = {
+        92 + i: (name, header, number if numeric else str)
+        for i, (name, header, numeric) in enumerate(ttl_part.COMPARED_SHOWN)
+    }
     for name, _, f in flat_fields():
         if SHOWN_MARK in f.metadata:
             place, header, fmt = f.metadata[SHOWN_MARK]
             if place in places:
                 raise ValueError(f"console place {place} taken by {places[place][0]} and {name}")
             places[place] = (name, header, FORMATS[fmt])
-    ttl = ((name, header, number if numeric else str) for name, header, numeric in ttl_part.SHOWN)
-    return (*(places[p] for p in sorted(places)), *ttl)
+    return tuple(places[p] for p in sorted(places))
 
 
 # (record column, shown as, format): the console's and summary.md's columns, after `point`.

@@ -53,8 +53,8 @@ TABLE_PLACES = {
     "speedup_ci_low": 51,
     "speedup_ci_high": 52,
     "speedup_verdict": 53,
-    # a target loss's points: its part's figures and its comparison (scenarios/time_to_loss/)
-    **{name: 60 + i for i, name in enumerate(ttl_part.HEADLINE)},
+    # a target loss's comparison, after its part's figures (scenarios/time_to_loss/part.py)
+    **{name: 64 + i for i, name in enumerate(ttl_part.COMPARED)},
     "compile_breakeven_steps": 70,
     "compile_verdict": 71,
     "usd_per_1m_tokens": 82,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanogpt.record.fields import json_only
+from nanogpt.record.fields import json_only, marked
 
 
 @dataclass
@@ -20,14 +20,16 @@ class TimeToLoss:
     ttl_target_loss: float | None = None  # bench.target_loss; null: no target, no figures here
     # Training steps' wall time to the evaluation that first read loss <= target, less
     # ttl_compile_s; evaluations excluded. A point: the olympic mean of its runs, when all reached
-    time_to_loss_s: float | None = None
-    ttl_ci_low: float | None = None  # 95 % interval of the runs' mean time (ttl_ci_method)
-    ttl_ci_high: float | None = None
+    time_to_loss_s: float | None = marked(headline=60, shown=(90, "to_target_s", "number"))
+    # 95 % interval of the runs' mean time (ttl_ci_method)
+    ttl_ci_low: float | None = marked(headline=61)
+    ttl_ci_high: float | None = marked(headline=62)
     ttl_ci_method: str | None = json_only()
     ttl_reached: bool | None = None  # every run reached the target
     ttl_runs: int | None = None  # runs (bench.repeats), each a fresh process with its own seed
     ttl_reached_runs: int | None = None  # how many of them reached it
-    ttl_note: str | None = None  # e.g. "3 of 5 reached", or why a run did not, with its best loss
+    # e.g. "3 of 5 reached", or why a run did not, with its best loss
+    ttl_note: str | None = marked(headline=63, shown=(91, "runs", "text"))
     ttl_steps: int | None = None  # steps to target (a point: the median over runs that reached)
     ttl_tokens: int | None = None  # ttl_steps x tokens_per_step
     ttl_best_loss: float | None = None  # the lowest validation loss read (a point: of any run)
@@ -50,24 +52,12 @@ def measured(record) -> bool:
     return record.time_to_loss.ttl_target_loss is not None
 
 
-# The table's columns this scenario adds (its part's and pool.add_comparison's), in order:
-# summary.csv's headline (analysis/tidy.py) and the console's table (analysis/display.py:
-# name, header, a number or text), shown when a point has a target.
-HEADLINE = (
-    "time_to_loss_s",
-    "ttl_ci_low",
-    "ttl_ci_high",
-    "ttl_note",
-    "ttl_ratio",
-    "ttl_p_value",
-    "ttl_verdict",
-)
-SHOWN = (
-    ("time_to_loss_s", "to_target_s", True),
-    ("ttl_note", "runs", False),
-    ("ttl_p_value", "p", True),
-    ("ttl_verdict", "to_target", False),
-)
+# The table's columns this scenario's comparison adds (pool.add_comparison: a point against the
+# baseline, no field of its part), in order after its part's own (marked on its fields above):
+# summary.csv's headline (analysis/tidy.py) and the console's table (analysis/display.py: name,
+# header, a number or text), shown when a point has a target.
+COMPARED = ("ttl_ratio", "ttl_p_value", "ttl_verdict")
+COMPARED_SHOWN = (("ttl_p_value", "p", True), ("ttl_verdict", "to_target", False))
 
 
 def console_line(result: dict, fmt) -> str:
