@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nanogpt.config.spec import RunSpec
-from nanogpt.record.fields import HEADLINE, JSON_ONLY, config_key, json_only, marked
+from nanogpt.record.fields import JSON_ONLY, config_key, json_only, marked
 from nanogpt.record.identity import measured_config
 
 
@@ -17,7 +17,7 @@ class Asked:
     # the point's identity: a digest of measured_config
     point_id: str | None = marked(headline=97)
     # summary.csv: as text, space-separated
-    overrides: list[str] = field(default_factory=list, metadata={HEADLINE: 96})
+    overrides: list[str] = marked(default_factory=list, headline=96)
     overrides_str: str = field(default="defaults", metadata={JSON_ONLY: True})
     model: str | None = config_key("model.name", headline=91)
     model_chosen_by: str | None = None  # model=auto: which model the device got, and why

@@ -51,6 +51,7 @@ def config_key(path: str, **kwargs):
 def marked(
     default=None,
     *,
+    default_factory=None,
     headline: int | None = None,
     shown: tuple | None = None,
     pool: str | None = None,
@@ -58,8 +59,12 @@ def marked(
 ):
     """A record field with the rules its part gives it: its place among summary.csv's headline
     columns (`headline`), in the console's table (`shown`: place, header, format name), how
-    runs pool it (`pool`: LARGEST or TOTAL) and which peak of memory it is (`peak`)."""
-    return field(default=default, metadata=_marks(headline, shown, pool, peak))
+    runs pool it (`pool`: LARGEST or TOTAL) and which peak of memory it is (`peak`). A
+    mutable default comes from `default_factory`, as dataclasses.field's."""
+    metadata = _marks(headline, shown, pool, peak)
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 _MARKS = ("headline", "shown", "pool", "peak")
