@@ -14,7 +14,7 @@ import pytest
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
 
-from .conftest import run_cli, with_micro
+from .conftest import SHAKESPEARE, needs_shared, run_cli, with_micro
 from .signalling import in_terminal
 
 PARALLEL = ["hydra/launcher=parallel", "hydra.launcher.slots=1"]
@@ -101,3 +101,64 @@ def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
         assert first["co_running"] and second["co_running"], (first["co_running"], second)
         assert first["overrides_str"] != second["overrides_str"]
     assert (sweep_dir / "best.yaml").is_file()
+
+
+def _launches(stdout: str) -> list[list[str]]:
+    """The parallel launcher's launches, as it prints them: a `parallel: N slot(s)` line, then a
+    `  #JOB : OVERRIDES` line for each job that launch hands its slots."""
+    launches: list[list[str]] = []
+    for line in stdout.splitlines():
+        if line.startswith("parallel: "):
+            launches.append([])
+        elif line.startswith("  #") and launches:
+            launches[-1].append(line.split(" : ", 1)[1])
+    return launches
+
+
+@pytest.mark.slow
+@needs_shared
+def test_a_search_on_two_slots_hands_the_finalists_and_the_quality_runs_over_in_one_launch(
+    tmp_path,
+):
+    """On 2 slots the finalist's 2 runs go out in one launch (not a round at a time, one slot
+    idle), and the quality guard's runs (the baseline at its 2 seeds, the finalist at the first)
+    in another: one launch each, whose runs are measured side by side (co_running)."""
+    sweep_dir = tmp_path / "sweep"
+    probe = "['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']"
+    args = [
+        "-m",
+        "hydra/sweeper=tune",
+        *with_micro(["perf.batch_size=choice(1,2)", "data=text", f"data.path={SHAKESPEARE}"]),
+        "model.vocab_size=50304",
+        "hydra/launcher=parallel",
+        "hydra.launcher.slots=2",
+        "hydra.launcher.cores_per_slot=1",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.leaders=2",
+        "hydra.sweeper.finalists=1",
+        "hydra.sweeper.repeats=2",
+        f"hydra.sweeper.probe={probe}",
+        "hydra.sweeper.quality.steps=4",
+        "hydra.sweeper.quality.window=2",
+        "hydra.sweeper.baseline=['perf.batch_size=1']",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    launches = _launches(proc.stdout)
+    repeated = [i for i, jobs in enumerate(launches) for j in jobs if "bench.repeats=2" in j]
+    assert len(repeated) == 2 and len(set(repeated)) == 1, launches  # both runs, one launch
+    guarded = [i for i, jobs in enumerate(launches) for j in jobs if "bench.seed=" in j]
+    # the baseline at seeds 1337 and 1338, and the finalist at 1337 (the baseline's own run
+    # when the finalist is the baseline: launched once)
+    assert len(guarded) in (2, 3) and len(set(guarded)) == 1, launches
+    assert len(launches) == 4, launches  # probes (one batch of 2), leaders, finalist, quality
+    jobs = json.loads((sweep_dir / "tune_jobs.json").read_text())
+    quality = [
+        read_result(sweep_dir / str(n) / "run-1" / "result.json")
+        for key, n in jobs.items()
+        if key.startswith("quality")
+    ]
+    assert len(quality) == len(guarded)
+    assert sum(bool(r["co_running"]) for r in quality) >= 2, [r["co_running"] for r in quality]
+    assert json.loads((sweep_dir / "tune.json").read_text())["quality"]["checked"]

@@ -18,7 +18,8 @@ point's row is pooled from its runs when the table is built (analysis/store.pool
 
 Resume: the same command again measures only the missing runs, in round order: each job keeps
 an ok record of its run (store.Index) and says `skipped`; the sweep then says what it kept.
-The search (hydra/sweeper=tune) launches its candidates' runs through `run_rounds` too.
+The search (hydra/sweeper=tune) launches its candidates' runs through `run_rounds` too; on
+several slots with all of a rung's rounds in one launch (`per_launch`), in round order.
 """
 
 from __future__ import annotations
@@ -98,38 +99,59 @@ def outcome_of(job_return: JobReturn) -> Outcome:
 
 
 def run_rounds(
-    launcher, points: list[Point], first_job: int = 0, done: Rounds | None = None
+    launcher,
+    points: list[Point],
+    first_job: int = 0,
+    done: Rounds | None = None,
+    per_launch: int = 1,
 ) -> Rounds:
     """Launch `points`' runs round by round: run r of every point still going (its runs so far
-    ok or kept) in one launch, after every run r - 1 ended. `done` (filled as the rounds go,
-    so a caller stopped by a signal knows where it was): a fresh Rounds by default."""
+    ok or kept) in one launch, after every run r - 1 ended. `per_launch` rounds go out in one
+    launch, round by round in its job order (the search on several slots hands them all at once:
+    a finalist's runs side by side, no slot waiting for a round of fewer points than slots); a
+    point's later runs in that launch run even if an earlier one fails. `done` (filled as the
+    rounds go, so a caller stopped by a signal knows where it was): a fresh Rounds by default."""
     done = done or Rounds([], {})
     done.outcomes.update({p.index: [] for p in points})
     number = first_job
-    for run in range(1, max((p.runs for p in points), default=0) + 1):
+    most = max((p.runs for p in points), default=0)
+    for first in range(1, most + 1, max(1, per_launch)):
         going = [
             p
             for p in points
-            if p.runs >= run and all(o.status in DONE for o in done.outcomes[p.index])
+            if p.runs >= first and all(o.status in DONE for o in done.outcomes[p.index])
         ]
         if not going:
             break
-        done.at = f"run {run} of {len(going)} point(s)"
-        batch = [[*p.overrides, f"hydra.sweep.subdir={p.index}/{RUN_PREFIX}{run}"] for p in going]
+        last = min(most, first + max(1, per_launch) - 1)
+        jobs = [(p, run) for run in range(first, last + 1) for p in going if p.runs >= run]
+        runs = f"run {first}" if last == first else f"runs {first}-{last}"
+        done.at = f"{runs} of {len(going)} point(s)"
+        batch = [
+            [*p.overrides, f"hydra.sweep.subdir={p.index}/{RUN_PREFIX}{run}"] for p, run in jobs
+        ]
         returns = list(launcher.launch(batch, initial_job_idx=number))
         number += len(batch)
         done.returns.append(returns)
         outcomes = [outcome_of(r) for r in returns]
-        if len(outcomes) == len(going):
-            paired = dict(zip((p.index for p in going), outcomes, strict=True))
+        if len(outcomes) == len(jobs):
+            paired = dict(zip(((p.index, run) for p, run in jobs), outcomes, strict=True))
         else:  # a launcher stopped by a signal returns the runs that ran: found by job dir
-            paired = {Path(o.job_dir).parent.name: o for o in outcomes if o.job_dir}
-            paired = {p.index: paired[str(p.index)] for p in going if str(p.index) in paired}
+            found = {
+                (Path(o.job_dir).parent.name, Path(o.job_dir).name): o
+                for o in outcomes
+                if o.job_dir
+            }
+            paired = {
+                (p.index, run): found[key]
+                for p, run in jobs
+                if (key := (str(p.index), f"{RUN_PREFIX}{run}")) in found
+            }
             done.interrupted = True
-        for point in going:
-            if point.index in paired:
-                done.outcomes[point.index].append(paired[point.index])
-                done.interrupted |= paired[point.index].status == "interrupted"
+        for point, run in jobs:  # in run order: a point's runs of one launch, first to last
+            if (point.index, run) in paired:
+                done.outcomes[point.index].append(paired[point.index, run])
+                done.interrupted |= paired[point.index, run].status == "interrupted"
         if done.interrupted:  # a signal stopped a run: the sweep stops (its table is built)
             break
     return done

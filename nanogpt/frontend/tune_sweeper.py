@@ -11,12 +11,18 @@ only); the search itself is here, and its plain logic in nanogpt/tune/ (docs/tun
                 memory estimated (tune/fit.py: one that cannot fit is pruned before it runs),
                 then measured over a short window (hydra.sweeper.probe). An `oom` or failed
                 candidate is told to Optuna as infeasible (a constraint), never a failed search.
+                A batch of `k` candidates (k: hydra/launcher=parallel's slots, else 1) is asked
+                before any is told (Optuna's constant liar) and launched at once.
   2. full       the `leaders` best probes, measured with the configured protocol (left out
                 when every leader is a finalist)
   3. repeats    the `finalists` best of those, `repeats` runs each (a job each, the finalists'
                 runs round by round: frontend/grid_sweeper.run_rounds), pooled
   4. quality    with real data: each finalist's loss against the baseline's (tune/quality.py)
   5. answer     best.yaml, tune.md, tune.json and a plot in the sweep dir (publish/tune_answer.py)
+
+Every rung after the probes goes to the launcher as one batch: one `launch` call with all its
+points (on several slots, all their rounds too, in round order), so the slots run them side by
+side and none waits for a round of fewer points than slots.
 
 The study lives in the sweep dir (SWEEP_DIR/study.journal, Optuna's journal file storage: no
 database). Rerun the same command with hydra.sweep.dir=SWEEP_DIR after a kill: the study
@@ -86,6 +92,7 @@ class Search:
         self.hydra_context: HydraContext | None = None
         self.doing = "the search's start"  # what a Ctrl-C interrupts, for its line
         self.batch = 1  # candidates a probe batch asks before telling: the launcher's slots
+        self.composed_runs: dict[tuple, int] = {}  # overrides -> runs (bench.repeats), composed
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -276,6 +283,7 @@ class Search:
         """A candidate's spec, validated for where it will run: a search submitted to a cluster
         from a login node asks none of that node's devices (presets.runs_here)."""
         loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        self.composed_runs[tuple(overrides)] = _runs_of(loaded)  # its launch composes no more
         with open_dict(loaded):
             del loaded["hydra"]
         return to_spec(loaded, runs_here(self.config))
@@ -306,32 +314,40 @@ class Search:
         return record
 
     def _launch_all(self, work: list[tuple[list[str], str]]) -> list[dict]:
-        """Launch (overrides, key) points, each in the dir its key keeps (tune/jobs.py), their
-        runs round by round; what the search keeps of each point's record (pooled from its
-        runs: analysis/store.pool_runs)."""
-        self.doing = "; ".join(key for _, key in work)
-        points = [
-            Point(self.jobs.of(key), overrides, self._runs(overrides)) for overrides, key in work
-        ]
-        done = run_rounds(self.launcher, points, first_job=self.launched)
+        """Launch (overrides, key) points in one batch, each in the dir its key keeps
+        (tune/jobs.py; a key given twice is launched once), their runs round by round; what the
+        search keeps of each point's record (pooled from its runs: analysis/store.pool_runs).
+        On several slots every round goes in the one launch: a rung of fewer points than slots
+        (one finalist's runs, the baseline's) fills them, and no slot waits for a round."""
+        points: dict[str, Point] = {}
+        for overrides, key in work:
+            if key not in points:
+                points[key] = Point(self.jobs.of(key), overrides, self._runs(overrides))
+        self.doing = "; ".join(points)
+        per_launch = max(p.runs for p in points.values()) if self.batch > 1 else 1
+        done = run_rounds(
+            self.launcher, list(points.values()), first_job=self.launched, per_launch=per_launch
+        )
         self.launched += sum(len(returns) for returns in done.returns)
         self.returns += done.returns
         if done.interrupted:  # a run stopped by a signal: the sweep stops, as a grid's
             raise KeyboardInterrupt
-        kept = []
-        for point in points:
+        kept = {}
+        for key, point in points.items():
             point_dir = self.sweep_dir / str(point.index)
             pooled = store.pool_runs(point_dir)
             outcomes = done.outcomes[point.index]
             record = pooled.to_dict() if pooled else (outcomes[-1].record if outcomes else {})
             record = record or {"status": "error", "error": "no run was launched"}
-            kept.append(jobs.kept(record, point_dir, self.names, self.prices))
-        return kept
+            kept[key] = jobs.kept(record, point_dir, self.names, self.prices)
+        return [kept[key] for _, key in work]
 
     def _runs(self, overrides: list[str]) -> int:
-        """A candidate's runs: its bench.repeats, composed."""
-        loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-        return max(1, int(OmegaConf.select(loaded, "bench.repeats") or 1))
+        """A candidate's runs: its bench.repeats, composed (once: `_spec` keeps a probe's)."""
+        if tuple(overrides) not in self.composed_runs:
+            loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+            self.composed_runs[tuple(overrides)] = _runs_of(loaded)
+        return self.composed_runs[tuple(overrides)]
 
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
@@ -346,16 +362,25 @@ class Search:
         kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
         steps, window = int(self.quality.get("steps", 30)), int(self.quality.get("window", 5))
 
-        def loss(params: list[str], seed: int) -> float | None:
-            rec = self._launch(
-                merged(self.fixed, params, quality.protocol(steps), [f"bench.seed={seed}"]),
-                f"quality seed={seed} {point_key(params)}",
+        def losses(runs: list[tuple[list[str], int]]) -> list[float | None]:
+            """The baseline's and the finalists' guarded runs, one batch (a key twice: once)."""
+            records = self._launch_all(
+                [
+                    (
+                        merged(self.fixed, params, quality.protocol(steps), [f"bench.seed={seed}"]),
+                        f"quality seed={seed} {point_key(params)}",
+                    )
+                    for params, seed in runs
+                ]
             )
-            if rec.get("status") != "ok":
-                return None
-            return quality.final_loss(Path(rec["job_dir"]) / store.STEPS_FILE, window)
+            return [
+                quality.final_loss(Path(rec["job_dir"]) / store.STEPS_FILE, window)
+                if rec.get("status") == "ok"
+                else None
+                for rec in records
+            ]
 
-        return quality.check(self.quality, kind, self.baseline, finalists, loss)
+        return quality.check(self.quality, kind, self.baseline, finalists, losses)
 
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
         """The answer's data (publish/tune_answer.summarize): the rungs, the search, its limits."""
@@ -365,3 +390,8 @@ class Search:
         limits = {"n_trials": self.n_trials, "time_limit_s": self.time_limit_s}
         wall = time.time() - self.started
         return answer.summarize(**rungs, **search, **space, **limits, search_wall_s=wall)
+
+
+def _runs_of(loaded: DictConfig) -> int:
+    """A composed point's runs: its bench.repeats."""
+    return max(1, int(OmegaConf.select(loaded, "bench.repeats") or 1))

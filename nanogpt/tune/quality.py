@@ -76,25 +76,28 @@ def check(
     data_kind: str,
     baseline: list[str],
     finalists: list,
-    loss_of: Callable[[list[str], int], float | None],
+    losses_of: Callable[[list[tuple[list[str], int]]], list[float | None]],
 ) -> dict:
     """The guard's answer for the finalists (entries with .key and .overrides): the baseline
     trained at every seed of `settings` (hydra.sweeper.quality), each finalist at the first one.
-    `loss_of(params, seed)` runs one point and returns its final_loss (None: it did not run)."""
+    `losses_of([(params, seed), ...])` runs those points, all in one batch (side by side on the
+    launcher's slots), and returns each one's final_loss in order (None: it did not run)."""
     if data_kind not in REAL_DATA:
         return {"checked": False, "note": NOT_CHECKED}
     seeds = list(settings.get("seeds", [1337, 1338]))
-    base = [loss_of(baseline, seed) for seed in seeds]
+    runs = [(baseline, seed) for seed in seeds] + [(e.overrides, seeds[0]) for e in finalists]
+    losses = losses_of(runs)
+    base, leaders = losses[: len(seeds)], losses[len(seeds) :]
     if any(b is None for b in base):
         return {"checked": False, "note": "quality not checked: the baseline did not run"}
-    verdicts = {}
-    for entry in finalists:
-        leader = loss_of(entry.overrides, seeds[0])
-        verdicts[entry.key] = (
+    verdicts = {
+        entry.key: (
             {"flagged": True, "note": "did not train"}
             if leader is None
             else verdict(base, leader, float(settings.get("min_rel", 0.005)))
         )
+        for entry, leader in zip(finalists, leaders, strict=True)
+    }
     return {
         "checked": True,
         "steps": int(settings.get("steps", 30)),
