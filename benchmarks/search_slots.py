@@ -1,13 +1,33 @@
-"""The search's wall time on two slots against one: the same search (hydra/sweeper=tune, the
-same candidates and seed) on `hydra/launcher=parallel hydra.launcher.slots=2
-hydra.launcher.cores_per_slot=1` and on `slots=1 cores_per_slot=1`, alternated pair by pair so
-that a shared machine's load falls on both alike. Two slots measure a probe batch's two
-candidates (Optuna's constant liar), the leaders and the finalists' runs side by side.
+"""The search's wall time on two slots against one (goal <= 0.6), and whether two slots choose
+as well (tune_vs_grid's `best` within 0.05 of the one-slot search's).
 
-Prints each pair's wall times and each search's answer (its closing line: best.yaml's overrides
-and figures), then the median ratio (two slots / one; goal <= 0.6).
+The same search, benchmarks/tune_vs_grid.py's (its 48-point space at a fixed 512 tokens per
+optimizer step, so every candidate does the same work; its model, measured window and search
+settings, the same seed), runs on `hydra/launcher=parallel hydra.launcher.slots=2
+hydra.launcher.cores_per_slot=1` and on `slots=1 cores_per_slot=1`, alternated pair by pair
+(2 then 1, then 1 then 2, ...) so that a shared machine's load falls on both alike. Two slots
+measure a probe batch's two candidates (Optuna's constant liar), the leaders, the finalists'
+runs and the quality runs side by side, each rung in one launch. Both searches probe the same
+first candidates (the design: every value of every choice once); TPE's later picks may differ,
+as the lie steers them, so whether two slots choose as well is measured, not assumed.
 
-Usage: python benchmarks/search_slots.py [--pairs 3] [OVERRIDE ...]
+The point size is tune_vs_grid's: a calibration sweep makes a measured window 80 % of a grid
+point's wall (or `--steps N`). With windows of a few steps a search is mostly its own start,
+its compositions and its slots' start, which no slot shares: ratio about 1 whatever the slots
+(1.37 on 2026-11-28 with 10-step windows on a loaded machine; docs/benchmarks.md).
+
+Then tune_vs_grid's `best` of each side: the 48-point grid is run once (the basic launcher,
+one point after another), its fastest point and every search's pick are measured again in
+fresh processes, round by round in rotating order, and a search's best is its pick's median
+tokens/s over the grid's fastest's. Prints each search's wall time, launches and answer, each
+pair's ratio, and last:
+
+    search slots: wall 2/1 R (goal <= 0.6: met|not met); best 2 slots B2, 1 slot B1:
+    |B2 - B1| D (goal <= 0.05: met|not met)
+
+Usage: python benchmarks/search_slots.py [--pairs 3] [--rounds 3] [--steps N] [--quick]
+--quick: 1 pair, 1 round, the shortest window (a check that it runs end to end, no figure).
+The full run takes about 10 min on a quiet 2-core machine (--quick: 5 min at load 7-8).
 """
 
 from __future__ import annotations
@@ -21,72 +41,138 @@ import tempfile
 import time
 from pathlib import Path
 
-SEARCH = [
-    "hydra/sweeper=tune",
-    "perf.batch_size=choice(1,2,4,8)",
-    "model.n_layer=2",
-    "model.n_head=2",
-    "model.n_embd=64",
-    "model.block_size=64",
-    "model.vocab_size=256",
-    "bench.device=cpu",
-    "bench.exclusive=off",
-    "logger=none",
-    "hydra.sweeper.n_trials=4",
-    "hydra.sweeper.leaders=2",
-    "hydra.sweeper.finalists=1",
-    "hydra.sweeper.repeats=2",
-    "bench.warmup_steps=2",
-    "bench.measure_steps=10",
-    "bench.diagnose=false",
-]
+import tune_vs_grid as tvg  # benchmarks/tune_vs_grid.py: the space, model, window and search
+import yaml
+
+from nanogpt.analysis.store import read_result
+
+GOAL_WALL, GOAL_BEST = 0.6, 0.05
+SPACE = [f"{k}=choice({','.join(v)})" for k, v in tvg.SPACE.items()]
 
 
-def search(slots: int, extra: list[str]) -> tuple[float, str]:
-    """(wall s, the answer: the search's closing line) of one search in a fresh dir."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sweep_dir = Path(tmp) / "sweep"
-        launcher = [
-            "hydra/launcher=parallel",
-            f"hydra.launcher.slots={slots}",
-            "hydra.launcher.cores_per_slot=1",
-        ]
-        command = [sys.executable, "-m", "nanogpt.run", "-m", *SEARCH, *launcher, *extra]
-        started = time.perf_counter()
-        proc = subprocess.run(
-            [*command, f"hydra.sweep.dir={sweep_dir}"],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "WANDB_MODE": "offline"},
-        )
-        wall = time.perf_counter() - started
-        if proc.returncode != 0:
-            sys.exit(f"error: the search on {slots} slot(s) failed:\n{proc.stderr[-2000:]}")
-        found = [line for line in proc.stdout.splitlines() if line.startswith("best (best.yaml)")]
-        return wall, found[0].removeprefix("best (best.yaml): ") if found else "-"
+def launcher(slots: int) -> list[str]:
+    return [
+        "hydra/launcher=parallel",
+        f"hydra.launcher.slots={slots}",
+        "hydra.launcher.cores_per_slot=1",
+    ]
+
+
+def search(slots: int, steps: int, window: list[str], sweep_dir: Path) -> dict:
+    """One search on `slots` slots into sweep_dir: its wall time (s), its launches (the parallel
+    launcher prints a line for each), its pick (the SPACE overrides of best.yaml) and its
+    closing lines (the answer, the points' wall time by rung)."""
+    command = [
+        sys.executable,
+        "-m",
+        "nanogpt.run",
+        "-m",
+        "hydra/sweeper=tune",
+        *tvg.MODEL,
+        *window,
+        *SPACE,
+        *tvg.search(steps),
+        *launcher(slots),
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    started = time.perf_counter()
+    proc = subprocess.run(command, cwd=sweep_dir.parent, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"error: the search on {slots} slot(s) failed:\n{proc.stderr[-2000:]}")
+    lines = proc.stdout.splitlines()
+    chosen = yaml.safe_load((sweep_dir / "best.yaml").read_text())["overrides"]
+    return {
+        "wall": wall,
+        "launches": sum(line.startswith("parallel: ") for line in lines),
+        "pick": [o for o in chosen if o.split("=")[0] in tvg.SPACE],
+        "said": [line for line in lines if line.startswith(("best (best.yaml)", "search: points"))],
+    }
+
+
+def remeasure(configs: list[list[str]], rounds: int, work: Path, window: list[str]) -> list:
+    """tokens/s of each config, once a round in a fresh process, the order rotated each round
+    (a config is first, last, ... in turn): each its list over the rounds."""
+    figures: list[list[float]] = [[] for _ in configs]
+    for number in range(rounds):
+        shift = number % len(configs)
+        for which in [*range(shift, len(configs)), *range(shift)]:
+            run_dir = work / f"rematch{number}_{which}"
+            tvg.run([*tvg.MODEL, *window, *configs[which], f"hydra.run.dir={run_dir}"], work)
+            figures[which].append(read_result(run_dir / "result.json")["tokens_per_s"])
+    return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    print(f"1-min load {os.getloadavg()[0]:.1f}; {args.pairs} pair(s)")
-    ratios = []
-    for number in range(args.pairs):
-        order = (2, 1) if number % 2 == 0 else (1, 2)
-        walls, answers = {}, {}
-        for slots in order:
-            walls[slots], answers[slots] = search(slots, args.overrides)
+    parser.add_argument("--rounds", type=int, default=3, help="re-measurements of each pick")
+    parser.add_argument("--steps", type=int, default=None, help="skip the sizing: N steps")
+    parser.add_argument("--quick", action="store_true", help="1 pair, 1 round, a short window")
+    parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here")
+    opts = parser.parse_args()
+    if opts.quick:
+        opts.pairs, opts.rounds, opts.steps = 1, 1, opts.steps or tvg.MIN_STEPS
+    work = opts.out or Path(tempfile.mkdtemp(prefix="search_slots_"))
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ["OMP_NUM_THREADS"] = "1"  # as tune_vs_grid: one thread a process
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(tvg.REPO), os.environ.get("PYTHONPATH", "")])
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start; {work}")
+    if opts.steps:
+        steps, step_s = opts.steps, 0.05
+        print(f"point size {steps} measured steps (given)")
+    else:
+        steps, step_s, why = tvg.size_points(work)
+        print(why)
+    window = tvg.protocol(steps, step_s)
+
+    ratios, picks = [], {1: [], 2: []}
+    for number in range(opts.pairs):
+        walls = {}
+        for slots in (2, 1) if number % 2 == 0 else (1, 2):
+            done = search(slots, steps, window, work / f"pair{number + 1}_{slots}slot")
+            walls[slots] = done["wall"]
+            picks[slots].append(done["pick"])
             print(
-                f"pair {number + 1}: {slots} slot(s): {walls[slots]:.1f} s, best {answers[slots]}"
+                f"pair {number + 1}: {slots} slot(s): {done['wall']:.1f} s, "
+                f"{done['launches']} launches, chose {' '.join(done['pick'])}"
             )
+            for line in done["said"]:
+                print(f"    {line}")
         ratios.append(walls[2] / walls[1])
-    median = statistics.median(ratios)
+        print(f"pair {number + 1}: 2 slots / 1 slot {ratios[-1]:.2f}")
+    wall = statistics.median(ratios)
+
+    grid = [f"{k}={','.join(v)}" for k, v in tvg.SPACE.items()]
+    grid_dir = work / "grid"
+    grid_s = tvg.run(["-m", *tvg.MODEL, *window, *grid, f"hydra.sweep.dir={grid_dir}"], work)
+    fastest, figure = tvg.grid_best(grid_dir)
+    print(f"grid: {grid_s:.0f} s, fastest {' '.join(fastest)} ({figure:,.0f} tokens/s)")
+    configs = [fastest]
+    for pick in picks[1] + picks[2]:
+        if pick not in configs:
+            configs.append(pick)
+    print(f"load average {os.getloadavg()[0]:.2f}; re-measuring {len(configs)} configurations")
+    figures = remeasure(configs, opts.rounds, work, window)
+    medians = [statistics.median(f) for f in figures]
+    for config, measured in zip(configs, figures, strict=True):
+        print(f"  {' '.join(config)}: {', '.join(f'{x:,.0f}' for x in measured)} tokens/s")
+    # tune_vs_grid's `best` of a search: its pick's median over the grid's fastest's
+    best = {
+        slots: statistics.median(medians[configs.index(p)] / medians[0] for p in picks[slots])
+        for slots in (1, 2)
+    }
+    gap = abs(best[2] - best[1])
     print(
-        f"search wall, 2 slots / 1 slot, median of {len(ratios)} pairs: {median:.2f} "
-        f"(goal <= 0.6: {'met' if median <= 0.6 else 'not met'})"
+        f"search wall, 2 slots / 1 slot, median of {len(ratios)} pair(s): {wall:.2f}; "
+        f"load average {os.getloadavg()[0]:.2f} at the end"
+    )
+    print(
+        f"search slots: wall 2/1 {wall:.2f} (goal <= {GOAL_WALL}: "
+        f"{'met' if wall <= GOAL_WALL else 'not met'}); best 2 slots {best[2]:.2f}, 1 slot "
+        f"{best[1]:.2f}: |B2 - B1| {gap:.2f} (goal <= {GOAL_BEST}: "
+        f"{'met' if gap <= GOAL_BEST else 'not met'})"
     )
 
 
