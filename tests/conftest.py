@@ -250,7 +250,7 @@ MICRO_SWEEP = [
 ]
 
 
-def once_a_session(tmp_path_factory, name: str, run) -> tuple[subprocess.CompletedProcess, Path]:
+def once_a_session(request, name: str, run) -> tuple[subprocess.CompletedProcess, Path]:
     """`run(root)` (a real process, run in the new folder ROOT) once for the whole test session,
     however many xdist workers ask: a session fixture alone runs once in each worker, and make
     test's two workers each need the shared sweeps (their modules land on both). The first to
@@ -260,9 +260,11 @@ def once_a_session(tmp_path_factory, name: str, run) -> tuple[subprocess.Complet
     process, ROOT); a run that failed is not kept (the next to ask runs it again)."""
     from filelock import FileLock  # torch's own dependency
 
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # .../pytest-N/popen-gwK: every worker of this session shares N
+    base = request.getfixturevalue("tmp_path_factory").getbasetemp()
+    # An xdist worker's is .../pytest-N/popen-gwK: N is the session's. (Asked of the config:
+    # PYTEST_XDIST_WORKER is also in the environment of a pytest that a test starts.)
+    if hasattr(request.config, "workerinput"):
+        base = base.parent
     root, saved = base / name, base / name / "process.json"
     with FileLock(base / f"{name}.lock"):
         if saved.is_file():
@@ -277,7 +279,7 @@ def once_a_session(tmp_path_factory, name: str, run) -> tuple[subprocess.Complet
 
 
 @pytest.fixture(scope="session")
-def micro_sweep(tmp_path_factory):
+def micro_sweep(request):
     """MICRO_SWEEP, run once for the session (once_a_session: once for all xdist workers):
     (process, sweep_dir). Tests read it; one that changes a file works on a copy
     (shutil.copytree)."""
@@ -286,7 +288,7 @@ def micro_sweep(tmp_path_factory):
         args = ["-m", *with_micro(MICRO_SWEEP), f"hydra.sweep.dir={root / 'sweep'}"]
         return run_cli(*args, cwd=root)
 
-    proc, root = once_a_session(tmp_path_factory, "micro_sweep", run)
+    proc, root = once_a_session(request, "micro_sweep", run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, root / "sweep"
 
@@ -307,7 +309,7 @@ WANDB_SWEEP = [
 
 
 @pytest.fixture(scope="session")
-def wandb_sweep(tmp_path_factory):
+def wandb_sweep(request):
     """WANDB_SWEEP, run once for the session (once_a_session): (process, sweep_dir). Tests only
     read it."""
 
@@ -315,7 +317,7 @@ def wandb_sweep(tmp_path_factory):
         args = ["-m", *with_micro(WANDB_SWEEP), f"hydra.sweep.dir={root / 'sweep'}"]
         return run_without_a_key("nanogpt.run", args, root)
 
-    proc, root = once_a_session(tmp_path_factory, "wandb_sweep", run)
+    proc, root = once_a_session(request, "wandb_sweep", run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, root / "sweep"
 
