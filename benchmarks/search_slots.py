@@ -26,8 +26,11 @@ pair's ratio, and last:
     |B2 - B1| D (goal <= 0.05: met|not met)
 
 Usage: python benchmarks/search_slots.py [--pairs 3] [--rounds 3] [--steps N] [--quick]
+                                        [--wall-only]
 --quick: 1 pair, 1 round, the shortest window (a check that it runs end to end, no figure).
-The full run takes about 10 min on a quiet 2-core machine (--quick: 5 min at load 7-8).
+--wall-only: the pairs alone (no grid, no re-measurement), for longer points (--steps N).
+The full run takes 5-6 min on the 2-core machine (--quick: 5 min at load 7-8; --wall-only
+--steps 800: 6 min).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pathlib import Path
 import tune_vs_grid as tvg  # benchmarks/tune_vs_grid.py: the space, model, window and search
 import yaml
 
-from nanogpt.analysis.store import read_result
+from nanogpt.analysis.store import RUN_PREFIX, read_result
 
 GOAL_WALL, GOAL_BEST = 0.6, 0.05
 SPACE = [f"{k}=choice({','.join(v)})" for k, v in tvg.SPACE.items()]
@@ -60,8 +63,8 @@ def launcher(slots: int) -> list[str]:
 
 def search(slots: int, steps: int, window: list[str], sweep_dir: Path) -> dict:
     """One search on `slots` slots into sweep_dir: its wall time (s), its launches (the parallel
-    launcher prints a line for each), its pick (the SPACE overrides of best.yaml) and its
-    closing lines (the answer, the points' wall time by rung)."""
+    launcher prints a line for each), how much of a core its runs had, its pick (the SPACE
+    overrides of best.yaml) and its closing lines (the answer, the points' wall by rung)."""
     command = [
         sys.executable,
         "-m",
@@ -82,8 +85,14 @@ def search(slots: int, steps: int, window: list[str], sweep_dir: Path) -> dict:
         sys.exit(f"error: the search on {slots} slot(s) failed:\n{proc.stderr[-2000:]}")
     lines = proc.stdout.splitlines()
     chosen = yaml.safe_load((sweep_dir / "best.yaml").read_text())["overrides"]
+    # Each run's own CPU time over its measured window: how much of its core a run had. Near 1
+    # on a free core; near 0.5 where two slots' runs and other work share the 2 cores, and then
+    # no second slot can shorten the search
+    runs = [read_result(p) for p in sweep_dir.glob(f"*/{RUN_PREFIX}*/result.json")]
+    shares = [r["own_cpu_s"] / r["measured_s"] for r in runs if r.get("own_cpu_s")]
     return {
         "wall": wall,
+        "core": statistics.median(shares) if shares else float("nan"),
         "launches": sum(line.startswith("parallel: ") for line in lines),
         "pick": [o for o in chosen if o.split("=")[0] in tvg.SPACE],
         "said": [line for line in lines if line.startswith(("best (best.yaml)", "search: points"))],
@@ -110,6 +119,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="skip the sizing: N steps")
     parser.add_argument("--quick", action="store_true", help="1 pair, 1 round, a short window")
     parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here")
+    parser.add_argument("--wall-only", action="store_true", help="no grid, no best (faster)")
     opts = parser.parse_args()
     if opts.quick:
         opts.pairs, opts.rounds, opts.steps = 1, 1, opts.steps or tvg.MIN_STEPS
@@ -136,13 +146,18 @@ def main() -> None:
             picks[slots].append(done["pick"])
             print(
                 f"pair {number + 1}: {slots} slot(s): {done['wall']:.1f} s, "
-                f"{done['launches']} launches, chose {' '.join(done['pick'])}"
+                f"{done['launches']} launches, a run had {done['core']:.2f} of a core "
+                f"(median own CPU / measured), chose {' '.join(done['pick'])}"
             )
             for line in done["said"]:
                 print(f"    {line}")
         ratios.append(walls[2] / walls[1])
         print(f"pair {number + 1}: 2 slots / 1 slot {ratios[-1]:.2f}")
     wall = statistics.median(ratios)
+    verdict = f"goal <= {GOAL_WALL}: {'met' if wall <= GOAL_WALL else 'not met'}"
+    if opts.wall_only:
+        print(f"search slots: wall 2/1 {wall:.2f} ({verdict}); best not measured (--wall-only)")
+        return
 
     grid = [f"{k}={','.join(v)}" for k, v in tvg.SPACE.items()]
     grid_dir = work / "grid"
@@ -169,9 +184,8 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.2f} at the end"
     )
     print(
-        f"search slots: wall 2/1 {wall:.2f} (goal <= {GOAL_WALL}: "
-        f"{'met' if wall <= GOAL_WALL else 'not met'}); best 2 slots {best[2]:.2f}, 1 slot "
-        f"{best[1]:.2f}: |B2 - B1| {gap:.2f} (goal <= {GOAL_BEST}: "
+        f"search slots: wall 2/1 {wall:.2f} ({verdict}); best 2 slots {best[2]:.3f}, 1 slot "
+        f"{best[1]:.3f}: |B2 - B1| {gap:.3f} (goal <= {GOAL_BEST}: "
         f"{'met' if gap <= GOAL_BEST else 'not met'})"
     )
 

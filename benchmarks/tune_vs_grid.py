@@ -44,7 +44,7 @@ from pathlib import Path
 
 import yaml
 
-from nanogpt.analysis.store import read_result
+from nanogpt.analysis.store import RUN_PREFIX, read_result
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL_BEST, GOAL_TIME = 0.95, 0.25
@@ -113,8 +113,14 @@ def run(args: list[str], cwd: Path) -> float:
 
 
 def records(sweep_dir: Path) -> list[dict]:
-    """Every point's result.json below a sweep dir."""
-    return [read_result(path) for path in sweep_dir.rglob("result.json")]
+    """Every point's result.json below a sweep dir: SWEEP/POINT/result.json, pooled from its
+    runs, not each run's POINT/run-R/result.json too (counted twice, a point's two records
+    finished together: the calibration's fixed cost came out negative and its window 30 steps)."""
+    return [
+        read_result(path)
+        for path in sweep_dir.rglob("result.json")
+        if not path.parent.name.startswith(RUN_PREFIX)
+    ]
 
 
 def size_points(work: Path) -> tuple[int, float, str]:
@@ -155,8 +161,7 @@ def size_points(work: Path) -> tuple[int, float, str]:
 def grid_best(sweep_dir: Path) -> tuple[list[str], float]:
     """The grid's fastest point: its swept overrides and tokens/s."""
     best, figure = None, -1.0
-    for path in sweep_dir.rglob("result.json"):
-        record = read_result(path)
+    for record in records(sweep_dir):
         if record.get("status") == "ok" and (record.get("tokens_per_s") or 0) > figure:
             figure = record["tokens_per_s"]
             best = [o for o in record["overrides"] if o.split("=")[0] in SPACE]
