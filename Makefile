@@ -33,10 +33,14 @@ sweep: $(STAMP)
 # difference that needs every core idle) run after, by themselves, from their one file (so that
 # run does not collect the whole suite again).
 # `make test-fast` runs what starts no process (tests/process_guard.py fails one that does).
-JOBS ?= 2
+# Three workers on CI's 2 cores: the tests wait on the processes they start (sweeps, torchrun,
+# W&B), so two workers kept the cores 135-145 % busy of 200 %; each worker's torch computes on one
+# thread (tests/conftest.py). Modules go out with the most process-starting tests first
+# (conftest's pytest_collection_modifyitems), not by xdist's count of tests.
+JOBS ?= 3
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "not alone and not slurm" --durations=20
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "not alone and not slurm" --durations=20
 	$(BIN)/python -m pytest -q -m "alone and not slurm" tests/test_alone.py --durations=5
 
 test-fast: $(STAMP)

@@ -88,7 +88,7 @@ def interpreter() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=["test-fast", "test"])
-    parser.add_argument("--jobs", default="2", help="the Makefile's JOBS (worker processes)")
+    parser.add_argument("--jobs", default="3", help="the Makefile's JOBS (worker processes)")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     print(f"{cores} cores; load average before: {os.getloadavg()[0]:.1f}")

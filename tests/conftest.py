@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -253,7 +254,7 @@ MICRO_SWEEP = [
 def once_a_session(request, name: str, run) -> tuple[subprocess.CompletedProcess, Path]:
     """`run(root)` (a real process, run in the new folder ROOT) once for the whole test session,
     however many xdist workers ask: a session fixture alone runs once in each worker, and make
-    test's two workers each need the shared sweeps (their modules land on both). The first to
+    test's workers each need the shared sweeps (their modules land on several). The first to
     ask runs it under a file lock in the session's temporary folder, above the workers' own;
     the others wait for it and read its process back from ROOT/process.json. Only for a result
     the tests read and never write (one that changes a file works on a copy). Returns (the
@@ -412,3 +413,10 @@ def pytest_collection_modifyitems(items):
             )
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # make test hands xdist's workers a module at a time (--dist loadscope), in this order
+    # (--no-loadscope-reorder: xdist's own order is by the number of tests, which puts a module of
+    # many quick tests first and the few-but-slow sweep modules, last in the alphabet, at the
+    # end, where one worker ran on alone for minutes). Modules with the most slow tests (those
+    # that start processes) go first, so the quick ones fill the gaps at the end.
+    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # stable: a module's tests keep their order
