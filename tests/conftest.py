@@ -213,6 +213,19 @@ def sweep_refusal(*overrides: str, baseline: str | None = None) -> str:
     raise AssertionError(f"-m {' '.join(overrides)} would run")
 
 
+# A tiny text for the char tokenizer: 1080 characters, 14 distinct
+TINY_TEXT = "abracadabra, said the cat.\n" * 40
+
+
+@pytest.fixture
+def text_file(tmp_path, monkeypatch):
+    """TINY_TEXT in a file, with the tokenized cache (XDG_CACHE_HOME) in this test's own folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    path = tmp_path / "input.txt"
+    path.write_text(TINY_TEXT, encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def sweep(tmp_path):
     """Run a multirun into tmp_path/sweep; returns (process, sweep_dir)."""

@@ -34,6 +34,11 @@ MODEL = [
 ]
 
 
+# The busy process: it spins until its parent, this test, is gone (a killed test leaves no
+# spinning orphan to slow whatever runs next: one did, and stretched a whole suite by half).
+BURNER = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
+
+
 @pytest.mark.slow
 @pytest.mark.alone  # a core shared on purpose: another test on the machine would decide it
 def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
@@ -44,7 +49,7 @@ def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
         burner = None
         try:
             if share_the_core:
-                burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                burner = subprocess.Popen([sys.executable, "-c", BURNER])
             proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}, timeout=900)
         finally:
             if burner is not None:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,17 +67,15 @@ def test_ctrl_c_at_a_moment_ends_with_130_a_table_and_no_traceback(tmp_path, lau
 # --- the search hands the launcher batches (issue 44) -------------------------------------------
 
 
-@pytest.mark.slow
-def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
-    """hydra/sweeper=tune on hydra/launcher=parallel with 2 slots: the probe rung asks 2 trials
-    before telling (Optuna's constant liar) and launches them as one batch, so both candidates
-    are measured side by side (each record's co_running names the other); the leaders too."""
-    sweep_dir = tmp_path / "sweep"
+def two_slot_search(sweep_dir: Path, *micro: str) -> list[str]:
+    """A search of 2 candidates (perf.batch_size 1 or 2; `micro`: more micro-model overrides) on
+    the parallel launcher's 2 slots of a core each: 2 probes of 2 steps, 2 leaders, 1 finalist
+    of 2 runs."""
     probe = "['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']"
-    args = [
+    return [
         "-m",
         "hydra/sweeper=tune",
-        *with_micro(["perf.batch_size=choice(1,2)"]),
+        *with_micro(["perf.batch_size=choice(1,2)", *micro]),
         "hydra/launcher=parallel",
         "hydra.launcher.slots=2",
         "hydra.launcher.cores_per_slot=1",
@@ -87,7 +86,15 @@ def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
         f"hydra.sweeper.probe={probe}",
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    proc = run_cli(*args, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
+    """hydra/sweeper=tune on hydra/launcher=parallel with 2 slots: the probe rung asks 2 trials
+    before telling (Optuna's constant liar) and launches them as one batch, so both candidates
+    are measured side by side (each record's co_running names the other); the leaders too."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(*two_slot_search(sweep_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = json.loads((sweep_dir / "tune_jobs.json").read_text())
     for rung in ("probe", "full"):
@@ -124,24 +131,12 @@ def test_a_search_on_two_slots_hands_the_finalists_and_the_quality_runs_over_in_
     idle), and the quality guard's runs (the baseline at its 2 seeds, the finalist at the first)
     in another: one launch each, whose runs are measured side by side (co_running)."""
     sweep_dir = tmp_path / "sweep"
-    probe = "['bench.measure_steps=2','bench.min_measure_steps=1','bench.diagnose=false']"
     args = [
-        "-m",
-        "hydra/sweeper=tune",
-        *with_micro(["perf.batch_size=choice(1,2)", "data=text", f"data.path={SHAKESPEARE}"]),
+        *two_slot_search(sweep_dir, "data=text", f"data.path={SHAKESPEARE}"),
         "model.vocab_size=50304",
-        "hydra/launcher=parallel",
-        "hydra.launcher.slots=2",
-        "hydra.launcher.cores_per_slot=1",
-        "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.leaders=2",
-        "hydra.sweeper.finalists=1",
-        "hydra.sweeper.repeats=2",
-        f"hydra.sweeper.probe={probe}",
         "hydra.sweeper.quality.steps=4",
         "hydra.sweeper.quality.window=2",
         "hydra.sweeper.baseline=['perf.batch_size=1']",
-        f"hydra.sweep.dir={sweep_dir}",
     ]
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

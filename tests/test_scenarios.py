@@ -25,7 +25,6 @@ from nanogpt.tune import objectives
 from .conftest import with_micro
 
 CPU = torch.device("cpu")
-TEXT = "abracadabra, said the cat.\n" * 40  # 14 distinct characters
 UNKNOWN_PEAK = Ceilings(Peak(None, "unknown"))  # no MFU: no figure here needs one
 SCENARIOS = Path(base.__file__).parent
 
@@ -64,14 +63,6 @@ def test_every_objective_and_plot_is_one_scenarios():
     names = list(plots.every_plot())
     assert names == [*base.THROUGHPUT.plot.PLOTS, *base.TIME_TO_LOSS.plot.PLOTS]
     assert names[0] == "throughput.png" and names[-1] == "val_loss.png"
-
-
-@pytest.fixture
-def text_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    path = tmp_path / "input.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return path
 
 
 def _spec(text_file: Path, *overrides: str):

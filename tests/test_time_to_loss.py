@@ -31,12 +31,12 @@ from nanogpt.train.distributed import World
 from nanogpt.train.tokenize import char_vocab, tokenize_text
 from nanogpt.train.trainer import build_trainer
 
-from .conftest import SHAKESPEARE, needs_shared, sweep_refusal, with_micro
+from .conftest import SHAKESPEARE, TINY_TEXT, needs_shared, sweep_refusal, with_micro
 from .signalling import wait_until
 from .wandb_reader import read_run, run_file
 
 CPU = torch.device("cpu")
-TEXT = "abracadabra, said the cat.\n" * 40  # 1080 characters, 14 distinct
+TEXT = TINY_TEXT  # what conftest's text_file holds
 UNKNOWN_PEAK = Ceilings(Peak(None, "unknown"))  # MFU has no peak here: no figure needs one
 
 
@@ -48,14 +48,6 @@ def _spec(*overrides: str):
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         return to_spec(compose(config_name="config", overrides=with_micro(list(overrides))))
-
-
-@pytest.fixture
-def text_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    path = tmp_path / "input.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return path
 
 
 def _char_data(path, val_fraction=0.1):
