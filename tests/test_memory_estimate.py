@@ -6,6 +6,8 @@ seeing only an op's outputs, misses: torch.logsumexp's is the case in point).
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -103,14 +105,18 @@ def test_the_ddp_buckets_term_is_what_torchs_reducer_adds_to_the_peak(one_rank_g
     bare.zero_grad(set_to_none=True)
     model = GPT(config)
     # The wrapped step's peak: what the wrapper keeps from its construction (its buckets), plus
-    # the step's peak above that. Not one peak over construction and step: the construction's
-    # own transient (a flat copy of the parameters to broadcast them, on gloo's thread) came out
-    # before or beside the buckets in the profiler's time order as the threads ran, so that
-    # peak was 1x or 2x the buckets on the same commit. It is over before the first step.
+    # the step's peak above that. The construction also broadcasts the parameters through a flat
+    # copy, on gloo's thread: without the barrier its free could fall after the profiled region
+    # (kept came out 2x the buckets when the module's other tests ran first), and in one peak
+    # over construction and step it fell before or beside the buckets as the threads ran.
     wrapped = {}
-    _, kept = allocator_peak_and_kept(
-        lambda: wrapped.update(ddp=World(size=2).wrap(model, torch.device("cpu")))
-    )
+
+    def wrap():
+        wrapped["ddp"] = World(size=2).wrap(model, torch.device("cpu"))
+        dist.barrier()  # the broadcast's work done: its copy freed inside the profiled region
+        gc.collect()
+
+    _, kept = allocator_peak_and_kept(wrap)
     with_ddp = kept + allocator_peak(lambda: step(wrapped["ddp"]))
     kwargs = dict(
         n_params=model.get_num_params(non_embedding=False),
