@@ -14,7 +14,10 @@
 #
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".gpu"], timeout_s=600)
 #
-# first, before any other work on that machine (docs/benchmarks.md, "Checking on a GPU").
+# first, before any other work on that machine (docs/benchmarks.md, "Checking on a GPU"); then
+# the call summary.md names for the parts that did not fit in 540 s (the CUDA tests among them):
+#
+#   run(command='GPU_CHECK_PARTS="default_gap readme_sweep cuda_tests" bash benchmarks/gpu_check.sh', ...)
 # What comes back under $OUT (the device tool's output folder; ./gpu_out elsewhere), two files,
 # rewritten after every part, so a loan cut short still returns what ran:
 #   summary.md       each part: ok / FAILED / TIMED OUT, its seconds, then per point the figures
@@ -49,12 +52,19 @@ POINT=$((START + BUILD + WINDOW + DIAG))  # an eager point in its own process, s
 COLD=26        # a cold Inductor compile of GPT-2 124M, forward and backward, one process
 COLD_SMALL=12  # the same for a 4-layer model (compile time grows with the layers it unrolls)
 GRAPHS=3       # reduce-overhead: CUDA graphs recorded in warmup (3 steps, bench.warmup_steps)
-FP8_SWAP=3     # torchao imported, the Linears swapped for Float8Linear
+FP8_SWAP=6     # torchao imported, the Linears swapped for Float8Linear (the H200 ran the part in
+#                its whole 43 s box with 3 here, 2026-11-28)
 TF_IMPORT=6    # transformers imported (the sweep's process and the point's)
+MUON_POINT=21  # a Muon point (GPT-2, eager): the H200 ran its bf16 point in about 17 s and the fp16
+#                one was still in its diagnosis at 21 s (2026-11-28): Newton-Schulz a step, two
+#                optimizers built, the diagnosis's profiler over both
 TTL_MAX_S=10   # a time-to-loss run's bench.max_s: it stops there if the target is not reached
 PYTEST=10      # pytest's start and the collection of the suite
 TEST_S=2       # a CUDA test, on average: the H200 ran 38 in the 75 s after pytest's start, the
 #                chunked-loss test's 4 points at the default windows among them (short now)
+#                (a warm cache, then); cold, the 2026-11-28 H200 ran 12 of them in 20 s, but not:
+FRONTIER_S=115 # the float8 test (46 s cold: torchao's swap and a compile) and the chunked-loss
+#                test (4 points in their own processes, 2 compiled: 67 s) on that H200
 N_TESTS=40     # tests marked cuda (pytest -m cuda --collect-only -q, 2026-11-28)
 WHEELS_S=8     # the wheels the image lacks installed into a folder on PYTHONPATH
 IMPORTS_S=5    # one check of what imports (torch, torchao, transformers, Hydra, optuna ...)
@@ -69,14 +79,14 @@ PARTS=(setup muon user_model transformers reduce_overhead chunked_loss fp8 time_
   cuda_tests readme_sweep search default_gap)
 declare -A ARITH=(
   [setup]="START + WHEELS_S + 2*IMPORTS_S"
-  [muon]="SWEEP + 2*POINT"
+  [muon]="SWEEP + 2*MUON_POINT"
   [user_model]="SWEEP + 2*POINT + COLD_SMALL"
   [transformers]="SWEEP + TF_IMPORT + POINT + COLD_SMALL"
   [reduce_overhead]="SWEEP + POINT + COLD_SMALL + GRAPHS"
   [chunked_loss]="SWEEP + 2*POINT + COLD"
   [fp8]="SWEEP + POINT + COLD_SMALL + FP8_SWAP"
   [time_to_loss]="SWEEP + 2*(START + BUILD + TTL_MAX_S)"
-  [cuda_tests]="PYTEST + N_TESTS*TEST_S"
+  [cuda_tests]="PYTEST + N_TESTS*TEST_S + FRONTIER_S"
   [readme_sweep]="SWEEP + 4*(START + BUILD + 8 + 2) + 2*COLD"
   [search]="SWEEP + 4*POINT"
   [default_gap]="START + 4*POINT + COLD + 3*COLD_SMALL"
@@ -90,13 +100,25 @@ declare -A WHAT=(
   [chunked_loss]="perf.loss=chunked, GPT-2, batch 8, eager and compiled"
   [fp8]="perf.fp8=tensorwise (torchao), GPT-2 width, 4 layers, compiled"
   [time_to_loss]="bench.target_loss on .gpu/ttl's token file, one point, bench.repeats=2"
-  [cuda_tests]="pytest -m cuda -v, each test at most 60 s, its temp dir in the records"
+  [cuda_tests]="pytest -m cuda -v, each test at most 60 s (the chunked-loss test 120 s), its temp dir in the records"
   [readme_sweep]="the README sweep: perf.compile=true,false perf.dtype=bf16,fp16 (4 points)"
   [search]="hydra/sweeper=tune, 2 candidates (bf16, fp16 eager), each finalist once"
   [default_gap]="benchmarks/default_gap.py, one round (compiled bf16, 4 points, short windows)"
 )
-# When the boxes sum past LIMIT_S, these go, in this order, until the rest fits.
-DROP=(default_gap search readme_sweep)
+# GPU_CHECK_PARTS="muon cuda_tests" runs those parts only (setup always runs first): a second call
+# of a loan reruns what failed or ran out of its box in the first.
+if [ -n "${GPU_CHECK_PARTS:-}" ]; then
+  for part in $GPU_CHECK_PARTS; do
+    [[ -n ${ARITH[$part]:-} ]] || { echo "gpu_check: GPU_CHECK_PARTS: no part $part: ${PARTS[*]}" >&2; exit 2; }
+  done
+  keep=(setup)  # in PARTS's order, most at risk first
+  for part in "${PARTS[@]:1}"; do [[ " $GPU_CHECK_PARTS " == *" $part "* ]] && keep+=("$part"); done
+  PARTS=("${keep[@]}")
+fi
+# When the boxes sum past LIMIT_S, these go, in this order, until the rest fits; what went is
+# named, with the second call that runs it (a loan's 15 minutes hold one full call and most of
+# another: cold, the CUDA tests alone take half a call).
+DROP=(default_gap search readme_sweep cuda_tests)
 
 declare -A BOX EST
 for part in "${PARTS[@]}"; do
@@ -117,13 +139,23 @@ for part in "${DROP[@]}"; do
   for p in "${RUN[@]}"; do [ "$p" != "$part" ] && keep+=("$p"); done
   RUN=("${keep[@]}")
 done
+# A big part dropped last can leave room for a small one dropped before it: back it comes.
+for part in "${DROPPED[@]}"; do
+  [ $(($(total_s) + BOX[$part] + AFTER_S)) -gt "$LIMIT_S" ] && continue
+  keep=()
+  for p in "${PARTS[@]}"; do [[ " ${RUN[*]} $part " == *" $p "* ]] && keep+=("$p"); done
+  RUN=("${keep[@]}")
+  keep=()
+  for p in "${DROPPED[@]}"; do [ "$p" != "$part" ] && keep+=("$p"); done
+  DROPPED=("${keep[@]}")
+done
 
 dry_run() {
   local part values total
   echo "constants (s): START=$START SWEEP=$SWEEP BUILD=$BUILD WINDOW=$WINDOW DIAG=$DIAG POINT=$POINT" \
     "COLD=$COLD COLD_SMALL=$COLD_SMALL GRAPHS=$GRAPHS FP8_SWAP=$FP8_SWAP TF_IMPORT=$TF_IMPORT" \
-    "TTL_MAX_S=$TTL_MAX_S PYTEST=$PYTEST TEST_S=$TEST_S N_TESTS=$N_TESTS WHEELS_S=$WHEELS_S" \
-    "IMPORTS_S=$IMPORTS_S"
+    "MUON_POINT=$MUON_POINT TTL_MAX_S=$TTL_MAX_S PYTEST=$PYTEST TEST_S=$TEST_S N_TESTS=$N_TESTS" \
+    "FRONTIER_S=$FRONTIER_S WHEELS_S=$WHEELS_S IMPORTS_S=$IMPORTS_S"
   printf '%-16s %6s  %s\n' part box "arithmetic; what"
   for part in "${PARTS[@]}"; do
     [[ " ${DROPPED[*]} " == *" $part "* ]] && continue
@@ -133,6 +165,7 @@ dry_run() {
   for part in "${DROPPED[@]}"; do
     echo "dropped: $part (${BOX[$part]} s = ${ARITH[$part]} +$MARGIN_PCT %): past $LIMIT_S s"
   done
+  [ ${#DROPPED[@]} -gt 0 ] && echo "next call: GPU_CHECK_PARTS=\"${DROPPED[*]}\" bash benchmarks/gpu_check.sh"
   echo "not run: fsdp2 needs two GPUs (tests/test_frontier_cuda.py runs it where there are two)"
   total=$(total_s)
   echo "each part after setup: +$AFTER_S s (timeout's grace before SIGKILL, its summary, the archive)"
@@ -378,7 +411,8 @@ gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   echo "- not importable after that:${absent}"
   [ -z "$GPU_CHECK_TEST_TIMEOUT" ] && echo "- no pytest-timeout: only the part's box limits a test"
   [ "$gpus" -lt 2 ] && echo "- fsdp2: not run, it needs two GPUs and this machine has $gpus"
-  [ ${#DROPPED[@]} -gt 0 ] && echo "- dropped to fit $LIMIT_S s: ${DROPPED[*]} (--dry-run)"
+  [ ${#DROPPED[@]} -gt 0 ] && echo "- dropped to fit $LIMIT_S s: ${DROPPED[*]} (--dry-run); next:" \
+    "GPU_CHECK_PARTS=\"${DROPPED[*]}\" bash benchmarks/gpu_check.sh"
   cat "$WORK/setup.txt" 2>/dev/null
   echo "- setup: $((SECONDS - started)) s"
 } >"$SUMMARY"

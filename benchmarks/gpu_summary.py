@@ -111,7 +111,8 @@ def flags(r: Record) -> list[str]:
     if r.status != "ok" or not on_cuda(r):
         return []
     out = []
-    if (
+    windowed = r.time_to_loss.ttl_target_loss is None  # a time-to-loss run has no window's peaks
+    if windowed and (
         r.memory.mem_peak_allocated_bytes is None
         or r.memory.mem_warmup_peak_allocated_bytes is None
     ):

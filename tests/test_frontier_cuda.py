@@ -30,13 +30,19 @@ def test_a_float8_point_records_its_layers_and_the_bf16_peak(single):
     assert record["model_wrapping"] == "compile(float8(model))"
 
 
+# Four points in their own processes, two compiled: 67 s on the 2026-11-28 H200, cold, past
+# the 60 s gpu_check.sh gives a test (the marker wins over pytest's --timeout).
+@pytest.mark.timeout(120)
 def test_the_chunked_loss_saves_what_the_estimate_predicts_compiled_or_not(sweep):
     # Short windows (1 s warmup, 2 s measured, no diagnosis): at CUDA's default windows the
-    # 4 points and 2 cold compiles ran 75-95 s, past the 60 s a test has in gpu_check.sh.
+    # 4 points and 2 cold compiles ran 75-95 s, past the 60 s a test has in gpu_check.sh; with
+    # GPT-2's 12 layers the compiled chunked point alone still ran past it (H200, 2026-11-28).
+    # Two layers: what the loss saves is the logits', the same at any depth.
     proc, sweep_dir = sweep(
         *GPU_POINT,
         "model.vocab_size=50304",
         "model.block_size=256",
+        "model.n_layer=2",
         "perf.batch_size=16",
         "perf.loss=full,chunked",
         "perf.compile=false,true",
