@@ -3,6 +3,7 @@ goes. One place for the markers, so that every part's dataclass, wherever it liv
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import field
 
 # Field metadata: a field marked json_only stays in result.json (and the W&B summary) and is no
@@ -23,7 +24,7 @@ SHOWN = "shown"
 # How a point's runs (bench.repeats) pool a field, said on it (analysis/repeats.py): LARGEST,
 # the largest of any run's (a peak; null where none has one); TOTAL, the runs' sum (a count over
 # the measured steps; null unless every run counted it). Unmarked, the first run's, unless its
-# part's own rule says more (repeats.POOLED: timing's steps, energy's joules).
+# part says more in a `pool_runs(parts)` of its own (Timing's steps, Energy's joules).
 POOL = "pool"
 LARGEST = "largest"
 TOTAL = "total"
@@ -73,3 +74,24 @@ _MARKS = ("headline", "shown", "pool", "peak")
 def _marks(headline=None, shown=None, pool=None, peak=None) -> dict:
     marks = {HEADLINE: headline, SHOWN: shown, POOL: pool, PEAK: peak}
     return {key: value for key, value in marks.items() if value is not None}
+
+
+def pool_by_marks(parts: list):
+    """A part of a point's runs pooled field by field as each field's mark says (POOL): the
+    largest of any run's (a peak), the runs' total (a count; null unless every run counted
+    it), else the first run's. The rule of every part without a `pool_runs` of its own."""
+    pooled = dataclasses.replace(parts[0])
+    for f in dataclasses.fields(pooled):
+        values = [getattr(part, f.name) for part in parts]
+        if f.metadata.get(POOL) == LARGEST:
+            present = [v for v in values if v]
+            setattr(pooled, f.name, max(present) if present else None)
+        elif f.metadata.get(POOL) == TOTAL:
+            setattr(pooled, f.name, None if None in values else sum(values))
+    return pooled
+
+
+def pool_part(parts: list):
+    """A part of a point's runs pooled by its own rule: its class's `pool_runs` where it has
+    one (a rule the marks cannot say), else its fields' marks."""
+    return getattr(type(parts[0]), "pool_runs", pool_by_marks)(parts)

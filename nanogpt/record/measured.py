@@ -5,9 +5,10 @@ Profile and MaxBatch only when asked for."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from nanogpt.record.fields import LARGEST, TOTAL, json_only, marked
+from nanogpt.record.fields import LARGEST, TOTAL, json_only, marked, pool_by_marks
 
 STATS = ("median", "mean", "p10", "p90", "std", "cv")  # step_ms_<stat>, probes/timing.py
 
@@ -112,6 +113,27 @@ class Timing:
         for name in STATS:
             setattr(self, f"step_ms_{name}", stats[name])
 
+    @staticmethod
+    def pool_runs(parts: list[Timing]) -> Timing:
+        """A point's runs (bench.repeats): the count of every run's measured steps and their
+        wall-clock step; contended if any was; the last run's last loss. The statistics are
+        derived again over the pool's steps (analysis/figures.derive_point)."""
+        timing = dataclasses.replace(parts[0])
+        timing.measured_steps = sum(t.measured_steps or 0 for t in parts)
+        timing.measured_s = sum(t.measured_s or 0.0 for t in parts)
+        timing.loss_last = parts[-1].loss_last
+        walls = [(t.step_ms_wall, t.measured_steps) for t in parts]
+        if all(wall and steps for wall, steps in walls):  # the windows' wall time over their steps
+            timing.step_ms_wall = sum(w * n for w, n in walls) / sum(n for _, n in walls)
+        seen = [
+            f"repeat {i + 1} of {len(parts)}: {t.contention}"
+            for i, t in enumerate(parts)
+            if t.contended
+        ]
+        if seen:
+            timing.contended, timing.contention = True, "; ".join(seen)
+        return timing
+
 
 @dataclass
 class Memory:
@@ -140,6 +162,17 @@ class Memory:
     mem_ooms: int | None = marked(pool=TOTAL)  # allocations that failed even then
     mem_alloc_note: str | None = json_only()  # why the two are null (no CUDA allocator)
 
+    @staticmethod
+    def pool_runs(parts: list[Memory]) -> Memory:
+        """The largest peak of any run, each kind of peak on its own, and the allocator's
+        retries and OOMs over every run's steps (the fields' marks); the largest allocated
+        peak's window with it."""
+        memory = pool_by_marks(parts)
+        # which window the largest allocated peak came from (measured, or warmup's CUDA graphs)
+        top = max(parts, key=lambda m: m.mem_peak_allocated_bytes or 0)
+        memory.mem_peak_allocated_from = top.mem_peak_allocated_from
+        return memory
+
 
 @dataclass
 class Energy:
@@ -155,6 +188,17 @@ class Energy:
     )
     energy_ranks: int | None = None  # ranks whose work the counter covers (RAPL: the host's)
     power_limit_w: float | None = None  # the enforced board power limit (NVML)
+
+    @staticmethod
+    def pool_runs(parts: list[Energy]) -> Energy:
+        """Joules over every run's measured steps (null unless every run counted them)."""
+        energy = dataclasses.replace(parts[0])
+        if all(e.energy_j for e in parts):
+            energy.energy_j = sum(e.energy_j for e in parts)
+            energy.energy_s = sum(e.energy_s for e in parts)
+        else:
+            energy.energy_j = None
+        return energy
 
 
 @dataclass
