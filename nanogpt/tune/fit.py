@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import psutil
 import torch
+from torch.overrides import TorchFunctionMode
 
 from nanogpt.config.spec import RunSpec
 from nanogpt.hardware.devices import nvml_handle, resolve_device
@@ -109,9 +110,29 @@ def estimate_bytes(spec: RunSpec) -> int | None:
     estimate is not the user's model's, so nothing is pruned by estimate."""
     if spec.model.build:
         return None
-    with torch.device("meta"):
+    with torch.device("meta"), _ShapesOnly():
         model = GPT(gpt_config(spec))
     return estimate_of(spec, model, spec.dist.nproc, spec.dist.strategy.value)["total"]
+
+
+class _ShapesOnly(TorchFunctionMode):
+    """On the meta device a tensor is a shape, and the estimate reads only the parameters'
+    shapes: the calls that would compute values of their input's shape are skipped, the input
+    returned as it is (torch.nn.init's public fills: normal_, zeros_, kaiming_uniform_, ...; the
+    manual attention's causal mask, tril). Run, each goes through torch's reference kernels,
+    whose first call imports torch._dynamo: a second of the search's own work, before its first
+    candidate can launch, or between two batches (benchmarks/search_slots.py). Every other call
+    runs as it would."""
+
+    SAME_SHAPE = frozenset({torch.tril, torch.triu, torch.Tensor.tril, torch.Tensor.triu})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        fill = getattr(func, "__module__", None) == "torch.nn.init" and name[-1:] == "_" != name[:1]
+        if fill or func in self.SAME_SHAPE:
+            return args[0] if args else kwargs.get("tensor", kwargs.get("input"))
+        return func(*args, **kwargs)
 
 
 def misfit(estimate: int | None, budget: Budget) -> str | None:
