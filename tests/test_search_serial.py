@@ -16,6 +16,8 @@ from nanogpt.config.spec import RunSpec
 from nanogpt.train.gpt import GPT
 from nanogpt.train.memory_estimate import estimate_of
 from nanogpt.train.trainer import gpt_config
+from tests.conftest import run_patched
+from tests.test_runs_stop import two_slot_search
 
 # Every attention and loss of a small GPT: each builds its own layers (the manual attention a
 # causal mask), so each meta build takes its own path through torch
@@ -69,3 +71,72 @@ def test_the_estimate_builds_shapes_only_the_same_figure_without_torchs_compiler
         real = estimate_of(spec, GPT(gpt_config(spec)), 1, spec.dist.strategy.value)["total"]
         assert answer["estimates"][f"{attention} {loss}"] == real, (attention, loss)
 
+
+# The search's process, watched from inside (run_patched: this runs before nanogpt.run): when
+# the launcher's slots start, when the search composes its first candidate, whether each slot's
+# fork server is up at each launch, and whether the exit leaves the process's objects to itself
+WATCH = """
+import atexit, gc, os, time
+from pathlib import Path
+import psutil
+from nanogpt.frontend import tune_sweeper
+from nanogpt.frontend.launchers import parallel
+
+LOG = Path(os.environ["WATCH_LOG"])
+def note(line):
+    with LOG.open("a") as f:
+        f.write(line + chr(10))
+
+start, probe = parallel._Pool.start, tune_sweeper.Search._probe
+launch = parallel.ParallelLauncher.launch
+def servers(pool):
+    # each slot's fork server is its child running multiprocessing's forkserver: up before a
+    # point runs only if the slot started it (a point starts it otherwise)
+    deadline = time.time() + 60
+    while True:
+        up = [any("forkserver" in " ".join(c.cmdline()) for c in psutil.Process(w.pid).children())
+              for w in pool.workers]
+        if all(up) or time.time() > deadline:
+            return sum(up)
+        time.sleep(0.05)
+def started(*args, **kwargs):
+    note("slots start")
+    return start(*args, **kwargs)
+def probed(self, *args, **kwargs):
+    note("compose")
+    return probe(self, *args, **kwargs)
+def launched(self, jobs, first):
+    pool = self.pool
+    note(f"launch: pool {id(pool)}, fork servers {servers(pool)}" if pool else "launch: no pool")
+    return launch(self, jobs, first)
+parallel._Pool.start = staticmethod(started)
+tune_sweeper.Search._probe = probed
+parallel.ParallelLauncher.launch = launched
+atexit.register(lambda: note(f"exit: {gc.get_freeze_count()} objects frozen"))
+"""
+
+
+@pytest.mark.slow
+def test_a_two_slot_search_starts_its_slots_and_their_fork_servers_before_its_first_batch(
+    tmp_path,
+):
+    """The slots (and each one's fork server: torch's imports) start as the search begins,
+    while it builds its study and composes its first batch, not at its first launch; every
+    launch keeps them; and the process's exit does not walk what it made (gc.freeze, left to
+    the exit: the last thing a user waits for)."""
+    sweep_dir, log = tmp_path / "sweep", tmp_path / "watch.log"
+    proc = run_patched(
+        f"exec({WATCH!r})",
+        *two_slot_search(sweep_dir),
+        cwd=tmp_path,
+        env={"WATCH_LOG": str(log)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = log.read_text().splitlines()
+    assert lines[:2] == ["slots start", "compose"], lines
+    assert lines.count("slots start") == 1, lines  # started once: no launch starts its own
+    launches = [line for line in lines if line.startswith("launch")]
+    assert len(launches) >= 2 and len(set(launches)) == 1, launches  # one pool throughout
+    assert launches[0].endswith("fork servers 2"), launches  # warm before any point ran
+    exit_line = lines[-1]  # the watch's exit handler, registered before nanogpt.run's
+    assert exit_line.startswith("exit: ") and int(exit_line.split()[1]) > 0, lines

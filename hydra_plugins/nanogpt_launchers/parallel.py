@@ -51,3 +51,8 @@ class ParallelLauncher(Launcher):
 
     def launch(self, job_overrides, initial_job_idx):
         return self.body.launch(job_overrides, initial_job_idx)
+
+    def start_slots(self, jobs: int) -> None:
+        """The slots of a first launch of `jobs` points, started before it (the search calls
+        it while it makes its first batch)."""
+        self.body.start_slots(jobs)

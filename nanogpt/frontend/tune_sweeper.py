@@ -141,6 +141,8 @@ class Search:
         self.prices = {"usd_per_hour": cfg.cost.usd_per_hour, "usd_per_kwh": cfg.cost.usd_per_kwh}
         objectives.check(names, self.prices, ttl_checks.target_of(cfg.bench))  # one line, first
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        if hasattr(self.launcher, "start_slots"):  # hydra/launcher=parallel: its slots start
+            self.launcher.start_slots(self.batch)  # while the study and first batch are made
         OmegaConf.save(cfg, self.sweep_dir / "multirun.yaml")
         self.jobs = jobs.JobNumbers(self.sweep_dir)
         # The memory of the device the points run on: unknown when a cluster's launcher runs

@@ -1,10 +1,11 @@
 """Isolated points without paying for a fresh interpreter each: a fork server.
 
-The first isolated point of a sweep starts multiprocessing's fork server, which imports torch,
-torch._dynamo and the worker once (runner/forkserver_preload.py) and then forks one clean child
-per point. A forked child has all of isolation's guarantees: it never ran a point before (the
-server only imported), so its allocator, peaks, compiled graphs and W&B state start clean, and a
-crash or kill -9 costs one point. What it saves is the interpreter start and torch's imports,
+The first isolated point of a sweep starts multiprocessing's fork server (a parallel
+launcher's slot starts its own as the slot starts: `warm`), which imports torch, torch._dynamo
+and the worker once (runner/forkserver_preload.py) and then forks one clean child per point. A
+forked child has all of isolation's guarantees: it never ran a point before (the server only
+imported), so its allocator, peaks, compiled graphs and W&B state start clean, and a crash or
+kill -9 costs one point. What it saves is the interpreter start and torch's imports,
 seconds a point (benchmarks/point_isolation.py).
 
 Every child first runs the sweep's main module again, as `__mp_main__`: multiprocessing does
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -77,6 +79,16 @@ def _forked_main(folder: str, task: str, env: dict) -> None:
     from nanogpt.runner.worker import forked_main
 
     forked_main(folder, task, env)
+
+
+def warm(logs_to_wandb: bool = False) -> None:
+    """Start the server now, before the first point asks for it: its preload (torch, the
+    worker: seconds) runs beside what this process does meanwhile. A parallel launcher's slot
+    calls it as it starts, while the sweep composes its first points. The server inherits this
+    process's environment and affinity as they are now, so the caller has set them."""
+    if _fork_safe:
+        _server(logs_to_wandb)
+        multiprocessing.forkserver.ensure_running()  # spawns it and returns; it preloads alone
 
 
 def _server(logs_to_wandb: bool = False) -> multiprocessing.context.BaseContext:

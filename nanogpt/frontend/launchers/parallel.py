@@ -24,13 +24,17 @@ The launcher knows no rounds: a job is one run of a point, and the sweeper
 (nanogpt/frontend/grid_sweeper.py)
 hands it one round per launch, so the points' runs alternate here as under any launcher. The
 slots (and their fork servers) are kept from one launch to the next, waiting for work, and end
-with the sweep's process (or at once when it is gone, or after a Ctrl-C).
+with the sweep's process (or at once when it is gone, or after a Ctrl-C). A slot starts its
+fork server as it starts, before its first point; a sweeper that knows its first launch's size
+early (the search) starts the slots with `start_slots` while it composes that launch's points,
+so their start (an interpreter, torch's imports: seconds) is not added to the sweep's.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import logging
 import multiprocessing
@@ -62,7 +66,7 @@ from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.presets import expose_checkout_plugins
 from nanogpt.hardware.slots import check_counts, enter, gpus_for, host_cores, plan
 from nanogpt.record.faults import CONFIG_EXIT, Stopped, handle_sigterm
-from nanogpt.runner import placement
+from nanogpt.runner import forkserver, placement
 from nanogpt.runner.job import Outcome
 
 log = logging.getLogger(__name__)
@@ -86,6 +90,29 @@ class ParallelLauncher(Launcher):
     def setup(self, *, hydra_context, task_function, config) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
+    def start_slots(self, jobs: int) -> None:
+        """Start now the slots that a first launch of `jobs` points on the sweep's own device
+        will be planned: a sweeper that knows that size before it can launch (the search builds
+        its study and composes and estimates its first batch first) has the slots and their
+        fork servers start meanwhile, not after (seconds each: an interpreter, torch's imports).
+        The launch keeps them where it plans the same slots, else starts its own, as ever; a
+        plan this machine refuses is the launch's to say, in its one line."""
+        setup_globals()
+        device = OmegaConf.select(self.config, POINT_KEYS[0])
+        gpus = gpus_for([str(device or "cpu")]) if self.use_gpus else []
+        try:
+            slots = plan(jobs, host_cores(), gpus, self.slots, self.cores_per_slot)
+        except ConfigError:
+            return
+        notes = self._notes()
+        try:
+            with _held():  # as in _run: the slots start whole, a signal meanwhile raised after
+                self.close()
+                self.pool = _Pool.start(slots, notes, self._sweep())
+        except KeyboardInterrupt as signalled:  # no point starts; the sweeper stops
+            self._stop(signalled, self.pool.workers, self.pool.stop)
+            raise
+
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -95,10 +122,7 @@ class ParallelLauncher(Launcher):
             slots = plan(len(job_overrides), host_cores(), gpus, self.slots, self.cores_per_slot)
         except ConfigError as err:
             _refuse(err)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        notes = sweep_dir / ".parallel"  # when each point ran (placement.Beside)
-        notes.mkdir(exist_ok=True)
+        notes = self._notes()
         for old in notes.glob("*.json"):  # from an earlier run of this sweep dir
             old.unlink()
         numbers = range(initial_job_idx, initial_job_idx + len(job_overrides))
@@ -108,6 +132,12 @@ class ParallelLauncher(Launcher):
         work = list(zip(numbers, job_overrides, strict=True))
         sys.stdout.flush()
         return self._run(slots, work, notes)
+
+    def _notes(self) -> Path:
+        """The sweep's folder of when each point ran (placement.Beside), made."""
+        notes = Path(str(self.config.hydra.sweep.dir)) / ".parallel"
+        notes.mkdir(parents=True, exist_ok=True)
+        return notes
 
     def _values(self, job_overrides: Sequence[Sequence[str]]) -> list:
         """Each job's device: the sweep's own (its master config), unless the job's overrides
@@ -288,6 +318,8 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
         setup_globals()
         enter(slot)
         os.environ[placement.CORUN_ENV] = str(notes)
+        if _forks(master):  # pinned and in its environment: the server starts while we wait
+            forkserver.warm(str(OmegaConf.select(master, "logger.backend")) == "wandb")
         parent = os.getppid()
         while not stop.is_set() and (item := _next(todo, parent)) is not None:
             number, overrides = item
@@ -312,6 +344,22 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
         pass
     done.close()
     done.join_thread()
+    # The sweep's process waits for this one to end (close): what it imported is left to the
+    # exit, not walked by the interpreter's last collections first (tenths of a second)
+    gc.freeze()
+
+
+def _forks(master) -> bool:
+    """Whether the sweep's points measure in children of the slot's fork server, as
+    runner/job.py decides for each (bench.isolate, one rank), with no hydra.job.env_set: a
+    server the first job starts inherits that job's environment, one started before any job
+    would not. A point that does otherwise starts or skips the server itself, as ever."""
+    try:
+        isolated = bool(OmegaConf.select(master, "bench.isolate"))
+        one_rank = int(OmegaConf.select(master, "dist.nproc") or 1) == 1
+        return isolated and one_rank and not OmegaConf.select(master, "hydra.job.env_set")
+    except Exception:  # noqa: BLE001 - a key that needs a point's composition: not decided here
+        return False
 
 
 def _next(todo, parent: int):
