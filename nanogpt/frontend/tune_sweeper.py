@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nanogpt.analysis import store
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend import tune_space as space
+from nanogpt.frontend.callback import compose_point
 from nanogpt.frontend.compose import to_spec
 from nanogpt.frontend.grid_sweeper import Point, run_rounds
 from nanogpt.frontend.presets import runs_here
@@ -93,6 +94,7 @@ class Search:
         self.doing = "the search's start"  # what a Ctrl-C interrupts, for its line
         self.batch = 1  # candidates a probe batch asks before telling: the launcher's slots
         self.composed_runs: dict[tuple, int] = {}  # overrides -> runs (bench.repeats), composed
+        self.composer: tuple | None = None  # (the config, callback.compose_point of it)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -284,7 +286,7 @@ class Search:
     def _spec(self, overrides: list[str]):
         """A candidate's spec, validated for where it will run: a search submitted to a cluster
         from a login node asks none of that node's devices (presets.runs_here)."""
-        loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        loaded = self._compose(overrides)
         self.composed_runs[tuple(overrides)] = _runs_of(loaded)  # its launch composes no more
         with open_dict(loaded):
             del loaded["hydra"]
@@ -347,9 +349,17 @@ class Search:
     def _runs(self, overrides: list[str]) -> int:
         """A candidate's runs: its bench.repeats, composed (once: `_spec` keeps a probe's)."""
         if tuple(overrides) not in self.composed_runs:
-            loaded = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-            self.composed_runs[tuple(overrides)] = _runs_of(loaded)
+            self.composed_runs[tuple(overrides)] = _runs_of(self._compose(overrides))
         return self.composed_runs[tuple(overrides)]
+
+    def _compose(self, overrides: list[str]) -> DictConfig:
+        """A candidate's config as its job's will be composed (callback.compose_point: the
+        config groups composed once for the candidates that choose the same, each one's values
+        set on a copy as Hydra sets them): 20 ms a candidate against Hydra's 100, serial
+        between two batches on the 2-core machine."""
+        if self.composer is None or self.composer[0] is not self.config:
+            self.composer = (self.config, compose_point(self.config))
+        return self.composer[1](overrides)
 
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
