@@ -22,6 +22,7 @@ to then) and the job returns that status; the sweep then stops after building it
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -138,9 +139,25 @@ def _measure_once(handoff: Handoff) -> Record:
             return _measure_in_child(handoff)
         from nanogpt.runner.worker import measure_point  # in this process: torch, now
 
-        return measure_point(handoff)
+        record = measure_point(handoff)
+        _freeze_what_outlives_a_run()
+        return record
     except KeyboardInterrupt:  # Ctrl-C outside the measured loop, which records it itself
         return _failure(handoff, "interrupted", "KeyboardInterrupt: before any figures")
+
+
+def _freeze_what_outlives_a_run() -> None:
+    """Once a process, after its first run measured here: the run's memory was collected as it
+    ended (probes/memory.release), so what is left is the process's own (torch's modules and
+    what they made, torch._dynamo's among them, Hydra's, the sweep's). gc.freeze() moves that
+    out of the collector's sight, so each later collection (one as every run ends, and the
+    collector's own full passes) walks only what the runs make: over torch's objects one took
+    0.2 s a run on 2 CPU cores, about a quarter of a micro run's measuring (a 6-point sweep:
+    4.9 CPU-s against 5.6). The fork server does the same before it forks
+    (runner/forkserver_preload.py). A frozen object is still freed when its last reference
+    goes; only a cycle of them that becomes garbage later is kept (a first job's own config)."""
+    if not gc.get_freeze_count():  # nothing frozen yet in this process
+        gc.freeze()
 
 
 def _measure_in_child(handoff: Handoff) -> Record:
