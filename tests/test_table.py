@@ -193,7 +193,13 @@ def test_a_part_says_where_its_fields_are_shown(monkeypatch):
 
     places = {f.name: f.metadata[HEADLINE] for _, _, f in flat_fields() if HEADLINE in f.metadata}
     assert [c for c in tidy.HEADLINE if c in places] == sorted(places, key=places.__getitem__)
-    assert [c for c in tidy.HEADLINE if c not in places] == list(tidy.TABLE_PLACES)
+    # the figures that compare points: each scenario's (its part's COMPARED), the table's own
+    from nanogpt.scenarios import base as scenarios
+
+    compared = {n: p for s in scenarios.ALL for n, p in s.part.COMPARED.items()}
+    assert "speedup" in compared and "ttl_verdict" in compared
+    own = {**compared, **tidy.TABLE_PLACES}
+    assert [c for c in tidy.HEADLINE if c not in places] == sorted(own, key=own.__getitem__)
     median = next(f for f in fields(Timing) if f.name == "step_ms_median")
     assert median.metadata[SHOWN][1:] == ("step_ms", "number")
     assert display.SHOWN[1][:2] == ("step_ms_median", "step_ms")  # the second place, the label

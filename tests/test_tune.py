@@ -35,6 +35,7 @@ from nanogpt.frontend.compose import to_spec
 from nanogpt.frontend.presets import CONF_DIR
 from nanogpt.frontend.tune_sweeper import Search
 from nanogpt.publish import tune_answer as answer
+from nanogpt.scenarios import base
 from nanogpt.scenarios.time_to_loss import guard as ttl_guard
 from nanogpt.scenarios.time_to_loss import pool as ttl
 from nanogpt.tune import fit, jobs, ladder, objectives, quality
@@ -268,8 +269,13 @@ def test_objectives_read_the_record_and_name_what_they_need():
     assert objectives.directions()["time_to_loss"] == "minimize"
     missed = {**reached, "time_to_loss_s": None, "ttl_note": "3 of 5 reached"}
     assert objectives.value(missed, "time_to_loss") is None  # infeasible, never a time
-    assert objectives.needs("time_to_loss", None, None, target=2.5) is None
+    # time_to_loss needs the search's runs to be its scenario's (a target set)
+    assert objectives.needs("time_to_loss", None, None, searched=base.TIME_TO_LOSS) is None
     assert objectives.needs("time_to_loss", None, None).startswith("bench.target_loss:")
+    with pytest.raises(ConfigError, match="tune.objective: time_to_loss cannot be computed"):
+        objectives.check(
+            ["time_to_loss"], {"usd_per_hour": 1.0, "usd_per_kwh": None}, base.THROUGHPUT
+        )
 
 
 def test_quality_verdict_uses_the_baselines_spread_as_the_floor():
@@ -297,25 +303,50 @@ def _kept(runs: list) -> dict:
     return jobs.kept(record, Path("job"), ["time_to_loss"], {})
 
 
+def _config(*overrides: str):
+    """A composed config as the search holds it (its sections read as attributes)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=with_micro(overrides))
+
+
 def test_with_a_target_the_quality_guard_is_time_to_loss_against_the_baselines_runs():
-    """The guard where bench.target_loss is set: a finalist whose runs did not all reach, or
-    that the baseline's runs beat to the target at p < alpha, is flagged; as fast or faster is
-    not. The short loss comparison is not run (its seeds and steps are absent)."""
-    base = [20.3, 19.6, 20.9, 19.9, 20.5]
+    """The guard where bench.target_loss is set, as the search asks it (the scenario of its
+    composed config, its guard face): the baseline measured to the target with the finalists'
+    runs, unless a finalist is the baseline; a finalist whose runs did not all reach, or that
+    the baseline's runs beat to the target at p < report.ttl_alpha, is flagged; as fast or
+    faster is not. The short loss comparison is not run (its seeds and steps are absent)."""
+    config = _config("bench.target_loss=2.5", "report.ttl_alpha=0.02")
+    scenario = base.of_spec(config)  # the search's (frontend/tune_sweeper.py)
+    assert scenario is base.TIME_TO_LOSS and base.of_spec(_config()) is base.THROUGHPUT
+    runs = [20.3, 19.6, 20.9, 19.9, 20.5]
     finalists = {
-        "same": base[::-1],
-        "faster": [0.8 * t for t in base],
-        "slower": [1.2 * t for t in base],
+        "same": runs[::-1],
+        "faster": [0.8 * t for t in runs],
+        "slower": [1.2 * t for t in runs],
         "missed": [20.0, None, 19.0, None, 21.0],
     }
     entries = [
-        ladder.Entry(key=k, overrides=[k], rung="repeats", record=_kept(runs))
-        for k, runs in finalists.items()
+        ladder.Entry(key=k, overrides=[k], rung="repeats", record=_kept(times))
+        for k, times in finalists.items()
     ]
-    guard = ttl_guard.to_target(_kept(base), entries, alpha=0.01, target=2.5)
+    launched = []
+
+    def launch(work: list) -> list[dict]:
+        """The launcher's side: each point's record as the search keeps it."""
+        launched.extend(work)
+        return [_kept(runs) for _ in work]
+
+    guard = scenario.guard.quality(entries, base.Searching(config, {}, ["lr=1"], 5, launch))
+    assert launched == [(["lr=1", "bench.repeats=5"], "quality baseline")]  # as often
     assert guard["checked"] and "seeds" not in guard
+    assert (guard["target_loss"], guard["alpha"]) == (2.5, 0.02)  # the search's config's
     flagged = {key: v["flagged"] for key, v in guard["verdicts"].items()}
     assert flagged == {"same": False, "faster": False, "slower": True, "missed": True}
+    launched.clear()  # a finalist that is the baseline: its own record, nothing launched
+    own = scenario.guard.quality(entries, base.Searching(config, {}, ["slower"], 5, launch))
+    flagged = {key: v["flagged"] for key, v in own["verdicts"].items()}
+    assert not launched  # and the slower finalist, now the baseline, beats none of the others
+    assert flagged == {"same": False, "faster": False, "slower": False, "missed": True}
     assert guard["verdicts"]["slower"]["p_value"] < 0.01
     assert "3 of 5 reached" in guard["verdicts"]["missed"]["note"]
     unreached = ttl_guard.to_target(_kept([None, None]), entries, alpha=0.01, target=2.5)
@@ -324,6 +355,23 @@ def test_with_a_target_the_quality_guard_is_time_to_loss_against_the_baselines_r
     assert "FLAGGED" in text and "baseline sooner p=" in text
     # the answer's interval is the time to loss's (a target run has no tokens/s)
     assert "| time to loss [" in text and "tokens/s" not in text
+
+
+def test_the_answers_interval_is_the_points_scenarios():
+    """tune.md's 95 % interval: each scenario's guard says its own from the record the search
+    keeps (tune/jobs.kept), and only its own."""
+    throughput = jobs.kept(
+        {"status": "ok", "tokens_per_s_ci_low": 990.2, "tokens_per_s_ci_high": 1010.4},
+        Path("job"),
+        ["tokens_per_s"],
+        {},
+    )
+    target = _kept([7.0, 8.4, 7.5])
+    assert base.THROUGHPUT.guard.interval(throughput) == "tokens/s [990, 1,010]"
+    assert base.TIME_TO_LOSS.guard.interval(throughput) is None
+    assert base.THROUGHPUT.guard.interval(target) is None
+    assert base.TIME_TO_LOSS.guard.interval(target).startswith("time to loss [")
+    assert base.TIME_TO_LOSS.guard.interval(_kept([7.0, None, 7.5])) is None  # not all reached
 
 
 def _answer_of(guard: dict, entries: list) -> dict:
@@ -541,6 +589,11 @@ def test_bad_input_is_one_line_before_anything_runs(sweep, tmp_path):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()
     assert len(last) == 1 and "tune.objective" in last[0], proc.stderr
+    # time_to_loss without a target: the search's scenario (of its config) is throughput's
+    proc, _ = sweep(TUNE, "perf.batch_size=choice(1,2)", "tune.objective=[time_to_loss]")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()
+    assert len(last) == 1 and "bench.target_loss: time_to_loss needs" in last[0], proc.stderr
     # A setting outside the space that makes every candidate invalid: said before any trial.
     proc, _ = sweep(TUNE, "perf.batch_size=choice(1,2)", "bench.device=cuda")
     assert proc.returncode != 0

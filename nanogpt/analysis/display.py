@@ -20,7 +20,7 @@ from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.stats import ONE_PROCESS
 from nanogpt.record import flat_fields
 from nanogpt.record.fields import SHOWN as SHOWN_MARK
-from nanogpt.scenarios.time_to_loss import part as ttl_part
+from nanogpt.scenarios import base as scenarios
 
 MIB = 2**20
 
@@ -51,18 +51,18 @@ FORMATS = {"text": str, "number": number, "percent": percent, "mebibytes": mebib
 
 def _shown() -> tuple[tuple, ...]:
     """SHOWN: every field marked with a place in the console's table (record/fields.py, SHOWN:
-    `marked(shown=(20, "step_ms", "number"))` on Timing.step_ms_median), and time to a target
-    loss's comparison after its part's fields (scenarios/time_to_loss/part.py), by place."""
-    places = {
-        92 + i: (name, header, number if numeric else str)
-        for i, (name, header, numeric) in enumerate(ttl_part.COMPARED_SHOWN)
-    }
-    for name, _, f in flat_fields():
-        if SHOWN_MARK in f.metadata:
-            place, header, fmt = f.metadata[SHOWN_MARK]
-            if place in places:
-                raise ValueError(f"console place {place} taken by {places[place][0]} and {name}")
-            places[place] = (name, header, FORMATS[fmt])
+    `marked(shown=(20, "step_ms", "number"))` on Timing.step_ms_median), and every scenario's
+    comparison columns that it shows (its part's COMPARED_SHOWN: time to loss's p-value and
+    verdict), by place."""
+    fields = [
+        (name, f.metadata[SHOWN_MARK]) for name, _, f in flat_fields() if SHOWN_MARK in f.metadata
+    ]
+    compared = [(n, m) for s in scenarios.ALL for n, m in s.part.COMPARED_SHOWN.items()]
+    places: dict[int, tuple] = {}
+    for name, (place, header, fmt) in fields + compared:
+        if place in places:
+            raise ValueError(f"console place {place} taken by {places[place][0]} and {name}")
+        places[place] = (name, header, FORMATS[fmt])
     return tuple(places[p] for p in sorted(places))
 
 

@@ -34,7 +34,7 @@ from nanogpt.record.fields import CONFIG
 from nanogpt.record.fields import HEADLINE as PLACE
 from nanogpt.record.files import write_atomic
 from nanogpt.record.swept import split_overrides, swept_keys
-from nanogpt.scenarios.time_to_loss import part as ttl_part
+from nanogpt.scenarios import base as scenarios
 
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PARQUET = "summary.parquet"
@@ -46,15 +46,10 @@ SUMMARY_MD = "summary.md"
 # stored name): the figures that answer "which point, how fast, how sure, does it fit, why",
 # then what identifies the point. Every other field is in summary.parquet and result.json.
 # A record field says its own place (record/fields.py, HEADLINE: `marked(headline=30)` on
-# Timing.step_ms_median); the table's own figures, which compare points and are no record's
-# field, have theirs here, among them.
+# Timing.step_ms_median), a scenario's comparison its columns' (its part's COMPARED: throughput's
+# speedups at 50-53, time to loss's ratio, p-value and verdict at 64-66); the table's own other
+# figures, which compare points and are no record's field, have theirs here, among them.
 TABLE_PLACES = {
-    "speedup": 50,
-    "speedup_ci_low": 51,
-    "speedup_ci_high": 52,
-    "speedup_verdict": 53,
-    # a target loss's comparison, after its part's figures (scenarios/time_to_loss/part.py)
-    **{name: 64 + i for i, name in enumerate(ttl_part.COMPARED)},
     "compile_breakeven_steps": 70,
     "compile_verdict": 71,
     "usd_per_1m_tokens": 82,
@@ -62,8 +57,11 @@ TABLE_PLACES = {
 
 
 def _headline() -> tuple[str, ...]:
-    """HEADLINE: every field marked with a headline place, and TABLE_PLACES, by place."""
+    """HEADLINE: every field marked with a headline place, every scenario's comparison columns
+    and TABLE_PLACES, by place."""
     places = dict(TABLE_PLACES)
+    for scenario in scenarios.ALL:
+        places.update(scenario.part.COMPARED)
     for name, _, f in flat_fields():
         if PLACE in f.metadata:
             places[name] = f.metadata[PLACE]

@@ -42,11 +42,12 @@ from nanogpt.frontend.presets import expand
 from nanogpt.publish.sweep_outputs import publish, settings_of
 from nanogpt.record.faults import CONFIG_EXIT, handle_sigterm, interrupted_exit
 from nanogpt.runner.job import Outcome
+from nanogpt.scenarios import base as scenarios
 
 KEPT, DONE = "skipped", ("ok", "skipped")
-# What the sweeper reads of each point to give it its runs: bench.repeats (its default follows
-# bench.target_loss: 5 runs with a target, 1 without)
-RUN_KEYS = ("bench.repeats", "bench.target_loss")
+# What the sweeper reads of each point to give it its runs: bench.repeats, and the keys its
+# default follows, each scenario's (its checks' RUN_KEYS: time to loss's target makes it 5)
+RUN_KEYS = ("bench.repeats", *(key for s in scenarios.ALL for key in s.checks.RUN_KEYS))
 
 
 @dataclass

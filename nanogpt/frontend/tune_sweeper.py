@@ -17,7 +17,9 @@ only); the search itself is here, and its plain logic in nanogpt/tune/ (docs/tun
                 when every leader is a finalist)
   3. repeats    the `finalists` best of those, `repeats` runs each (a job each, the finalists'
                 runs round by round: frontend/grid_sweeper.run_rounds), pooled
-  4. quality    with real data: each finalist's loss against the baseline's (tune/quality.py)
+  4. quality    the guard of the search's scenario (its guard face's `quality`): with real
+                data each finalist's loss against the baseline's (tune/quality.py); with a
+                target its runs' times to loss against the baseline's
   5. answer     best.yaml, tune.md, tune.json and a plot in the sweep dir (publish/tune_answer.py)
 
 Every rung after the probes goes to the launcher as one batch: one `launch` call with all its
@@ -57,9 +59,8 @@ from nanogpt.publish import tune_answer as answer
 from nanogpt.publish.sweep_outputs import publish, settings_of
 from nanogpt.record.faults import CONFIG_EXIT, interrupted_exit
 from nanogpt.record.swept import point_key  # a candidate's identity: its overrides, sorted
-from nanogpt.scenarios.time_to_loss import checks as ttl_checks
-from nanogpt.scenarios.time_to_loss import guard as ttl_guard
-from nanogpt.tune import fit, jobs, ladder, objectives, quality
+from nanogpt.scenarios import base as scenarios
+from nanogpt.tune import fit, jobs, ladder, objectives
 
 log = logging.getLogger(__name__)
 STUDY_FILE = "study.journal"
@@ -141,7 +142,8 @@ class Search:
         self.names = names = [getattr(o, "value", str(o)) for o in cfg.tune.objective]
         self.directions = [objectives.directions()[n] for n in names]
         self.prices = {"usd_per_hour": cfg.cost.usd_per_hour, "usd_per_kwh": cfg.cost.usd_per_kwh}
-        objectives.check(names, self.prices, ttl_checks.target_of(cfg.bench))  # one line, first
+        self.scenario = scenarios.of_spec(cfg)  # what its runs are: time to loss with a target
+        objectives.check(names, self.prices, self.scenario)  # one line, first
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         if hasattr(self.launcher, "start_slots"):  # hydra/launcher=parallel: its slots start
             self.launcher.start_slots(self.batch)  # while the study and first batch are made
@@ -313,10 +315,6 @@ class Search:
             for p, r in zip(candidates, records, strict=True)
         ]
 
-    def _launch(self, overrides: list[str], key: str) -> dict:
-        [record] = self._launch_all([(overrides, key)])
-        return record
-
     def _launch_all(self, work: list[tuple[list[str], str]]) -> list[dict]:
         """Launch (overrides, key) points in one batch, each in the dir its key keeps
         (tune/jobs.py; a key given twice is launched once), their runs round by round; what the
@@ -363,36 +361,18 @@ class Search:
 
     # ----------------------------------------------------------------------------------------
     def _quality(self, finalists: list[ladder.Entry]) -> dict:
-        """Each finalist's loss against the baseline's over the same seeded tokens; with a
-        target, its runs' times to loss against the baseline's, run as often (a finalist's own
-        record where the baseline is one)."""
-        if (target := ttl_checks.target_of(self.config.bench)) is not None:
-            same = [e.record for e in finalists if e.key == point_key(self.baseline)]
-            runs = merged(self.fixed, self.baseline, [f"bench.repeats={self.repeats}"])
-            base = same[0] if same else self._launch(runs, "quality baseline")
-            return ttl_guard.to_target(base, finalists, self.config.report.ttl_alpha, target)
-        kind = getattr(self.config.data.kind, "value", str(self.config.data.kind))
-        steps, window = int(self.quality.get("steps", 30)), int(self.quality.get("window", 5))
-
-        def losses(runs: list[tuple[list[str], int]]) -> list[float | None]:
-            """The baseline's and the finalists' guarded runs, one batch (a key twice: once)."""
-            records = self._launch_all(
-                [
-                    (
-                        merged(self.fixed, params, quality.protocol(steps), [f"bench.seed={seed}"]),
-                        f"quality seed={seed} {point_key(params)}",
-                    )
-                    for params, seed in runs
-                ]
-            )
-            return [
-                quality.final_loss(Path(rec["job_dir"]) / store.STEPS_FILE, window)
-                if rec.get("status") == "ok"
-                else None
-                for rec in records
-            ]
-
-        return quality.check(self.quality, kind, self.baseline, finalists, losses)
+        """The quality guard of the search's scenario (its guard's `quality`): throughput's
+        short seeded loss comparison, or with a target the finalists' runs' times to loss
+        against the baseline's, run as often. Its points go through the launcher as the
+        rungs' do, the search's fixed overrides under each."""
+        search = scenarios.Searching(
+            config=self.config,
+            settings=self.quality,
+            baseline=self.baseline,
+            repeats=self.repeats,
+            launch=lambda work: self._launch_all([(merged(self.fixed, o), k) for o, k in work]),
+        )
+        return self.scenario.guard.quality(finalists, search)
 
     def _summary(self, probes, full, repeated, guard, dims) -> dict:
         """The answer's data (publish/tune_answer.summarize): the rungs, the search, its limits."""

@@ -21,7 +21,7 @@ import yaml
 from nanogpt.analysis.display import number
 from nanogpt.config.errors import ConfigError
 from nanogpt.record.files import write_atomic
-from nanogpt.scenarios.time_to_loss import part as ttl_part
+from nanogpt.scenarios import base as scenarios
 from nanogpt.tune import ladder
 from nanogpt.tune.ladder import pareto_front
 
@@ -122,11 +122,10 @@ def _budget(budget: dict) -> str:
 
 
 def _interval(rec: dict) -> str:
-    """The point's 95 % interval: of its tokens/s, or with a target of its time to loss."""
-    if (ttl := ttl_part.interval(rec)) is not None:  # runs to a target loss (no tokens/s)
-        return f"time to loss [{number(ttl[0])}, {number(ttl[1])}] s"
-    low, high = rec.get("tokens_per_s_ci_low"), rec.get("tokens_per_s_ci_high")
-    return f"tokens/s [{_fmt(low)}, {_fmt(high)}]" if None not in (low, high) else "-"
+    """The point's 95 % interval, as its scenario's guard says it (of its tokens/s, or with a
+    target of its time to loss: a run to one has no tokens/s); "-" without one."""
+    said = (scenario.guard.interval(rec) for scenario in scenarios.ALL)
+    return next((line for line in said if line is not None), "-")
 
 
 def markdown(s: dict) -> str:

@@ -5,12 +5,14 @@ of what it does (the import contract in pyproject.toml names each), and defines 
 protocol below:
 
   checks.py  config     Checks  whether a spec is this scenario's, its own keys checked, a run's
-                                spec (time to loss seeds each run)
-  part.py    record     Part    whether a record is this scenario's, its console line
+                                spec (time to loss seeds each run), the keys a run count follows
+  part.py    record     Part    whether a record is this scenario's, its console line, the
+                                columns its comparison adds to the table (their places)
   pool.py    analysis   Pool    a point's runs pooled, what the point derives from its pooled
                                 parts, its comparison in the sweep's table
   run.py     scenarios  Run     the parts a run measures
-  guard.py   tune       Guard   its search objectives, each with its direction
+  guard.py   tune       Guard   its search objectives, each with its direction, the quality
+                                guard of its finalists, a point's interval in the answer
   plot.py    publish    Plot    its PNGs
 
 `of_spec` and `of_record` are the one place that picks the scenario of a run or a point: time to
@@ -44,6 +46,11 @@ if TYPE_CHECKING:  # types only: this module imports no layer's code
 class Checks(Protocol):
     """checks.py (config layer, no torch)."""
 
+    # The config keys besides bench.repeats that set how many runs a point has (bench.repeats's
+    # default follows them: conf/bench/default.yaml); a grid composes a point that sets one
+    # (frontend/grid_sweeper.py)
+    RUN_KEYS: tuple[str, ...]
+
     def asked(self, spec: RunSpec) -> bool:
         """Whether a run of `spec` is this scenario's."""
 
@@ -60,6 +67,13 @@ class Checks(Protocol):
 @runtime_checkable
 class Part(Protocol):
     """part.py (record layer)."""
+
+    # The columns its comparison (Pool.compare) adds to the sweep's table, no record's fields:
+    # name -> its place in summary.csv's headline (analysis/tidy.py), among the fields' own
+    COMPARED: Mapping[str, int]
+    # Those the console's table shows (analysis/display.py): name -> (place, header, format:
+    # a display.FORMATS name), as a field marks its own (record/fields.py, SHOWN)
+    COMPARED_SHOWN: Mapping[str, tuple[int, str, str]]
 
     def measured(self, record: Record) -> bool:
         """Whether a run's or a point's record is this scenario's."""
@@ -114,9 +128,20 @@ class Guard(Protocol):
         name: str,
         usd_per_hour: float | None,
         usd_per_kwh: float | None,
-        target: float | None,
+        asked: bool,
     ) -> str | None:
-        """Why objective `name` cannot be computed with these settings (the key to set)."""
+        """Why objective `name` cannot be computed with these settings (the key to set);
+        `asked`: whether the search's runs are this scenario's (of_spec of its config)."""
+
+    def quality(self, finalists: list, search: Searching) -> dict:
+        """The quality guard's answer for the search's finalists (entries with .key,
+        .overrides and .record), when the search's runs are this scenario's: whether it
+        checked, why not, each finalist's verdict (flagged or not, and a note: tune.md)."""
+
+    def interval(self, record: Mapping[str, Any]) -> str | None:
+        """A point's 95 % interval as the search's answer says it (publish/tune_answer.py),
+        from the record the search keeps (tune/jobs.kept: RECORD_FIELDS' names); None where
+        the record holds none of this scenario's (a point has one scenario's at most)."""
 
 
 @runtime_checkable
@@ -137,6 +162,22 @@ class Measuring:
     sinks: list
     out_dir: Any
     history: bool
+
+
+@dataclass
+class Searching:
+    """What the search (frontend/tune_sweeper.py) hands its scenario's quality guard: its
+    composed config (read as attributes: data, bench, report), the guard's settings
+    (hydra.sweeper.quality), the baseline's overrides, the runs a finalist was measured with
+    (hydra.sweeper.repeats), and `launch([(overrides, key), ...])`: those points measured in
+    one batch (the search's fixed overrides under each; a key keeps its job dir, a key given
+    twice runs once), each point's record as the search keeps it (tune/jobs.kept), in order."""
+
+    config: Any
+    settings: Mapping[str, Any]
+    baseline: list[str]
+    repeats: int
+    launch: Callable[[list[tuple[list[str], str]]], list[dict]]
 
 
 FACES = {"checks": Checks, "part": Part, "pool": Pool, "run": Run, "guard": Guard, "plot": Plot}
@@ -184,7 +225,9 @@ DEFAULT = THROUGHPUT  # a run no other scenario asks for
 
 
 def of_spec(spec: RunSpec) -> Scenario:
-    """The scenario a run of `spec` is: the first other than DEFAULT that asks for it."""
+    """The scenario a run of `spec` is: the first other than DEFAULT that asks for it. `spec`
+    may be a composed config too (the search's, whose candidates vary): its sections read as
+    attributes alike."""
     return next((s for s in ALL if s is not DEFAULT and s.checks.asked(spec)), DEFAULT)
 
 

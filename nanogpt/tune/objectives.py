@@ -99,16 +99,18 @@ def needs(
     name: str,
     usd_per_hour: float | None,
     usd_per_kwh: float | None,
-    target: float | None = None,
+    searched: scenarios.Scenario = scenarios.DEFAULT,
 ) -> str | None:
-    """Why an objective cannot be computed with these settings (the key to set), or None."""
-    return scenarios.of_objective(name).guard.needs(name, usd_per_hour, usd_per_kwh, target)
+    """Why an objective cannot be computed with these settings (the key to set), or None;
+    `searched`: the scenario the search's runs are (scenarios.of_spec of its config)."""
+    scenario = scenarios.of_objective(name)
+    return scenario.guard.needs(name, usd_per_hour, usd_per_kwh, scenario is searched)
 
 
-def check(names: list[str], prices: dict, target: float | None) -> None:
+def check(names: list[str], prices: dict, searched: scenarios.Scenario) -> None:
     """Every objective computable with these settings, else a ConfigError naming the key."""
     for name in names:
-        why = needs(name, **prices, target=target)
+        why = needs(name, **prices, searched=searched)
         if why:
             raise ConfigError("tune.objective", f"{name} cannot be computed", why)
 

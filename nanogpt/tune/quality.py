@@ -10,7 +10,8 @@ from the baseline's at the same seed by more than the floor is flagged and not r
 With synthetic data (random tokens: nothing to learn) there is no loss to compare: the answer
 says "quality not checked".
 
-Where a target is set (bench.target_loss), the guard is that measurement instead: the time-to-loss
+This is the throughput scenario's guard (scenarios/throughput/guard.py runs its points). Where a
+target is set (bench.target_loss), the guard is that measurement instead: the time-to-loss
 scenario's (scenarios/time_to_loss/guard.py). A short loss comparison would judge what the
 target already does.
 """

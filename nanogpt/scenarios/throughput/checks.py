@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from nanogpt.config.spec import RunSpec
 
+RUN_KEYS: tuple[str, ...] = ()  # a point's runs are bench.repeats' alone
+
 
 def asked(spec: RunSpec) -> bool:
     """Every run can be a throughput run; scenarios/base.of_spec asks it last (DEFAULT)."""

@@ -1,14 +1,22 @@
 """Throughput in the search (hydra/sweeper=tune, docs/tune.md): its objectives, read from a
-point's flat record. Its quality guard is the search's default (tune/quality.py)."""
+point's flat record, and its quality guard: a speed knob that changes training is no win, so
+each finalist's loss after a few seeded steps is held against the baseline's (tune/quality.py)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nanogpt.analysis import derive
+from nanogpt.analysis.store import STEPS_FILE
+from nanogpt.record.swept import point_key
 from nanogpt.tune import objectives
+from nanogpt.tune import quality as short_runs
+
+if TYPE_CHECKING:
+    from nanogpt.scenarios.base import Searching
 
 OBJECTIVES = {  # tune.objective's names (config/choices.Objective) -> direction
     "tokens_per_s": "maximize",
@@ -46,9 +54,44 @@ def value(
 
 
 def needs(
-    name: str, usd_per_hour: float | None, usd_per_kwh: float | None, target: float | None
+    name: str, usd_per_hour: float | None, usd_per_kwh: float | None, asked: bool
 ) -> str | None:
-    del target
+    del asked  # its objectives read any run's record (one to a target has no tokens/s: null)
     if name == "usd_per_1m_tokens" and usd_per_hour is None and usd_per_kwh is None:
         return "cost.usd_per_hour: usd_per_1m_tokens needs the machine's price; set it"
     return None
+
+
+def interval(record: Mapping[str, Any]) -> str | None:
+    """The point's tokens/s interval, where both ends are known."""
+    low, high = record.get("tokens_per_s_ci_low"), record.get("tokens_per_s_ci_high")
+    return None if None in (low, high) else f"tokens/s [{low:,.0f}, {high:,.0f}]"
+
+
+def quality(finalists: list, search: Searching) -> dict:
+    """The baseline trained at every seed of hydra.sweeper.quality, each finalist at the first,
+    `steps` steps each with the short protocol (tune/quality.protocol), all in one batch; a
+    run's loss is the mean of its last `window` steps' (its steps.csv). Synthetic data: none."""
+    settings = search.settings
+    steps, window = int(settings.get("steps", 30)), int(settings.get("window", 5))
+    kind = getattr(search.config.data.kind, "value", str(search.config.data.kind))
+
+    def losses(runs: list[tuple[list[str], int]]) -> list[float | None]:
+        """The baseline's and the finalists' guarded runs, one batch (a key twice: once)."""
+        records = search.launch(
+            [
+                (
+                    [*params, *short_runs.protocol(steps), f"bench.seed={seed}"],
+                    f"quality seed={seed} {point_key(params)}",
+                )
+                for params, seed in runs
+            ]
+        )
+        return [
+            short_runs.final_loss(Path(rec["job_dir"]) / STEPS_FILE, window)
+            if rec.get("status") == "ok"
+            else None
+            for rec in records
+        ]
+
+    return short_runs.check(settings, kind, search.baseline, finalists, losses)

@@ -8,6 +8,10 @@ import dataclasses
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.spec import DataKind, RunSpec
 
+# bench.repeats' default follows the target: 5 runs with one, 1 without (conf/bench/default.yaml,
+# frontend/compose.py's target_repeats resolver)
+RUN_KEYS = ("bench.target_loss",)
+
 
 def check(spec: RunSpec) -> None:
     bench = spec.bench

@@ -11,8 +11,14 @@ test, pool.py, asked the other way round).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
+from nanogpt.record.swept import point_key
 from nanogpt.scenarios.time_to_loss import pool as ttl
+from nanogpt.scenarios.time_to_loss.checks import target_of
+
+if TYPE_CHECKING:
+    from nanogpt.scenarios.base import Searching
 
 NAME = "time_to_loss"  # tune.objective's name (config/choices.Objective)
 # time_to_loss_s, minimised: null unless every run reached the target
@@ -36,15 +42,24 @@ def value(record: dict, name: str, usd_per_hour=None, usd_per_kwh=None) -> float
     return None if out is None or not math.isfinite(out) else float(out)
 
 
-def needs(name: str, usd_per_hour, usd_per_kwh, target: float | None) -> str | None:
+def needs(name: str, usd_per_hour, usd_per_kwh, asked: bool) -> str | None:
     """Why the objective cannot be computed without a target (the key to set), or None."""
     del name, usd_per_hour, usd_per_kwh
-    if target is None:
+    if not asked:  # the search's runs have no target
         return (
             "bench.target_loss: time_to_loss needs a target validation loss; set it "
             "(docs/time_to_loss.md)"
         )
     return None
+
+
+def interval(record: dict) -> str | None:
+    """The point's time-to-loss interval (a run to a target has no tokens/s), where it has
+    one (every run reached)."""
+    from nanogpt.analysis.display import number  # pandas: the answer's process, not a run's
+
+    low, high = record.get("ttl_ci_low"), record.get("ttl_ci_high")
+    return None if low is None else f"time to loss [{number(low)}, {number(high)}] s"
 
 
 def _runs(record: dict) -> list[float]:
@@ -89,3 +104,17 @@ def to_target(baseline: dict, finalists: list, alpha: float, target: float) -> d
         f"flagged at p < {alpha:g}, or when a run did not reach)",
         "verdicts": {e.key: ttl_verdict(baseline, e.record, alpha) for e in finalists},
     }
+
+
+def quality(finalists: list, search: Searching) -> dict:
+    """The guard with a target: the finalists were measured as runs to it, and so is the
+    baseline, with as many runs (a finalist's own record where the baseline is one); each
+    finalist's runs against the baseline's at p < report.ttl_alpha (to_target)."""
+    same = [e.record for e in finalists if e.key == point_key(search.baseline)]
+    if same:
+        base = same[0]
+    else:
+        runs = [*search.baseline, f"bench.repeats={search.repeats}"]
+        [base] = search.launch([(runs, "quality baseline")])
+    config = search.config
+    return to_target(base, finalists, config.report.ttl_alpha, target_of(config.bench))

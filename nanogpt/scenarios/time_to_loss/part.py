@@ -3,9 +3,9 @@ data, and what it cost to find out (run.py fills one run's; pool.py pools a poin
 name carries `ttl_` (or is `time_to_loss_s`), so the group stays together in the flat record.
 docs/time_to_loss.md says what is timed.
 
-Also what the rest of the package asks of the scenario about a record (`measured`, the table's
-columns, the console line, the interval), so that no module outside scenarios/ reads a field
-of it. Import it through nanogpt.record, which imports it first (this module reads
+Also what the rest of the package asks of the scenario about a record (`measured`, the columns
+its comparison adds to the table, the console line), so that no module outside scenarios/ reads
+a field of it. Import it through nanogpt.record, which imports it first (this module reads
 record.fields, whose package imports this part for its Record)."""
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ def measured(record) -> bool:
 
 
 # The table's columns this scenario's comparison adds (pool.add_comparison: a point against the
-# baseline, no field of its part), in order after its part's own (marked on its fields above):
-# summary.csv's headline (analysis/tidy.py) and the console's table (analysis/display.py: name,
-# header, a number or text), shown when a point has a target.
-COMPARED = ("ttl_ratio", "ttl_p_value", "ttl_verdict")
-COMPARED_SHOWN = (("ttl_p_value", "p", True), ("ttl_verdict", "to_target", False))
+# baseline, no field of its part), each at its place after its part's own (marked on its fields
+# above): summary.csv's headline place (analysis/tidy.py), and the console's table (place,
+# header, format: analysis/display.py), shown when a point has a target.
+COMPARED = {"ttl_ratio": 64, "ttl_p_value": 65, "ttl_verdict": 66}
+COMPARED_SHOWN = {"ttl_p_value": (92, "p", "number"), "ttl_verdict": (93, "to_target", "text")}
 
 
 def console_line(result: dict, fmt) -> str:
@@ -67,10 +67,3 @@ def console_line(result: dict, fmt) -> str:
         f"time to loss {result['ttl_target_loss']:g} {fmt('time_to_loss_s', '.2f')} s "
         f"({result.get('ttl_note') or '-'})"
     )
-
-
-def interval(record: dict) -> tuple[float, float] | None:
-    """A point's 95 % interval of its time to loss (a flat record), or None without one."""
-    if record.get("ttl_ci_low") is None:
-        return None
-    return record["ttl_ci_low"], record["ttl_ci_high"]
