@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import io
 import json
 import os
@@ -411,6 +412,18 @@ SLOW_FIXTURES = {
 
 def pytest_configure(config):
     process_guard.register(config)  # make test-fast: an unmarked test may start no process
+
+
+def pytest_collection_finish(session):
+    """What the test process holds once every test module is imported (torch, pandas, Hydra,
+    the modules and their constants) lives until it exits: gc.freeze() moves it out of the
+    collector's sight, as the fork server does (nanogpt/runner/forkserver_preload.py). Each
+    collection after that (memory.release's, after every run a test measures in this process,
+    and the collector's own full passes) walks only what the tests make: over the whole import
+    graph one took about 0.3 s. test_protocol, test_logs, test_record, test_byo_optimizer and
+    test_adafactor together: 33.0 CPU-s against 36.0."""
+    gc.collect()
+    gc.freeze()
 
 
 # The one file of tests marked `alone`: make test runs it by path after the rest, by itself.
