@@ -113,7 +113,7 @@ def test_the_installed_commands_run_a_sweep_with_a_preset_from_any_directory(ins
             "+sweep=grad_accum",
             *micro,
             "bench.isolate=false",
-            "+sweep/accum_split=2x8,1x16",
+            "+sweep/accum_split=16x1,8x2",  # the preset's 2 splits of fewest micro-steps
             "bench.measure_steps=2",
             f"hydra.sweep.dir={sweep_dir}",
         ],
@@ -125,7 +125,7 @@ def test_the_installed_commands_run_a_sweep_with_a_preset_from_any_directory(ins
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [read_result(p) for p in sweep_dir.glob("*/result.json")]
-    assert sorted((r["batch_size"], r["grad_accum"]) for r in records) == [(1, 16), (2, 8)]
+    assert sorted((r["batch_size"], r["grad_accum"]) for r in records) == [(8, 2), (16, 1)]
     assert all(r["status"] == "ok" for r in records)
 
     report = subprocess.run(

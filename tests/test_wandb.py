@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import socket
 import statistics
 import threading
@@ -28,7 +29,7 @@ from nanogpt.publish.wandb_sink import WandbSink, start_run
 from nanogpt.record.summary_keys import summary_key
 from tests.wandb_reader import OfflineRun, read_run, run_file
 
-from .conftest import WANDB, run_without_a_key, with_micro
+from .conftest import WANDB, WANDB_SWEEP, run_without_a_key, with_micro
 
 HISTORY_STEPS = [3, 5, 7]
 WINDOW_KEYS = {"step_ms", "tokens_per_s", "mfu", "loss", "lr", "mem_rss_bytes"}
@@ -309,18 +310,21 @@ def test_the_repeats_of_a_point_are_tied_by_its_id(single):
 
 
 @pytest.mark.slow
-def test_a_point_measured_again_supersedes_its_earlier_runs(tmp_path):
-    """A sweep run again into its dir (bench.rerun=true measures its ok point again): the new
-    point run and the new summary run name the runs they supersede; offline, that is the mark."""
+def test_a_point_measured_again_supersedes_its_earlier_runs(tmp_path, in_process_sweep):
+    """A sweep run again into its dir (bench.rerun=true measures its ok points again): the new
+    point run and the new summary run name the runs they supersede; offline, that is the mark.
+    The first sweep is the session's (WANDB_SWEEP), run again on a copy."""
     sweep_dir = tmp_path / "sweep"
-    overrides = [*WANDB, "logger.mode=offline", "bench.isolate=false"]
+    shutil.copytree(in_process_sweep[1], sweep_dir)  # the shared sweep stays as it was
     ids = {}
     for rerun in ("false", "true"):
-        args = ["-m", *with_micro([*overrides, f"bench.rerun={rerun}"])]
-        proc = run_nanogpt([*args, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
-        assert proc.returncode == 0, proc.stderr
+        if rerun == "true":
+            args = ["-m", *with_micro([*WANDB_SWEEP, "bench.rerun=true"])]
+            proc = run_nanogpt([*args, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+            assert proc.returncode == 0, proc.stderr
         for where in ("0", "."):
             runs = sorted(offline_runs(sweep_dir / where / ("run-1" if where == "0" else "")))
+            assert len(runs) == (1 if rerun == "false" else 2), runs
             ids[where, rerun] = read_run(run_file(runs[-1]))
     for where in ("0", "."):
         first, second = ids[where, "false"], ids[where, "true"]
