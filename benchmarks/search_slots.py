@@ -25,10 +25,27 @@ pair's ratio, and last:
     search slots: wall 2/1 R (goal <= 0.6: met|not met); best 2 slots B2, 1 slot B1:
     |B2 - B1| D (goal <= 0.05: met|not met)
 
+Each search's serial phases are printed too, from the time each line of its output arrived:
+the seconds no slot shares. The ratio needs a quiet machine (two 1-core slots need two free
+cores; a run's share of a core, printed, says whether it had one); the phases say how much of a
+search is serial, before and after a change, on a busy one too:
+
+    phases: first launch A s, first run B s, between launches C s, to the table D s, exit E s;
+    serial S s of W s
+
+A: the process's start to its first launch's line (Python, Hydra, the search's checks, study
+and first batch); B: to the first run's second warmup step (a slot's start, its fork server's
+imports, the run's set-up); C: the search's own work between launches (tell, ask, compose,
+estimate), each from the last run's line to the next launch's; D: the last run's line to the
+table (pooling, the answer, its plot, the table); E: the table to the process's end. S = A + B +
+C + D + E.
+
 Usage: python benchmarks/search_slots.py [--pairs 3] [--rounds 3] [--steps N] [--quick]
-                                        [--wall-only]
+                                        [--wall-only] [--tree DIR]
 --quick: 1 pair, 1 round, the shortest window (a check that it runs end to end, no figure).
 --wall-only: the pairs alone (no grid, no re-measurement), for longer points (--steps N).
+--tree DIR: the searches run another checkout's code (a `git worktree` of an earlier commit):
+its phases against this tree's, the same command.
 The full run takes 5-6 min on the 2-core machine (--quick: 5 min at load 7-8; --wall-only
 --steps 800: 6 min).
 """
@@ -42,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import tune_vs_grid as tvg  # benchmarks/tune_vs_grid.py: the space, model, window and search
@@ -61,10 +79,58 @@ def launcher(slots: int) -> list[str]:
     ]
 
 
+@dataclass
+class Phases:
+    """A search's serial phases, s (the module's docstring says which lines bound each)."""
+
+    first_launch: float
+    first_run: float
+    between: float
+    to_table: float
+    exit: float
+    wall: float
+
+    @classmethod
+    def of(cls, timed: list[tuple[float, str]], wall: float) -> Phases:
+        launches = [t for t, line in timed if line.startswith("parallel: ")]
+        warm = next(t for t, line in timed if line.startswith("warmup step 2/"))
+        ran = [t for t, line in timed if line.startswith("[")]  # a run's line: [STATUS] point: ...
+        table = next(t for t, line in timed if line.startswith("table: "))
+        # between two launches: from the previous launch's last run line to the next launch
+        between = sum(t - max(r for r in ran if r < t) for t in launches[1:])
+        return cls(launches[0], warm - launches[0], between, table - max(ran), wall - table, wall)
+
+    @property
+    def serial(self) -> float:
+        return self.first_launch + self.first_run + self.between + self.to_table + self.exit
+
+    def line(self) -> str:
+        return (
+            f"phases: first launch {self.first_launch:.2f} s, first run {self.first_run:.2f} s, "
+            f"between launches {self.between:.2f} s, to the table {self.to_table:.2f} s, exit "
+            f"{self.exit:.2f} s; serial {self.serial:.1f} s of {self.wall:.1f} s"
+        )
+
+
+def timed_run(command: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, list, float]:
+    """Run `command`: its exit and stderr, each stdout line with when it arrived (s from the
+    start), and its wall time."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True)
+        timed = [(time.perf_counter() - started, line.rstrip("\n")) for line in proc.stdout]
+        proc.wait()
+        wall = time.perf_counter() - started
+        err.seek(0)
+        done = subprocess.CompletedProcess(command, proc.returncode, "", err.read())
+    return done, timed, wall
+
+
 def search(slots: int, steps: int, window: list[str], sweep_dir: Path) -> dict:
     """One search on `slots` slots into sweep_dir: its wall time (s), its launches (the parallel
     launcher prints a line for each), how much of a core its runs had, its pick (the SPACE
-    overrides of best.yaml) and its closing lines (the answer, the points' wall by rung)."""
+    overrides of best.yaml), its closing lines (the answer, the points' wall by rung) and its
+    serial phases."""
     command = [
         sys.executable,
         "-m",
@@ -78,12 +144,10 @@ def search(slots: int, steps: int, window: list[str], sweep_dir: Path) -> dict:
         *launcher(slots),
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    started = time.perf_counter()
-    proc = subprocess.run(command, cwd=sweep_dir.parent, capture_output=True, text=True)
-    wall = time.perf_counter() - started
+    proc, timed, wall = timed_run(command, sweep_dir.parent)
     if proc.returncode != 0:
         sys.exit(f"error: the search on {slots} slot(s) failed:\n{proc.stderr[-2000:]}")
-    lines = proc.stdout.splitlines()
+    lines = [line for _, line in timed]
     chosen = yaml.safe_load((sweep_dir / "best.yaml").read_text())["overrides"]
     # Each run's own CPU time over its measured window: how much of its core a run had. Near 1
     # on a free core; near 0.5 where two slots' runs and other work share the 2 cores, and then
@@ -96,6 +160,7 @@ def search(slots: int, steps: int, window: list[str], sweep_dir: Path) -> dict:
         "launches": sum(line.startswith("parallel: ") for line in lines),
         "pick": [o for o in chosen if o.split("=")[0] in tvg.SPACE],
         "said": [line for line in lines if line.startswith(("best (best.yaml)", "search: points"))],
+        "phases": Phases.of(timed, wall),
     }
 
 
@@ -120,6 +185,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 pair, 1 round, a short window")
     parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here")
     parser.add_argument("--wall-only", action="store_true", help="no grid, no best (faster)")
+    parser.add_argument("--tree", type=Path, default=tvg.REPO, help="the searches' checkout")
     opts = parser.parse_args()
     if opts.quick:
         opts.pairs, opts.rounds, opts.steps = 1, 1, opts.steps or tvg.MIN_STEPS
@@ -127,7 +193,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ["OMP_NUM_THREADS"] = "1"  # as tune_vs_grid: one thread a process
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(tvg.REPO), os.environ.get("PYTHONPATH", "")])
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(opts.tree), os.environ.get("PYTHONPATH", "")])
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start; {work}")
     if opts.steps:
         steps, step_s = opts.steps, 0.05
@@ -137,7 +203,7 @@ def main() -> None:
         print(why)
     window = tvg.protocol(steps, step_s)
 
-    ratios, picks = [], {1: [], 2: []}
+    ratios, picks, serial = [], {1: [], 2: []}, {1: [], 2: []}
     for number in range(opts.pairs):
         walls = {}
         for slots in (2, 1) if number % 2 == 0 else (1, 2):
@@ -149,12 +215,17 @@ def main() -> None:
                 f"{done['launches']} launches, a run had {done['core']:.2f} of a core "
                 f"(median own CPU / measured), chose {' '.join(done['pick'])}"
             )
-            for line in done["said"]:
+            for line in [*done["said"], done["phases"].line()]:
                 print(f"    {line}")
+            serial[slots].append(done["phases"].serial)
         ratios.append(walls[2] / walls[1])
         print(f"pair {number + 1}: 2 slots / 1 slot {ratios[-1]:.2f}")
     wall = statistics.median(ratios)
     verdict = f"goal <= {GOAL_WALL}: {'met' if wall <= GOAL_WALL else 'not met'}"
+    print(
+        f"serial part, median: 2 slots {statistics.median(serial[2]):.1f} s, 1 slot "
+        f"{statistics.median(serial[1]):.1f} s (a search's phases no slot shares)"
+    )
     if opts.wall_only:
         print(f"search slots: wall 2/1 {wall:.2f} ({verdict}); best not measured (--wall-only)")
         return
