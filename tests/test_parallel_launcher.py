@@ -47,6 +47,8 @@ def test_a_count_below_one_is_refused_in_one_line_when_hydra_builds_the_launcher
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
+    import nanogpt.frontend.compose  # noqa: F401 - registers the schema conf/ builds on (base_config)
+
     expose_checkout_plugins()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         for key, value in (("slots", "0"), ("cores_per_slot", "-2")):
