@@ -14,6 +14,7 @@ import pytest
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
 from nanogpt.config.errors import ConfigError
+from nanogpt.frontend import compose as _registers  # noqa: F401 - the schema conf/ composes on (base_config)
 from nanogpt.frontend.presets import CONF_DIR, expose_checkout_plugins
 from nanogpt.hardware.slots import Slot, gpus_for, plan, visible_gpus
 from nanogpt.record.faults import CONFIG_EXIT
@@ -46,8 +47,6 @@ def test_a_count_below_one_is_refused_in_one_line_when_hydra_builds_the_launcher
     # launch-time refusals print the same way: frontend/launchers/parallel.py _refuse.)
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-
-    import nanogpt.frontend.compose  # noqa: F401 - registers the schema conf/ builds on (base_config)
 
     expose_checkout_plugins()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -271,9 +270,12 @@ def test_a_point_stopped_by_sigterm_to_its_slot_stops_the_sweep(tmp_path):
             "the first point never measured",
             timeout=120,
         )
-        (slot,) = [
-            p for p in psutil.Process(proc.pid).children() if "spawn" in " ".join(p.cmdline())
+        # the slot: a child of the sweep's fork server (the sweep's child running
+        # multiprocessing's forkserver), the parent of the measuring point
+        (server,) = [
+            p for p in psutil.Process(proc.pid).children() if "forkserver" in " ".join(p.cmdline())
         ]
+        (slot,) = server.children()
         slot.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

@@ -94,7 +94,9 @@ def test_a_search_on_two_slots_measures_two_candidates_at_once(tmp_path):
     before telling (Optuna's constant liar) and launches them as one batch, so both candidates
     are measured side by side (each record's co_running names the other); the leaders too."""
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli(*two_slot_search(sweep_dir), cwd=tmp_path)
+    # Each run warms up for a second at least: two runs handed out together then overlap even
+    # where one slot's job starts a few tenths later (a busy machine), as a real point's would
+    proc = run_cli(*two_slot_search(sweep_dir, "bench.warmup_s=1"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = json.loads((sweep_dir / "tune_jobs.json").read_text())
     for rung in ("probe", "full"):

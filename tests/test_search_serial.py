@@ -77,7 +77,7 @@ def test_the_estimate_builds_shapes_only_the_same_figure_without_torchs_compiler
 # composes a config here, whether each slot's fork server is up at each launch, and whether the
 # exit leaves the process's objects to itself
 WATCH = """
-import atexit, gc, os, time
+import atexit, gc, os
 from pathlib import Path
 import psutil
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
@@ -90,20 +90,23 @@ def note(line):
         f.write(line + chr(10))
 
 start, probe = parallel._Pool.start, tune_sweeper.Search._probe
-launch = parallel.ParallelLauncher.launch
+launch, start_slots = parallel.ParallelLauncher.launch, parallel.ParallelLauncher.start_slots
 by_hydra = ConfigLoaderImpl.load_sweep_config
-def servers(pool):
-    # each slot's fork server is its child running multiprocessing's forkserver: up before a
-    # point runs only if the slot started it (a point starts it otherwise)
-    deadline = time.time() + 60
-    while True:
-        up = [any("forkserver" in " ".join(c.cmdline()) for c in psutil.Process(w.pid).children())
-              for w in pool.workers]
-        if all(up) or time.time() > deadline:
-            return sum(up)
-        time.sleep(0.05)
-def started(*args, **kwargs):
+def served(pool):
+    # each slot is a child of the sweep's fork server (multiprocessing's forkserver: torch
+    # imported before the search began), and a CPU slot starts no server of its own: its points
+    # are its own forks
+    slots = [psutil.Process(w.pid) for w in pool.workers]
+    return sum(
+        "forkserver" in " ".join(s.parent().cmdline())
+        and not any("forkserver" in " ".join(c.cmdline()) for c in s.children())
+        for s in slots
+    )
+def starting(self, jobs):
     note("slots start")
+    return start_slots(self, jobs)
+def started(*args, **kwargs):
+    note("pool starts")  # in start_slots' thread
     return start(*args, **kwargs)
 def probed(self, *args, **kwargs):
     note("compose")
@@ -112,10 +115,11 @@ def composed(self, master, overrides):
     note("hydra composes")
     return by_hydra(self, master, overrides)
 def launched(self, jobs, first):
-    pool = self.pool
-    note(f"launch: pool {id(pool)}, fork servers {servers(pool)}" if pool else "launch: no pool")
+    pool = self._ready()
+    note(f"launch: pool {id(pool)}, served slots {served(pool)}" if pool else "launch: no pool")
     return launch(self, jobs, first)
 parallel._Pool.start = staticmethod(started)
+parallel.ParallelLauncher.start_slots = starting
 tune_sweeper.Search._probe = probed
 parallel.ParallelLauncher.launch = launched
 ConfigLoaderImpl.load_sweep_config = composed
@@ -124,11 +128,12 @@ atexit.register(lambda: note(f"exit: {gc.get_freeze_count()} objects frozen"))
 
 
 @pytest.mark.slow
-def test_a_two_slot_search_starts_its_slots_and_their_fork_servers_before_its_first_batch(
+def test_a_two_slot_search_starts_its_slots_from_the_fork_server_before_its_first_batch(
     tmp_path,
 ):
-    """The slots (and each one's fork server: torch's imports) start as the search begins,
-    while it builds its study and composes its first batch, not at its first launch; every
+    """The sweep's fork server (torch's imports) and the slots, its children, start as the
+    search begins, while it builds its study and composes its first batch, not at its first
+    launch; a CPU slot's points are its own forks, no server of its own; every
     launch keeps them; Hydra composes the candidates' config groups once, their values set on
     copies (callback.compose_point: 20 ms a candidate, not 100); and the process's exit does
     not walk what it made (gc.freeze, left to the exit: the last thing a user waits for)."""
@@ -144,10 +149,10 @@ def test_a_two_slot_search_starts_its_slots_and_their_fork_servers_before_its_fi
     # Hydra's composition of the groups every candidate shares, for the search's own check
     assert lines.count("hydra composes") == 1, lines
     lines = [line for line in lines if line != "hydra composes"]
-    assert lines[:2] == ["slots start", "compose"], lines
-    assert lines.count("slots start") == 1, lines  # started once: no launch starts its own
+    assert [line for line in lines if line != "pool starts"][:2] == ["slots start", "compose"]
+    assert lines.count("pool starts") == 1, lines  # started once: no launch starts its own
     launches = [line for line in lines if line.startswith("launch")]
     assert len(launches) >= 2 and len(set(launches)) == 1, launches  # one pool throughout
-    assert launches[0].endswith("fork servers 2"), launches  # warm before any point ran
+    assert launches[0].endswith("served slots 2"), launches  # forks of the warm server
     exit_line = lines[-1]  # the watch's exit handler, registered before nanogpt.run's
     assert exit_line.startswith("exit: ") and int(exit_line.split()[1]) > 0, lines

@@ -7,6 +7,7 @@ starts, so that Hydra's scan of its plugins at every start stays cheap (no Optun
 
 from typing import Any
 
+from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 
 
@@ -17,10 +18,15 @@ class TuneSweeper(Sweeper):
         self.settings = settings
 
     def setup(self, *, hydra_context, task_function, config) -> None:
+        # The launcher first: what it starts (the parallel launcher's fork server: torch's
+        # imports) then runs beside the search's own imports (Optuna, torch), not after them
+        launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
         from nanogpt.frontend.tune_sweeper import Search
 
         self.search = Search(**self.settings)
-        self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.search.setup(hydra_context=hydra_context, config=config, launcher=launcher)
 
     def sweep(self, arguments: list[str]) -> Any:
         return self.search.sweep(arguments)

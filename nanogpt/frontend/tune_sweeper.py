@@ -43,8 +43,8 @@ from typing import Any, NoReturn
 
 import optuna
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.plugins import Plugins
-from hydra.types import HydraContext, TaskFunction
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nanogpt.analysis import store
@@ -97,16 +97,14 @@ class Search:
         self.composed_runs: dict[tuple, int] = {}  # overrides -> runs (bench.repeats), composed
         self.composer: tuple | None = None  # (the config, callback.compose_point of it)
 
-    def setup(
-        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
-    ) -> None:
+    def setup(self, *, hydra_context: HydraContext, config: DictConfig, launcher: Launcher) -> None:
+        """Hydra's Sweeper.setup, less the launcher's instantiation: the plugin's face does that
+        before it imports this module (hydra_plugins/nanogpt_tune)."""
         self.hydra_context = hydra_context
         self.config = config
         # hydra/launcher=parallel runs `slots` candidates side by side: a batch of that many
         self.batch = max(1, int(config.hydra.launcher.get("slots") or 1))
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+        self.launcher = launcher
 
     # ----------------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> Any:

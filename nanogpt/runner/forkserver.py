@@ -1,12 +1,18 @@
 """Isolated points without paying for a fresh interpreter each: a fork server.
 
-The first isolated point of a sweep starts multiprocessing's fork server (a parallel
-launcher's slot starts its own as the slot starts: `warm`), which imports torch, torch._dynamo
+The first isolated point of a sweep starts multiprocessing's fork server (the parallel
+launcher starts it as Hydra sets the launcher up: `warm`), which imports torch, torch._dynamo
 and the worker once (runner/forkserver_preload.py) and then forks one clean child per point. A
 forked child has all of isolation's guarantees: it never ran a point before (the server only
 imported), so its allocator, peaks, compiled graphs and W&B state start clean, and a crash or
 kill -9 costs one point. What it saves is the interpreter start and torch's imports,
 seconds a point (benchmarks/point_isolation.py).
+
+The parallel launcher's slots are the server's children too (`slot_context`: the launcher's
+module preloaded as well), and a CPU slot forks its points itself (`fork_here`): it is a child
+of the server that runs no point in-process and touches no CUDA, so its children are as clean,
+and no slot pays a server's imports again. A GPU slot starts a server of its own (`warm`), with
+its device set, as the basic launcher's sweep does.
 
 Every child first runs the sweep's main module again, as `__mp_main__`: multiprocessing does
 that for each child of a fork server (multiprocessing.spawn.prepare), so that what the parent
@@ -26,6 +32,7 @@ benchmark's comparison).
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -40,6 +47,7 @@ from nanogpt.runner.process import FORK_UNSAFE, Outcome, run_child, wait_for
 
 log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.runner.forkserver_preload"]
+SLOT_MODULE = "nanogpt.frontend.launchers.parallel"  # a slot's code, preloaded for the slots
 # Whether the server imports wandb too (a second of a sweep's start): set from the first point
 # that starts it; a later point that logs to W&B where the first did not imports it itself.
 WANDB_ENV = "NANOGPT_FORKSERVER_WANDB"
@@ -76,26 +84,56 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
 def _forked_main(folder: str, task: str, env: dict) -> None:
     """The child's entry: worker.forked_main, named here so that the sweep's process, which
     pickles the target by name, need not import the worker (and torch); the server has."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the server's preload
+    gc.freeze()  # what the child inherited (a slot's compositions too) is never walked here
     from nanogpt.runner.worker import forked_main
 
     forked_main(folder, task, env)
 
 
-def warm(logs_to_wandb: bool = False) -> None:
+def slot_context(logs_to_wandb: bool) -> multiprocessing.context.BaseContext | None:
+    """The context a parallel launcher starts its slots in: children of this process's fork
+    server, which preloads the launcher's module (SLOT_MODULE) with torch, so that a slot starts
+    in milliseconds, torch imported, instead of as a fresh interpreter importing Hydra and torch
+    (seconds of a 2-core machine's start, beside each slot's server doing it again). None where
+    there is no fork server: the launcher spawns its slots then."""
+    if not _fork_safe:
+        return None
+    return _server(logs_to_wandb, [SLOT_MODULE])
+
+
+def fork_here() -> None:
+    """This process forks its points itself, with no server of its own: a parallel launcher's
+    CPU slot, a child of the sweep's fork server that never runs a point in-process and never
+    touches CUDA (its points' Hydra jobs compose, validate and write records, no more). Its
+    children are then as clean as the server's, less a server's start: the seconds of a slot's
+    start that torch's imports took. A child that finds CUDA touched exits FORK_UNSAFE and the
+    slot starts fresh interpreters from then on, as anywhere."""
+    global _context
+    if _fork_safe:
+        _context = multiprocessing.get_context("fork")
+
+
+def warm(logs_to_wandb: bool = False, slots: bool = False) -> None:
     """Start the server now, before the first point asks for it: its preload (torch, the
-    worker: seconds) runs beside what this process does meanwhile. A parallel launcher's slot
-    calls it as it starts, while the sweep composes its first points. The server inherits this
+    worker: seconds) runs beside what this process does meanwhile. A parallel launcher calls it
+    as Hydra sets it up, before the sweeper's own imports, for its slots (`slots`: the
+    launcher's module preloaded too); a GPU slot for its points. The server inherits this
     process's environment and affinity as they are now, so the caller has set them."""
     if _fork_safe:
-        _server(logs_to_wandb)
+        _server(logs_to_wandb, [SLOT_MODULE] if slots else None)
         multiprocessing.forkserver.ensure_running()  # spawns it and returns; it preloads alone
 
 
-def _server(logs_to_wandb: bool = False) -> multiprocessing.context.BaseContext:
+def _server(
+    logs_to_wandb: bool = False, also: list[str] | None = None
+) -> multiprocessing.context.BaseContext:
+    """This process's context for its points: its fork server's (the preload set as it is
+    first asked for; the server starts with its first child), or `fork_here`'s."""
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
+        _context.set_forkserver_preload([*PRELOAD, *(also or [])])
         os.environ[WANDB_ENV] = "1" if logs_to_wandb else "0"
     return _context
 

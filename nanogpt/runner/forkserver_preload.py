@@ -8,6 +8,10 @@ process needs, done once, before any fork.
   (memory.release runs gc.collect after every point) then skip the server's objects instead
   of walking them and writing to their headers, which copies the pages a fork shares.
 
+A parallel launcher's slots are children of this server too (forkserver.slot_context: the
+launcher's module is preloaded with it), and a CPU slot forks its points itself
+(forkserver.fork_here).
+
 The server ignores SIGTERM: a scheduler that signals every process of a job would otherwise end
 the server, and with it (PR_SET_PDEATHSIG) the measuring child before it records the point. The
 child handles SIGTERM itself (faults.handle_sigterm); the server ends when the sweep's process
@@ -36,4 +40,8 @@ if os.environ.get(WANDB_ENV) == "1":  # the first point logs to W&B: the sink's 
 assert not torch.cuda.is_initialized(), "importing must not initialise CUDA before a fork"
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+# Every child starts with SIGINT held, until it can handle it: a point's child first thing
+# (forkserver._forked_main), a parallel launcher's slot once its handlers are set (a Ctrl-C as
+# it starts is then raised where it stops cleanly, not as a traceback from its unpickling)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 gc.freeze()

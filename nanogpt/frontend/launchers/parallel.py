@@ -3,16 +3,25 @@
 A slot is a GPU (the point sees that one device) when the points train on CUDA, else a set of
 cores (affinity and thread count): hardware/slots.py. One process per slot runs Hydra's job for
 one point after another, taken from a shared queue, exactly as the basic launcher runs them
-here: the same job dirs and logs, each point measured in a child forked from the slot's own
-fork server (pinned to the slot with it), the same records. Every record lists the points that
-ran beside it (runner/placement.py) and the table counts them (`beside`).
+here: the same job dirs and logs, each point measured in a child process of its own, pinned to
+the slot, the same records. Every record lists the points that ran beside it
+(runner/placement.py) and the table counts them (`beside`).
 
-The slots are fresh interpreters (multiprocessing's spawn), not forks of this process: the
-sweep's check has asked CUDA here (a device's capability, is_available), and a fork of a
-process that has would fail at its first CUDA call ("Cannot re-initialize CUDA in forked
-subprocess"). What a slot needs goes to it pickled: Hydra's singletons (its config store and
-this run's config), the sweep's config and config loader, the callbacks, where the task
-function lives (by name) and, through the queue, each point's overrides.
+Where the processes come from (runner/forkserver.py):
+- The slots are children of the sweep's fork server, never forks of this process: the sweep's
+  check may have asked CUDA here (a device's capability, is_available), and a fork of a process
+  that has would fail at its first CUDA call ("Cannot re-initialize CUDA in forked
+  subprocess"). The server only imported (torch, and this module): a slot starts in
+  milliseconds with torch imported. The launcher starts the server as Hydra sets it up, so its
+  imports (seconds) run beside the sweeper's own start. Where there is no fork server, the
+  slots are fresh interpreters (multiprocessing's spawn).
+- A CPU slot forks each point itself: it runs no point in-process and touches no CUDA, so its
+  child is as clean as a server's. A GPU slot starts a fork server of its own, pinned and with
+  its device set, and its points are that server's children.
+What a slot needs goes to it pickled: Hydra's singletons (its config store and this run's
+config), the sweep's config and config loader, the callbacks, where the task function lives (by
+name) and, through the queue, each point's overrides. Each slot sends its points' answers back
+on a pipe of its own, whose closing also tells it the sweep's process is gone.
 
 Ctrl-C reaches every process of the terminal's group: each slot records its point
 `interrupted` and stops, no further point starts, and the table of what is done is built as
@@ -21,13 +30,11 @@ alone is passed on to the slots. A slot holds both signals until it can handle t
 it starts stops it before any point). A resumed sweep skips runs with an ok record, as ever.
 
 The launcher knows no rounds: a job is one run of a point, and the sweeper
-(nanogpt/frontend/grid_sweeper.py)
-hands it one round per launch, so the points' runs alternate here as under any launcher. The
-slots (and their fork servers) are kept from one launch to the next, waiting for work, and end
-with the sweep's process (or at once when it is gone, or after a Ctrl-C). A slot starts its
-fork server as it starts, before its first point; a sweeper that knows its first launch's size
-early (the search) starts the slots with `start_slots` while it composes that launch's points,
-so their start (an interpreter, torch's imports: seconds) is not added to the sweep's.
+(nanogpt/frontend/grid_sweeper.py) hands it one round per launch, so the points' runs alternate
+here as under any launcher. The slots are kept from one launch to the next, waiting for work,
+and end with the sweep's process (or at once when it is gone, or after a Ctrl-C). A sweeper
+that knows its first launch's size early (the search) starts the slots with `start_slots`
+while it composes that launch's points (a thread waits for the server meanwhile).
 """
 
 from __future__ import annotations
@@ -38,10 +45,13 @@ import gc
 import importlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
@@ -60,6 +70,7 @@ from hydra.core.utils import (
     setup_globals,
 )
 from hydra.plugins.launcher import Launcher
+from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 from nanogpt.config.errors import ConfigError
@@ -85,16 +96,21 @@ class ParallelLauncher(Launcher):
         self.slots, self.cores_per_slot, self.use_gpus = slots, cores_per_slot, gpus
         self.config = self.hydra_context = self.task_function = None
         self.pool: _Pool | None = None  # the slots, kept from one launch to the next
+        self.starting: _Starting | None = None  # start_slots' slots, while they start
         atexit.register(self.close)  # before multiprocessing's own exit joins them
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        if OmegaConf.select(config, "hydra.mode") == RunMode.MULTIRUN:
+            # The slots are forks of the sweep's fork server: it imports torch (seconds) from
+            # now, beside the sweeper's own start (the search's imports, study, first batch)
+            forkserver.warm(_logs_to_wandb(config), slots=True)
 
     def start_slots(self, jobs: int) -> None:
         """Start now the slots that a first launch of `jobs` points on the sweep's own device
         will be planned: a sweeper that knows that size before it can launch (the search builds
-        its study and composes and estimates its first batch first) has the slots and their
-        fork servers start meanwhile, not after (seconds each: an interpreter, torch's imports).
+        its study and composes and estimates its first batch first) has the sweep's fork server
+        import torch and the slots start meanwhile (a thread waits for the server), not after.
         The launch keeps them where it plans the same slots, else starts its own, as ever; a
         plan this machine refuses is the launch's to say, in its one line."""
         setup_globals()
@@ -104,14 +120,15 @@ class ParallelLauncher(Launcher):
             slots = plan(jobs, host_cores(), gpus, self.slots, self.cores_per_slot)
         except ConfigError:
             return
-        notes = self._notes()
-        try:
-            with _held():  # as in _run: the slots start whole, a signal meanwhile raised after
-                self.close()
-                self.pool = _Pool.start(slots, notes, self._sweep())
-        except KeyboardInterrupt as signalled:  # no point starts; the sweeper stops
-            self._stop(signalled, self.pool.workers, self.pool.stop)
-            raise
+        self.close()
+        self.starting = _Starting(slots, self._notes(), self._sweep())
+
+    def _ready(self) -> _Pool | None:
+        """The slots, once those start_slots began to start have (None: none started)."""
+        if self.starting is not None:
+            starting, self.starting = self.starting, None
+            self.pool = starting.result()
+        return self.pool
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         setup_globals()
@@ -159,9 +176,8 @@ class ParallelLauncher(Launcher):
     def _run(self, slots, work, notes: Path) -> list[JobReturn]:
         handle_sigterm()
         returns: dict[int, JobReturn] = {}
-        received = 0
         interrupted = False
-        pool = self.pool
+        pool = self._ready()
         try:
             with _held():  # the slots start whole; a signal meanwhile is raised after
                 if pool is None or not pool.serves(slots):
@@ -171,25 +187,21 @@ class ParallelLauncher(Launcher):
                     pool.todo.put(item)
         except KeyboardInterrupt as signalled:  # the slots got Ctrl-C too: they run no point
             interrupted = self._stop(signalled, pool.workers, pool.stop)
-        workers, done = pool.workers, pool.done
-        while received < len(work) and any(w.is_alive() for w in workers):
+        workers = pool.workers
+        while len(returns) < len(work) and any(w.is_alive() for w in workers):
             try:
-                number, plain = done.get(timeout=0.5)
-                returns[number] = _job_return(plain)
-                received += 1
-            except queue.Empty:
-                continue
+                for number, plain in pool.answers(timeout=0.5):
+                    returns[number] = _job_return(plain)
             except KeyboardInterrupt as signalled:  # Ctrl-C (the slots got it too) or SIGTERM
                 if interrupted:  # a second one: the slots' points are killed
                     for worker in workers:
                         worker.kill()
                     break
                 interrupted = self._stop(signalled, workers, pool.stop)
-        if interrupted or received < len(work):  # the slots stop (a slot that ended: all)
+        if interrupted or len(returns) < len(work):  # the slots stop (a slot that ended: all)
             self.close()
-            while not done.empty():  # answers sent as the slots stopped
-                number, plain = done.get()
-                returns[number] = _job_return(plain)
+        for number, plain in pool.answers(timeout=0):  # answers sent as the slots stopped
+            returns[number] = _job_return(plain)
         if interrupted and not returns:  # no run returned: the sweeper's Ctrl-C (its table of
             raise KeyboardInterrupt  # what is on disk, one line, 130), as if it had it itself
         return [returns[number] for number, _ in work if number in returns]
@@ -203,6 +215,8 @@ class ParallelLauncher(Launcher):
     def close(self) -> None:
         """The slots end (they wait between launches: a sweeper launches a round at a time, so
         slots and their fork servers start once a sweep); at this process's exit too."""
+        with contextlib.suppress(Exception):  # slots that failed to start: none to close
+            self._ready()
         if self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -221,30 +235,37 @@ class ParallelLauncher(Launcher):
 
 @dataclass
 class _Pool:
-    """The slots' processes and their queues: work in (None: end), answers out."""
+    """The slots' processes, the queue of work they take from (None: end), and each one's link
+    to this process: the slot sends its answers on it, and reads its end closing as this
+    process gone (a kill -9 of it leaves no slot waiting forever)."""
 
     slots: list
     workers: list
     todo: Any
-    done: Any
+    links: list
     stop: Any
+    kept: list  # answers read while the slots were closing, for the launch to take
 
     @classmethod
     def start(cls, slots: list, notes: Path, sweep: tuple) -> _Pool:
-        context = multiprocessing.get_context("spawn")
-        todo, done, stop = context.Queue(), context.Queue(), context.Event()
+        """The slots start as children of the sweep's fork server (torch and this module
+        preloaded, so each starts in milliseconds: forkserver.slot_context), else as fresh
+        interpreters (spawn), never as forks of this process (the module's docstring says why)."""
         hydra, state = sweep
-        workers = [
-            context.Process(
-                target=_slot,
-                args=(slot, todo, done, stop, hydra, state, notes),
-                name=f"slot {number}",
-            )
-            for number, slot in enumerate(slots)
-        ]
+        served = forkserver.slot_context(_logs_to_wandb(state[0]))
+        context = served or multiprocessing.get_context("spawn")
+        todo, stop = context.Queue(), context.Event()
+        links, workers = [], []
+        for number, slot in enumerate(slots):
+            mine, theirs = context.Pipe()
+            args = (slot, todo, theirs, stop, hydra, state, notes, served is not None)
+            workers.append(context.Process(target=_slot, args=args, name=f"slot {number}"))
+            links.append((mine, theirs))
         for worker in workers:
             worker.start()
-        return cls(list(slots), workers, todo, done, stop)
+        for _, theirs in links:
+            theirs.close()  # the slot's end is the slot's alone: its EOF then says it ended
+        return cls(list(slots), workers, todo, [mine for mine, _ in links], stop, [])
 
     def serves(self, slots: list) -> bool:
         """Whether these slots, all alive, can take a launch planned as `slots` (the same
@@ -252,13 +273,60 @@ class _Pool:
         alive = all(w.is_alive() for w in self.workers)
         return alive and self.slots[: len(slots)] == list(slots)
 
+    def answers(self, timeout: float) -> list:
+        """The (number, answer) pairs the slots have sent, waiting up to `timeout` s for one
+        (or for a slot to end: its link's end)."""
+        got, self.kept = self.kept, []
+        for link in multiprocessing.connection.wait(self.links, timeout):
+            try:
+                got.append(link.recv())
+            except EOFError:  # the slot ended
+                self.links.remove(link)
+        return got
+
     def close(self) -> None:
         for _ in self.workers:
             self.todo.put(None)
+        deadline = time.monotonic() + 30
+        while any(w.is_alive() for w in self.workers) and time.monotonic() < deadline:
+            alive = [w.sentinel for w in self.workers if w.is_alive()]
+            multiprocessing.connection.wait([*self.links, *alive], timeout=1.0)
+            self.kept += self.answers(timeout=0)  # what a slot sends as it stops
         for worker in self.workers:
-            worker.join(timeout=30)
             if worker.is_alive():
                 worker.kill()
+            worker.join()
+        self.kept += self.answers(timeout=0)
+
+
+class _Starting(threading.Thread):
+    """start_slots' slots, started beside the sweeper's own work: each slot's start waits for
+    the fork server's preload (seconds: torch), which this thread waits out instead of the
+    sweeper. Signals stay the sweep's main thread's (this one holds them, and a slot spawned
+    from here inherits them held, as from `_held`)."""
+
+    def __init__(self, slots: list, notes: Path, sweep: tuple):
+        super().__init__(name="slots start", daemon=True)
+        self.args, self.pool, self.error = (slots, notes, sweep), None, None
+        self.start()
+
+    def run(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+        try:
+            self.pool = _Pool.start(*self.args)
+        except BaseException as err:  # noqa: BLE001 - raised by result(), in the sweep's thread
+            self.error = err
+
+    def result(self) -> _Pool:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.pool
+
+
+def _logs_to_wandb(config) -> bool:
+    """Whether the sweep's points log to W&B (the fork server then imports wandb too)."""
+    return str(OmegaConf.select(config, "logger.backend")) == "wandb"
 
 
 def _refuse(err: ConfigError) -> None:
@@ -304,9 +372,9 @@ def _task(where: tuple[str, str]):
     return found
 
 
-def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
-    """One slot's process, a fresh interpreter: compose and run points until the queue is
-    empty or the sweep stops."""
+def _slot(slot, todo, link, stop, hydra, sweep, notes: Path, served: bool) -> None:
+    """One slot's process (a child of the sweep's fork server, else a fresh interpreter):
+    compose and run points until the queue is empty or the sweep stops."""
     try:
         handle_sigterm()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
@@ -318,10 +386,11 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
         setup_globals()
         enter(slot)
         os.environ[placement.CORUN_ENV] = str(notes)
-        if _forks(master):  # pinned and in its environment: the server starts while we wait
-            forkserver.warm(str(OmegaConf.select(master, "logger.backend")) == "wandb")
-        parent = os.getppid()
-        while not stop.is_set() and (item := _next(todo, parent)) is not None:
+        if _forks(master) and served and slot.gpu is None:
+            forkserver.fork_here()  # a CPU slot, torch imported: its points are its own forks
+        elif _forks(master):  # pinned and in its environment: the server starts while we wait
+            forkserver.warm(_logs_to_wandb(master))
+        while not stop.is_set() and (item := _next(todo, link)) is not None:
             number, overrides = item
             config = hydra_context.config_loader.load_sweep_config(master, list(overrides))
             with open_dict(config):
@@ -335,15 +404,14 @@ def _slot(slot, todo, done, stop, hydra, sweep, notes: Path) -> None:
                 job_dir_key="hydra.sweep.dir",
                 job_subdir_key="hydra.sweep.subdir",
             )
-            done.put((number, _plain(job_return)))
+            link.send((number, _plain(job_return)))
             completed = job_return.status == JobStatus.COMPLETED
             value = job_return.return_value if completed else None  # the run's Outcome
             if isinstance(value, Outcome) and value.status == "interrupted":  # a signal to
                 stop.set()  # this slot: the sweep stops, no slot starts another point
     except KeyboardInterrupt:  # between points: nothing to record
         pass
-    done.close()
-    done.join_thread()
+    link.close()
     # The sweep's process waits for this one to end (close): what it imported is left to the
     # exit, not walked by the interpreter's last collections first (tenths of a second)
     gc.freeze()
@@ -362,14 +430,15 @@ def _forks(master) -> bool:
         return False
 
 
-def _next(todo, parent: int):
+def _next(todo, link):
     """The slot's next job, waiting between launches; None (end) once the sweep's process is
-    gone (a kill -9 of it leaves no slot waiting forever)."""
+    gone: it never sends on the link, so its end readable means closed (a kill -9 of it
+    leaves no slot waiting forever)."""
     while True:
         try:
             return todo.get(timeout=1.0)
         except queue.Empty:
-            if os.getppid() != parent:
+            if link.poll(0):
                 return None
 
 
