@@ -128,6 +128,26 @@ def test_a_new_search_starts_with_every_value_of_every_choice_once_and_no_repeat
     assert design == space.initial_design(dims, distributions, 4)  # the seed decides it
 
 
+def test_a_search_whose_trials_cover_its_space_probes_every_candidate_once_design_first():
+    """With n_trials the space's size, TPE adds nothing but repeats: told a few candidates, it
+    asks again for the best one (a 1-slot search over 12 candidates probed 6 and spent its
+    asks on repeats, 2026-11-28). The search enqueues every candidate instead, the initial
+    design's first, the rest in a seeded order."""
+    parser = OverridesParser.create()
+    params = {"perf.batch_size": "choice(1,2,4,8)", "perf.attention": "choice(auto,math,manual)"}
+    _, dims, distributions = space.parse(parser, params, [])
+    every = space.every_point(dims, distributions, 0)
+    design = space.initial_design(dims, distributions, 0)
+    points = [tuple(space.values_of(p, dims).values()) for p in every]
+    assert len(points) == len(set(points)) == 12
+    assert every[: len(design)] == design
+    assert (
+        every
+        == space.every_point(dims, distributions, 0)
+        != space.every_point(dims, distributions, 1)
+    )
+
+
 def test_the_estimate_prunes_what_cannot_fit_and_grows_with_the_batch():
     small, big = _spec("perf.batch_size=1"), _spec("perf.batch_size=64")
     assert fit.estimate_bytes(big) > fit.estimate_bytes(small)
@@ -418,6 +438,7 @@ def test_an_infeasible_candidate_is_a_constraint_not_a_failed_search(sweep):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = _study(sweep_dir).get_trials()
+    assert len(trials) == 6  # n_trials covers the space: each candidate asked once, no repeat
     by_params = {(_value(t, "perf.batch_size"), _value(t, "bench.inject_fault")): t for t in trials}
     for fault in ("oom@1000", "oom@1"):
         assert by_params[("64", fault)].constraints == {"fits": 1.0}

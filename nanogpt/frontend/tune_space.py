@@ -21,6 +21,7 @@ dimension from the values it has seen.
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -127,3 +128,24 @@ def initial_design(dims: dict, distributions: dict, seed: int) -> list[dict]:
         rng.shuffle(column)
         columns[key] = column
     return [{key: column[i] for key, column in columns.items()} for i in range(n)]
+
+
+def every_point(dims: dict, distributions: dict, seed: int) -> list[dict]:
+    """Every candidate of a space of choices only, as Optuna params: the initial design's
+    first, then the others in a seeded shuffle. For a search whose n_trials covers the whole
+    space: each candidate probed once, none asked of the sampler (which, told a few, asks
+    again for the best it has seen, and would spend its asks on repeats)."""
+    first = initial_design(dims, distributions, seed)
+    keys = [key for key in dims if dims[key] is not None]
+    options = [_encoded(distributions[key], dims[key]) for key in keys]
+    rest = [dict(zip(keys, point, strict=True)) for point in itertools.product(*options)]
+    rest = [params for params in rest if params not in first]
+    random.Random(seed).shuffle(rest)
+    return [*first, *rest]
+
+
+def _encoded(distribution, values: list) -> list:
+    """A choice's values as Optuna's params hold them (an ordered choice: its positions)."""
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return list(distribution.choices)
+    return list(range(len(values)))

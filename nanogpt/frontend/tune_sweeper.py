@@ -210,12 +210,13 @@ class Search:
 
     def _probe_rung(self, distributions: dict, grid: int | None) -> list[ladder.Entry]:
         study = self._study()
-        if (
-            not study.trials
-        ):  # a new search: first every value of every choice (frontend/tune_space.py)
-            for params in space.initial_design(self.dims, distributions, self.seed):
-                study.enqueue_trial(params)
         wanted = self.n_trials if grid is None else min(self.n_trials, grid)
+        if not study.trials:  # a new search: first every value of every choice; every
+            # candidate when n_trials covers the space (frontend/tune_space.py)
+            whole = grid is not None and wanted == grid
+            design = space.every_point if whole else space.initial_design
+            for params in design(self.dims, distributions, self.seed):
+                study.enqueue_trial(params)
         entries: dict[str, ladder.Entry] = {}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             overrides = [f"{k}={v}" for k, v in values_of(trial.params, self.dims).items()]

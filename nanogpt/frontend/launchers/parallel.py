@@ -125,9 +125,12 @@ class ParallelLauncher(Launcher):
 
     def _ready(self) -> _Pool | None:
         """The slots, once those start_slots began to start have (None: none started)."""
-        if self.starting is not None:
-            starting, self.starting = self.starting, None
-            self.pool = starting.result()
+        if self.starting is not None:  # kept until it answers: a Ctrl-C meanwhile leaves it
+            try:  # to close() at the exit
+                self.pool = self.starting.result()
+            finally:
+                if not self.starting.is_alive():
+                    self.starting = None
         return self.pool
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
@@ -253,16 +256,35 @@ class _Pool:
         interpreters (spawn), never as forks of this process (the module's docstring says why)."""
         hydra, state = sweep
         served = forkserver.slot_context(_logs_to_wandb(state[0]))
-        context = served or multiprocessing.get_context("spawn")
+        if served is not None:
+            try:
+                return cls._start(served, slots, notes, sweep, served=True)
+            except (OSError, EOFError) as exc:  # the server did not start, or died preloading
+                log.warning(
+                    "no fork server for the slots (%s: %s); they start afresh",
+                    type(exc).__name__,
+                    exc,
+                )
+        return cls._start(multiprocessing.get_context("spawn"), slots, notes, sweep, served=False)
+
+    @classmethod
+    def _start(cls, context, slots: list, notes: Path, sweep: tuple, served: bool) -> _Pool:
+        hydra, state = sweep
         todo, stop = context.Queue(), context.Event()
         links, workers = [], []
         for number, slot in enumerate(slots):
             mine, theirs = context.Pipe()
-            args = (slot, todo, theirs, stop, hydra, state, notes, served is not None)
+            args = (slot, todo, theirs, stop, hydra, state, notes, served)
             workers.append(context.Process(target=_slot, args=args, name=f"slot {number}"))
             links.append((mine, theirs))
-        for worker in workers:
-            worker.start()
+        try:
+            for worker in workers:
+                worker.start()
+        except BaseException:
+            for worker in workers:  # those started: no slot is left without its pool
+                if worker.pid is not None:
+                    worker.kill()
+            raise
         for _, theirs in links:
             theirs.close()  # the slot's end is the slot's alone: its EOF then says it ended
         return cls(list(slots), workers, todo, [mine for mine, _ in links], stop, [])
