@@ -74,8 +74,8 @@ def test_the_estimate_builds_shapes_only_the_same_figure_without_torchs_compiler
 
 # The search's process, watched from inside (run_patched: this runs before nanogpt.run): when
 # the launcher's slots start, when the search composes its first candidate, how often Hydra
-# composes a config here, whether each slot's fork server is up at each launch, and whether the
-# exit leaves the process's objects to itself
+# composes a config here, whether each slot is a child of the sweep's fork server at each launch,
+# and whether the exit leaves the process's objects to itself
 WATCH = """
 import atexit, gc, os
 from pathlib import Path

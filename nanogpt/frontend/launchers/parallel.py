@@ -217,7 +217,7 @@ class ParallelLauncher(Launcher):
 
     def close(self) -> None:
         """The slots end (they wait between launches: a sweeper launches a round at a time, so
-        slots and their fork servers start once a sweep); at this process's exit too."""
+        the slots start once a sweep); at this process's exit too."""
         with contextlib.suppress(Exception):  # slots that failed to start: none to close
             self._ready()
         if self.pool is not None:
@@ -440,10 +440,11 @@ def _slot(slot, todo, link, stop, hydra, sweep, notes: Path, served: bool) -> No
 
 
 def _forks(master) -> bool:
-    """Whether the sweep's points measure in children of the slot's fork server, as
-    runner/job.py decides for each (bench.isolate, one rank), with no hydra.job.env_set: a
-    server the first job starts inherits that job's environment, one started before any job
-    would not. A point that does otherwise starts or skips the server itself, as ever."""
+    """Whether the sweep's points measure in forked children (of the slot itself, or of its
+    own fork server), as runner/job.py decides for each (bench.isolate, one rank), with no
+    hydra.job.env_set: a server the first job starts inherits that job's environment, one
+    started before any job would not. A point that does otherwise starts or skips the server
+    itself, as ever."""
     try:
         isolated = bool(OmegaConf.select(master, "bench.isolate"))
         one_rank = int(OmegaConf.select(master, "dist.nproc") or 1) == 1
