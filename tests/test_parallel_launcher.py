@@ -252,6 +252,32 @@ def test_ctrl_c_records_the_running_points_starts_no_other_and_builds_the_table(
 
 @pytest.mark.slow
 @linux_only
+def test_a_kill_9_of_the_sweeps_process_alone_leaves_no_slot_server_or_point_behind(tmp_path):
+    """The slots are children of the sweep's fork server, not of the sweep's process, so its
+    death does not show in their parent; each slot's link to it does. Points of 2, 20 and 3 s
+    on 2 slots: one slot runs the first and third and waits idle, the other the long one, when
+    the sweep's process alone is killed. The idle slot sees its link closed and ends, the busy
+    one ends when its point does (its answer has no one to go to), the server with the last."""
+    sweep_dir = tmp_path / "sweep"
+    timed = ["bench.measure_steps=100000", "bench.time_budget_s=2,20,3"]
+    args = ["-m", PARALLEL, "hydra.launcher.slots=2", *with_micro(timed)]
+    command = [sys.executable, "-m", "nanogpt.run", *args, f"hydra.sweep.dir={sweep_dir}"]
+    with in_terminal(
+        command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ) as proc:
+        wait_until(
+            lambda: (sweep_dir / "2" / "run-1" / "result.json").is_file(),
+            "the third point never ended",
+        )
+        assert not (sweep_dir / "1" / "run-1" / "result.json").exists()  # the long one runs
+        left = psutil.Process(proc.pid).children(recursive=True)
+        interrupt(proc, signal.SIGKILL, group=False, timeout=30)  # the sweep's process alone
+        _, alive = psutil.wait_procs(left, timeout=60)
+    assert not alive, [(p.pid, " ".join(p.cmdline())[-80:]) for p in alive]
+
+
+@pytest.mark.slow
+@linux_only
 def test_a_point_stopped_by_sigterm_to_its_slot_stops_the_sweep(tmp_path):
     """SIGTERM to one slot alone (an OOM killer's or an operator's): its point is recorded
     `interrupted` and no slot starts another point, as after Ctrl-C. (Before, the slot went on

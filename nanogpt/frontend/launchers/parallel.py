@@ -426,7 +426,10 @@ def _slot(slot, todo, link, stop, hydra, sweep, notes: Path, served: bool) -> No
                 job_dir_key="hydra.sweep.dir",
                 job_subdir_key="hydra.sweep.subdir",
             )
-            link.send((number, _plain(job_return)))
+            try:
+                link.send((number, _plain(job_return)))
+            except OSError:  # the sweep's process is gone (its end closed): no one to tell
+                break
             completed = job_return.status == JobStatus.COMPLETED
             value = job_return.return_value if completed else None  # the run's Outcome
             if isinstance(value, Outcome) and value.status == "interrupted":  # a signal to
