@@ -250,6 +250,49 @@ def test_ctrl_c_records_the_running_points_starts_no_other_and_builds_the_table(
     assert not alive  # no slot, fork server or measuring process left behind
 
 
+# GPU slots on this CPU machine: the launcher's plan is given two GPUs (its own module's
+# gpus_for, in the sweep's process only); the points train on the CPU, each slot's
+# CUDA_VISIBLE_DEVICES set all the same
+TWO_GPUS = (
+    "from nanogpt.frontend.launchers import parallel; "
+    "parallel.gpus_for = lambda devices: ['0', '1']"
+)
+
+
+@pytest.mark.slow
+@linux_only
+def test_a_gpu_slot_measures_its_points_in_children_of_a_fork_server_of_its_own(tmp_path):
+    """A GPU slot, a child of the sweep's fork server, must not fork its points itself (its
+    jobs' checks may have asked CUDA, which a fork cannot carry): it starts a server of its own
+    once its device is set, and its points are that server's children. Run with GPU slots faked
+    by the plan, CPU points."""
+    sweep_dir = tmp_path / "sweep"
+    timed = ["bench.measure_steps=100000", "bench.time_budget_s=3", "perf.batch_size=1,2"]
+    args = ["-m", PARALLEL, *with_micro(timed), f"hydra.sweep.dir={sweep_dir}"]
+    code = (
+        f"import runpy, sys; {TWO_GPUS}; "
+        "sys.argv[0] = 'nanogpt.run'; runpy.run_module('nanogpt.run', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", code, *args]
+    with in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        logs = [sweep_dir / "0" / "run-1" / "run.log", sweep_dir / "1" / "run-1" / "run.log"]
+        wait_until(
+            lambda: all(p.is_file() and b"measure step" in p.read_bytes() for p in logs),
+            "the two points never measured",
+        )
+        (server,) = [
+            p for p in psutil.Process(proc.pid).children() if "forkserver" in " ".join(p.cmdline())
+        ]
+        slots = server.children()
+        own = [[c for c in s.children() if "forkserver" in " ".join(c.cmdline())] for s in slots]
+        points = [c for servers in own for server in servers for c in server.children()]
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert len(slots) == 2 and [len(servers) for servers in own] == [1, 1]
+    assert len(points) == 2  # each slot's point, a child of that slot's own server
+    assert sorted(r["gpu_set"] for r in records(sweep_dir).values()) == ["0", "1"]
+
+
 @pytest.mark.slow
 @linux_only
 def test_a_kill_9_of_the_sweeps_process_alone_leaves_no_slot_server_or_point_behind(tmp_path):
