@@ -17,7 +17,9 @@ time is then split four ways, summing to 1 (the arithmetic: probes/step_split.py
   `record_function` ranges (`gpu_user_annotation`) left out. CPU, which has no separate
   device: the self time of aten operators (the time inside each operator's own code, not in
   the operators it calls), less the per-operator floor, which is where a CPU step's arithmetic
-  happens.
+  happens. The core is shared with the rest of the machine, and time another process takes is
+  added to whichever operator or gap was running: each operator's and each gap's least time
+  over the diagnosed steps is kept (step_split._typical_cpu_step), the step undisturbed.
 - communication: CUDA: time in which only communication kernels (NCCL) run, the communication
   compute does not hide; CPU: time inside collective calls (gloo).
 - data: the batch source runs and the device is idle.

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
 
 from torch.autograd import DeviceType
 
@@ -123,19 +125,19 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
         data_us = _length(_minus(data_spans, _merge(compute + comm)))
         count = len(kernels)
     else:
-        ops = [op for op in inside if op.name.startswith(CPU_WORK) or _is_comm(op.name)]
-        ops = [op for op in ops if not any(p.name == DATA_MARK for p in _callers(op))]
-        floor = op_floor_us(ops)
-        for op in ops:
-            # An operator's fixed cost (dispatch, bookkeeping) is host work; collectives are
-            # waited for whole, and a compiled graph's call is one call.
-            whole = _is_comm(op.name) or op.name.startswith(COMPILED_GRAPH)
-            cost = op.self_cpu_time_total - (0.0 if whole else floor)
-            by_kind[_kind(op.name, op.cpu_parent)] += max(0.0, cost)
+        ops_by_step = [_cpu_ops(s) for s in steps]
+        floor = op_floor_us([op for ops in ops_by_step for op in ops])
+        typical = _typical_cpu_step(
+            [_cpu_pieces(s, o, floor) for s, o in zip(steps, ops_by_step, strict=True)]
+        )
+        # The typical step's figures, times the steps, so the shares below read as CUDA's do.
+        for kind, cost in zip(typical.kinds, typical.costs, strict=True):
+            by_kind[kind] += cost * len(steps)
+        wall = typical.wall * len(steps)
         comm_us = by_kind["communication"]
         device_us = sum(by_kind.values()) - comm_us
-        data_us = _length(data_spans)
-        count = sum(1 for op in ops if op.name.startswith("aten::"))
+        data_us = typical.data * len(steps)
+        count = typical.aten * len(steps)
         figures["diag_op_floor_us"] = floor
     total_kind = sum(by_kind.values())
     # The device's clock is mapped onto the host's, so kernels can overhang a step by a hair:
@@ -154,6 +156,92 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
             by_kind[kind] / total_kind if total_kind else None
         )
     return figures
+
+
+def _cpu_ops(step) -> list:
+    """The operators a CPU step counts, in the order they started: aten's, compiled graphs'
+    calls and collectives, less those the batch source ran."""
+    ops = [op for op in _descendants(step) if op.name.startswith(CPU_WORK) or _is_comm(op.name)]
+    ops = [op for op in ops if not any(p.name == DATA_MARK for p in _callers(op))]
+    return sorted(ops, key=lambda op: (op.time_range.start, -op.time_range.end))
+
+
+@dataclass
+class _CpuStep:
+    """One CPU step in pieces. `costs`: each operator's time above the floor (its arithmetic),
+    of the kind in `kinds`; `spans`: the step's wall time cut where its outermost operators
+    start and end (the gaps between them, host time, and their lengths), which add up to the
+    step; `data`: the time the batch source ran; `shape`: what must match for two steps to be
+    compared piece by piece (each operator's name and whether it is outermost)."""
+
+    shape: tuple
+    costs: list[float]
+    kinds: list[str]
+    spans: list[float]
+    data: float
+    aten: float
+
+    @property
+    def wall(self) -> float:
+        return sum(self.spans)
+
+
+def _cpu_pieces(step, ops: list, floor: float) -> _CpuStep:
+    ids = {op.id for op in ops}
+    outermost = [not any(p.id in ids for p in _callers(op)) for op in ops]
+    costs = []
+    for op in ops:
+        # An operator's fixed cost (dispatch, bookkeeping) is host work; collectives are
+        # waited for whole, and a compiled graph's call is one call.
+        whole = _is_comm(op.name) or op.name.startswith(COMPILED_GRAPH)
+        costs.append(max(0.0, op.self_cpu_time_total - (0.0 if whole else floor)))
+    edges = [step.time_range.start]
+    for op, outer in zip(ops, outermost, strict=True):
+        edges += [op.time_range.start, op.time_range.end] if outer else []
+    edges.append(step.time_range.end)
+    data = [
+        (e.time_range.start, e.time_range.end) for e in _descendants(step) if e.name == DATA_MARK
+    ]
+    return _CpuStep(
+        shape=tuple(zip((op.name for op in ops), outermost, strict=True)),
+        costs=costs,
+        kinds=[_kind(op.name, op.cpu_parent) for op in ops],
+        spans=[max(0.0, b - a) for a, b in pairwise(edges)],
+        data=_length(_merge(data)),
+        aten=sum(1 for op in ops if op.name.startswith("aten::")),
+    )
+
+
+def _typical_cpu_step(steps: list[_CpuStep]) -> _CpuStep:
+    """The step undisturbed: each piece's least time over the steps.
+
+    A CPU step shares its core with whatever else the machine runs; the time another process
+    takes the core is added to whichever piece was running, an operator (counted as arithmetic)
+    or a gap between operators (host). One such preemption, a few ms, outweighs a small model's
+    whole step, and summed over the steps it decides the verdict (a tiny model read device-bound
+    on a busy machine). Others' work only ever adds time, so, as timeit keeps the least of its
+    repeats, each piece keeps its least time over the steps that ran the same operators in the
+    same order: a preemption hits one piece of one step and is gone. Steps that differ (a
+    recompile, a step that ran other operators) cannot be matched and are averaged whole."""
+    first = steps[0]
+    if all(s.shape == first.shape for s in steps):
+        return _CpuStep(
+            shape=first.shape,
+            costs=[min(c) for c in zip(*(s.costs for s in steps), strict=True)],
+            kinds=first.kinds,
+            spans=[min(t) for t in zip(*(s.spans for s in steps), strict=True)],
+            data=min(s.data for s in steps),
+            aten=first.aten,
+        )
+    n = len(steps)
+    return _CpuStep(
+        shape=(),
+        costs=[c / n for s in steps for c in s.costs],
+        kinds=[k for s in steps for k in s.kinds],
+        spans=[s.wall / n for s in steps],
+        data=sum(s.data for s in steps) / n,
+        aten=sum(s.aten for s in steps) / n,
+    )
 
 
 def _require(events: list, names: tuple[str, ...]) -> None:
