@@ -100,14 +100,15 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
     steps = sorted(steps, key=lambda e: e.time_range.start)[skip:]
     if not steps:
         raise RuntimeError("the profiler recorded no diagnosed step")
-    wall = sum(e.time_range.elapsed_us() for e in steps)
-    inside = [e for s in steps for e in _descendants(s)]
-    data = [e for e in inside if e.name == DATA_MARK]
-    data_spans = _merge((e.time_range.start, e.time_range.end) for e in data)
+    inside_by_step = [_descendants(s) for s in steps]
     by_kind = dict.fromkeys(KINDS, 0.0)
     figures: dict = {"diag_op_floor_us": None}
     if cuda:
         _require(events, CUDA_ATTRIBUTES)
+        wall = sum(e.time_range.elapsed_us() for e in steps)
+        inside = [e for found in inside_by_step for e in found]
+        data = [e for e in inside if e.name == DATA_MARK]
+        data_spans = _merge((e.time_range.start, e.time_range.end) for e in data)
         # Operators (correlation id = their own id) that launched kernels; the runtime's launch
         # calls carry the operator's id as their link instead, and are left out.
         ops = {e.id: e for e in inside if e.linked_correlation_id == 0}
@@ -125,10 +126,13 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
         data_us = _length(_minus(data_spans, _merge(compute + comm)))
         count = len(kernels)
     else:
-        ops_by_step = [_cpu_ops(s) for s in steps]
+        ops_by_step = [_cpu_ops(found) for found in inside_by_step]
         floor = op_floor_us([op for ops in ops_by_step for op in ops])
         typical = _typical_cpu_step(
-            [_cpu_pieces(s, o, floor) for s, o in zip(steps, ops_by_step, strict=True)]
+            [
+                _cpu_pieces(*each, floor)
+                for each in zip(steps, inside_by_step, ops_by_step, strict=True)
+            ]
         )
         # The typical step's figures, times the steps, so the shares below read as CUDA's do.
         for kind, cost in zip(typical.kinds, typical.costs, strict=True):
@@ -158,10 +162,10 @@ def split_step(events: Iterable, cuda: bool, skip: int = 0) -> dict:
     return figures
 
 
-def _cpu_ops(step) -> list:
-    """The operators a CPU step counts, in the order they started: aten's, compiled graphs'
-    calls and collectives, less those the batch source ran."""
-    ops = [op for op in _descendants(step) if op.name.startswith(CPU_WORK) or _is_comm(op.name)]
+def _cpu_ops(inside: list) -> list:
+    """The operators a CPU step (`inside`: its events) counts, in the order they started:
+    aten's, compiled graphs' calls and collectives, less those the batch source ran."""
+    ops = [op for op in inside if op.name.startswith(CPU_WORK) or _is_comm(op.name)]
     ops = [op for op in ops if not any(p.name == DATA_MARK for p in _callers(op))]
     return sorted(ops, key=lambda op: (op.time_range.start, -op.time_range.end))
 
@@ -186,7 +190,8 @@ class _CpuStep:
         return sum(self.spans)
 
 
-def _cpu_pieces(step, ops: list, floor: float) -> _CpuStep:
+def _cpu_pieces(step, inside: list, ops: list, floor: float) -> _CpuStep:
+    """`step`'s pieces, from its events (`inside`) and the operators it counts (`ops`)."""
     ids = {op.id for op in ops}
     outermost = [not any(p.id in ids for p in _callers(op)) for op in ops]
     costs = []
@@ -199,9 +204,7 @@ def _cpu_pieces(step, ops: list, floor: float) -> _CpuStep:
     for op, outer in zip(ops, outermost, strict=True):
         edges += [op.time_range.start, op.time_range.end] if outer else []
     edges.append(step.time_range.end)
-    data = [
-        (e.time_range.start, e.time_range.end) for e in _descendants(step) if e.name == DATA_MARK
-    ]
+    data = [(e.time_range.start, e.time_range.end) for e in inside if e.name == DATA_MARK]
     return _CpuStep(
         shape=tuple(zip((op.name for op in ops), outermost, strict=True)),
         costs=costs,
