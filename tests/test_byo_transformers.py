@@ -131,29 +131,60 @@ def test_a_transformers_model_keeps_the_contract(overrides, blocks):
     assert figures["flops_per_token"] == 6 * matmul_weights + 12 * 2 * 16 * 32
 
 
+# transformers 5.25 put a deprecation wrapper (utils/deprecation.py, deprecate_kwarg) around each
+# decoder layer's forward; inside a checkpointed block its side effect is one Dynamo refuses
+# under torch.utils.checkpoint's higher-order op: 6 graph breaks and 2 recompiles for this Llama
+# of 2 layers, where 5.24 compiled it in one graph (docs/models.md).
+SIDE_EFFECT_FROM = "5.25"
+
+
 @needs_transformers
+@pytest.mark.compat  # the answer depends on torch's Dynamo and on transformers' version
 @pytest.mark.slow  # Inductor's compile of a Llama: tens of seconds on 2 cores, compile workers
 def test_a_transformers_model_is_measured_compiled_with_checkpointed_blocks(tmp_path):
     """The runner's measured loop, in this process: the docs' Llama compiled whole with each
-    block checkpointed. Compiled, it is called without a cache (use_cache=False) and Dynamo
-    captures it in one graph: no break, no recompile (with transformers' default cache, each
-    checkpointed layer's write into it is a side effect compiled checkpointing refuses: 5
-    breaks, 2 recompiles)."""
+    block checkpointed, called without a cache (use_cache=False; with transformers' default
+    cache, each checkpointed layer's write into it is a side effect compiled checkpointing
+    refuses: 5 breaks, 2 recompiles). What the record says depends on transformers' version, and
+    the test asserts the truth of the one installed: before 5.25 one graph, no break, no
+    recompile; from 5.25 the breaks counted and named in words, none of the recompiles inside the
+    measured window. Then the documented remedy for 5.25, measured the same way: Dynamo told not
+    to replay forward's side effects in the recompute gives one graph again."""
+    import transformers
+    from packaging.version import Version
+
     from nanogpt.analysis.derive import Ceilings, Peak
     from nanogpt.scenarios.loop import measure
     from nanogpt.train.distributed import World
 
     spec = spec_of(LLAMA, "perf.compile=true")
     ceilings = Ceilings(Peak(None, "unknown"))
-    record = measure(spec, torch.device("cpu"), World(), ceilings, tmp_path, [])
-    assert record.status == "ok", record.error
+
+    def measured(subdir):
+        record = measure(spec, torch.device("cpu"), World(), ceilings, tmp_path / subdir, [])
+        assert record.status == "ok", record.error
+        assert record.compile.compile_note is None, record.compile.compile_note
+        assert record.compile.graphs >= 1 and record.compile.compile_s_counted > 0
+        assert record.timing.measured_steps == 4 and record.timing.loss_last > 0
+        return record
+
+    record = measured("as-is")
     assert record.asked.model == "transformers.AutoModelForCausalLM.from_config"
     setup = record.setup
     assert setup.model_wrapping.startswith("compile(")
     assert setup.flops_source.startswith("counted: FlopCounterMode")
     assert setup.mem_estimate["weights"] == 4 * setup.n_params
     part = record.compile
-    assert part.compile_note is None, part.compile_note
-    assert (part.graph_breaks, part.recompiles, part.recompiles_in_window) == (0, 0, 0)
-    assert part.graphs >= 1 and part.compile_s_counted > 0
-    assert record.timing.measured_steps == 4 and record.timing.loss_last > 0
+    if Version(transformers.__version__) < Version(SIDE_EFFECT_FROM):
+        assert (part.graph_breaks, part.recompiles, part.recompiles_in_window) == (0, 0, 0)
+    else:
+        assert part.graph_breaks > 0 and part.recompiles_in_window == 0
+        assert part.graph_break_reasons[0].startswith(
+            "a side effect inside a checkpointed block: HOP: Unsafe side effect"
+        ), part.graph_break_reasons
+        # docs/models.md's remedy on 5.25: the wrapper's side effect is not replayed in the
+        # recompute (it only names the function for a warning), and the model is one graph
+        with torch._dynamo.config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+            torch._dynamo.reset()
+            remedied = measured("remedied").compile
+        assert (remedied.graph_breaks, remedied.recompiles) == (0, 0)

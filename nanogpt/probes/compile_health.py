@@ -121,7 +121,20 @@ def _new(now: list | None, before: list | None) -> list | None:
     return [m for m in now if not any(m is b for b in before)]
 
 
+# Dynamo's words for a break, and what they mean for a model's code (the first that the reason
+# starts with): the record and the compile line say the cause, Dynamo's reason after it.
+CAUSES = {
+    # a higher-order op (torch.utils.checkpoint's) refuses a body that mutates Python state:
+    # transformers 5.25's deprecation wrapper around a layer's forward does (docs/models.md)
+    "HOP: Unsafe side effect": "a side effect inside a checkpointed block",
+    # a function this torch's Dynamo has no rule for (torch 2.11: _is_autocast_available)
+    "Attempted to call function marked as skipped": "a call this torch's Dynamo cannot trace",
+}
+
+
 def _reason(text, count: int | None) -> str:
     lines = str(text).strip().splitlines()
     line = " ".join(lines[0].split())[:REASON_CHARS] if lines else "(no reason given)"
+    cause = next((c for start, c in CAUSES.items() if line.startswith(start)), None)
+    line = f"{cause}: {line}" if cause else line
     return line if count is None or count == 1 else f"{line} (x{count})"

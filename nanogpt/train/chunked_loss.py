@@ -30,8 +30,14 @@ IGNORE_INDEX = -1
 
 def compute_dtype(device_type: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype the head's matmuls run in: autocast's when it is on (the full head's logits are
-    in it too), else the input's. (Some devices, e.g. meta for FLOP counting, have no autocast.)"""
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+    in it too), else the input's.
+
+    Written for Dynamo on every supported torch: `torch.is_autocast_enabled(device_type)` is
+    folded to a constant by torch 2.11's Dynamo as by 2.13's, while
+    `torch.amp.is_autocast_available` (`torch._C._is_autocast_available`) has no trace rule in
+    2.11 and broke the compiled chunked loss's graph 3 times (the 2026-11-28 H200 loan). The meta
+    device, where FLOPs are counted, has no autocast and would raise: it is asked first."""
+    if device_type != "meta" and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return dtype
 
