@@ -1,29 +1,48 @@
 # Quick start: `make sweep` (the main 4-point sweep) and `make test` (the test suite, what CI
 # runs); `make test-fast` is the unit-level part (tests not marked slow), `make lint` the style
-# and import-layer checks (ARCHITECTURE.md).
-# Both create .venv with what they need first. On a CUDA machine, set TORCH to the build you
-# want (e.g. TORCH=torch); the default pins the CPU wheel this project's CI machines carry.
+# and import-layer checks (ARCHITECTURE.md), `make test-compat` the torch-sensitive tests on the
+# oldest torch the project supports.
+# Every install is pinned by requirements/lock.txt (`pip install -c`): a fresh machine gets the
+# set the suite passed on. `make lock` resolves it again (docs/install.md: bump, test, commit).
+# `make sweep` installs the package and torch only; `make test` adds the dev and optional
+# extras (pytest, ruff, notebooks, transformers, torchao, submitit, ...).
+# On a CUDA machine pip takes the lock's torch release from PyPI (a CUDA build); CI's CPU
+# machines carry its CPU build on disk. TORCH names another (e.g. TORCH=torch==2.12.1, outside
+# the lock: give LOCK= an empty value too).
 # PYTHON is the interpreter .venv is made from (.ci/run picks the system's python3: on the CI
 # image it runs the suite in about 3/4 of the time pyenv's takes; docs/install.md). A .venv made
 # by another one stays until `make clean`.
 PYTHON ?= python3
-TORCH ?= torch==2.13.0
+TORCH ?= torch
+LOCK ?= requirements/lock.txt
+CONSTRAIN := $(if $(LOCK),-c $(LOCK))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+# the second environment of make test-compat: the oldest supported torch, its own lock
+COMPAT_VENV := .venv-compat
+COMPAT_LOCK := requirements/lock-compat.txt
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+# the platform both locks are resolved for: CI's (CPython 3.11, x86-64 Linux)
+LOCK_FOR := --python-version 3.11 --python-platform x86_64-manylinux_2_28
 
-.PHONY: setup sweep test test-fast test-gpu test-slurm lint bench clean
+.PHONY: setup setup-dev sweep test test-fast test-compat test-gpu test-slurm lint bench lock clean
 
 setup: $(STAMP)
+setup-dev: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	# an existing .venv keeps its interpreter: `python -m venv` over it from another Python
 	# rewrites pyvenv.cfg's home, and the old links then load the other one's stdlib
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev,transformers]"
+	$(BIN)/pip install --quiet $(CONSTRAIN) pip
+	$(BIN)/pip install --quiet $(CONSTRAIN) "$(TORCH)" -e .
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet $(CONSTRAIN) -e ".[dev,transformers]"
+	touch $(DEV_STAMP)
 
 sweep: $(STAMP)
 	$(BIN)/python -m nanogpt.run -m perf.compile=true,false perf.dtype=bf16,fp16
@@ -39,30 +58,52 @@ sweep: $(STAMP)
 # (conftest's pytest_collection_modifyitems), not by xdist's count of tests.
 JOBS ?= 3
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "not alone and not slurm" --durations=20
 	$(BIN)/python -m pytest -q -m "alone and not slurm" tests/test_alone.py --durations=5
 
-test-fast: $(STAMP)
+test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "not slow" --durations=10
 
 # A real one-node SLURM cluster (scripts/slurm_cluster.sh installs and starts it; root): the
 # tests of hydra/launcher=slurm, minutes each.
 # The SLURM tests mostly wait on SLURM's own timers (a requeued job's hold, a time limit): two
 # workers, each with its own clusters (tests/slurm/conftest.py), a test to a worker as it frees.
-test-slurm: $(STAMP)
+test-slurm: $(DEV_STAMP)
 	scripts/slurm_cluster.sh install
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m slurm tests/slurm --durations=12
 
-test-gpu: $(STAMP)
+test-gpu: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m cuda
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(BIN)/python benchmarks/runner_overhead.py
 	$(BIN)/python benchmarks/point_isolation.py
 
+# The tests whose answer depends on torch's version (marker `compat`: compile health and graph
+# breaks, the chunked loss compiled, FlopCounterMode's counts, the profiler's split, DDP and FSDP2
+# on gloo, the transformers and user-model points), in a second venv with the oldest supported
+# torch (PyPI's build of it, CUDA libraries included, runs on the CPU) and the rest of
+# requirements/lock-compat.txt. The first line of its output names the torch it ran.
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -c 'import torch, transformers; print("test-compat: torch", torch.__version__, "transformers", transformers.__version__)'
+	$(COMPAT_VENV)/bin/python -m pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "compat and not alone and not slurm" --durations=10
+
+$(COMPAT_STAMP): pyproject.toml $(COMPAT_LOCK)
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install --quiet -c $(COMPAT_LOCK) pip
+	$(COMPAT_VENV)/bin/pip install --quiet -c $(COMPAT_LOCK) torch -e ".[dev,transformers]"
+	touch $(COMPAT_STAMP)
+
+# Resolve both locks again from pyproject.toml's ranges (every extra) and requirements/*.in,
+# taking the newest each allows (uv, pinned in the lock itself). Then `make test test-compat`
+# on the new lock, and commit it with what it changed (docs/install.md).
+lock: $(DEV_STAMP)
+	$(BIN)/uv pip compile --quiet --upgrade pyproject.toml --all-extras requirements/lock.in $(LOCK_FOR) -o $(LOCK)
+	$(BIN)/uv pip compile --quiet --upgrade pyproject.toml --all-extras requirements/compat.in $(LOCK_FOR) -o $(COMPAT_LOCK)
+
 clean:
-	rm -rf $(VENV) multirun outputs build dist *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) multirun outputs build dist *.egg-info

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
-from nanogpt.analysis import compare
+from nanogpt.analysis import compare, versions
 from nanogpt.analysis.display import to_markdown
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.table import ReportError, build_table
@@ -140,6 +140,9 @@ def _compare(old_dir: Path, new_dir: Path, fail_pct: float | None, markdown: boo
         else shown.to_string(index=False, float_format="{:.4g}".format)
     )
     print(f"old: {old_dir}  new: {new_dir}  (~: the change is not significant, p >= 0.05)")
+    differ = versions.difference(old_sweep.points, new_sweep.points)
+    if differ:
+        print(differ)
     if (pd.concat([old["repeats"], new["repeats"]]).fillna(1) < MIN_REPEATS).any():
         print(
             f"note: points measured once have intervals of one process's noise only; between "

@@ -16,6 +16,10 @@ from nanogpt.record.identity import measured_config, point_id_of
 
 from .conftest import REPO, with_micro
 
+# make test-compat runs this file on the oldest supported torch: its answers depend on torch's
+# version (Dynamo's graphs and counters, FlopCounterMode, the profiler's events, torch.distributed)
+pytestmark = pytest.mark.compat
+
 # A modern GPT as a user keeps it beside their command: benchmarks/modern_gpt.py's (RoPE,
 # RMSNorm, grouped-query attention, an untied head), copied out of the checkout with first lines
 # that note each process importing it (the sweep's own process must not) and that ask CUDA at

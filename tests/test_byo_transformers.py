@@ -19,6 +19,10 @@ from nanogpt.train import user_model as byo
 
 from .conftest import REPO, with_micro
 
+# make test-compat runs this file on the oldest supported torch: its answers depend on torch's
+# version (Dynamo's graphs and counters, FlopCounterMode, the profiler's events, torch.distributed)
+pytestmark = pytest.mark.compat
+
 # Not imported at collection: importing transformers takes seconds, and every xdist worker
 # collects every file.
 needs_transformers = pytest.mark.skipif(
@@ -139,7 +143,6 @@ SIDE_EFFECT_FROM = "5.25"
 
 
 @needs_transformers
-@pytest.mark.compat  # the answer depends on torch's Dynamo and on transformers' version
 @pytest.mark.slow  # Inductor's compile of a Llama: tens of seconds on 2 cores, compile workers
 def test_a_transformers_model_is_measured_compiled_with_checkpointed_blocks(tmp_path):
     """The runner's measured loop, in this process: the docs' Llama compiled whole with each

@@ -22,6 +22,10 @@ from nanogpt.train.distributed import World
 
 from .test_byo_contract import TINY
 
+# make test-compat runs this file on the oldest supported torch: its answers depend on torch's
+# version (Dynamo's graphs and counters, FlopCounterMode, the profiler's events, torch.distributed)
+pytestmark = pytest.mark.compat
+
 # byo's tiny model, its forward asking Dynamo for a break between its two halves, as a `print`
 # or a `.item()` would: two graphs forward, the break counted with its reason.
 BROKEN = TINY.replace(

@@ -35,6 +35,10 @@ from nanogpt.train.trainer import build_trainer
 
 from .conftest import SHAKESPEARE, needs_shared
 
+# make test-compat runs this file on the oldest supported torch: its answers depend on torch's
+# version (Dynamo's graphs and counters, FlopCounterMode, the profiler's events, torch.distributed)
+pytestmark = pytest.mark.compat
+
 SHARES = (
     "diag_step_device_frac",
     "diag_step_comm_frac",

@@ -35,6 +35,10 @@ from nanogpt.train.trainer import Trainer, data_source, gpt_config
 
 from .conftest import REPO, sweep_refusal
 
+# make test-compat runs this file on the oldest supported torch: its answers depend on torch's
+# version (Dynamo's graphs and counters, FlopCounterMode, the profiler's events, torch.distributed)
+pytestmark = pytest.mark.compat
+
 STEPS = 2  # optimizer steps each case trains, sharded and in its reference
 
 

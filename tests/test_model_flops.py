@@ -10,6 +10,10 @@ from nanogpt.train.flops import counted_flops_per_token
 from nanogpt.train.gpt import GPT, GPTConfig
 from nanogpt.train.memory_estimate import estimate_memory
 
+# make test-compat runs this file on the oldest supported torch: its answers depend on torch's
+# version (Dynamo's graphs and counters, FlopCounterMode, the profiler's events, torch.distributed)
+pytestmark = pytest.mark.compat
+
 TINY = GPTConfig(block_size=16, vocab_size=256, n_layer=2, n_head=2, n_embd=32)
 
 

@@ -93,6 +93,7 @@ def _train_two_steps(rank: int, port: int, out_dir) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # DDP on gloo: torch.distributed's behaviour, by version
 def test_ddp_all_reduces_once_per_optimizer_step_and_keeps_ranks_identical(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,6 +111,7 @@ def test_ddp_all_reduces_once_per_optimizer_step_and_keeps_ranks_identical(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.compat  # DDP on gloo: torch.distributed's behaviour, by version
 def test_torchrun_by_hand_writes_one_record_of_the_slowest_rank(tmp_path):
     # Default run dir (named by the clock), a time budget that stops the ranks mid-run, and
     # gradient accumulation: the ranks must agree on the dir and on the step they stop after.

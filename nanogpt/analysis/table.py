@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from nanogpt.analysis import baseline as baseline_rule
-from nanogpt.analysis import compare, display, store, sweep_steps, tidy
+from nanogpt.analysis import compare, display, store, sweep_steps, tidy, versions
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
 from nanogpt.record import columns, swept
@@ -145,6 +145,8 @@ def build_table(
 def write_summary(sweep_dir: Path, sweep: Sweep) -> None:
     """summary.csv, summary.parquet, steps.parquet and summary.md (which names the baseline)."""
     markdown = f"{sweep.baseline}\n\n{display.markdown(sweep.table)}"
+    footer = versions.footer(sweep.points)
+    markdown += f"\n{footer}\n" if footer else ""
     tidy.write(sweep_dir, sweep.table, sweep.swept, sweep.steps, markdown)
 
 
@@ -179,6 +181,9 @@ def publish(
     print(display.console(table))
     print(sweep.baseline)
     print(f"table: {sweep_dir / SUMMARY_CSV} ({len(table)} points)")
+    footer = versions.footer(sweep.points)
+    if footer:
+        print(footer)
     names = [label or "defaults" for label in point_labels(table)]
     for line in compare.recommend(table, sweep.series(), names, memory_budget_gib):
         print(line)

@@ -6,13 +6,16 @@ Each probe is guarded: a missing driver or a tarball checkout must cost a None, 
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import socket
+import sys
 from pathlib import Path
 
 import torch
 
+from nanogpt.analysis.versions import USED_PACKAGES
 from nanogpt.hardware.cpu import cpu_model_name, physical_cores, run_command
 
 
@@ -32,12 +35,18 @@ _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def environment() -> dict:
-    """Versions, devices, CPU, host and git state as a JSON-ready dict. Never raises."""
+    """Versions, devices, CPU, host and git state as a JSON-ready dict. Never raises.
+
+    Called once the run has measured (runner/worker.py finish_record): a package of
+    USED_PACKAGES gets its version where this process imported it, null where the run never
+    did (analysis/versions.py names the keys the footer and `report --compare` read)."""
     commit = run_command(["git", "rev-parse", "HEAD"], cwd=_PROJECT_ROOT)
     return {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": _guarded(torch.backends.cudnn.version),
+        "nccl": _guarded(_nccl_version),
+        **{name: _version_if_imported(name) for name in USED_PACKAGES},
         "nvidia_driver": nvidia_driver(),
         "device_count": _guarded(torch.cuda.device_count) or 0,
         "gpu_names": _guarded(_gpu_names) or [],
@@ -59,6 +68,25 @@ def _guarded(probe):
         return probe()
     except Exception:
         return None
+
+
+def _nccl_version() -> str | None:
+    """NCCL's version as torch was built with it ("2.28.9"); None on a build without NCCL."""
+    if not torch.distributed.is_available() or not torch.distributed.is_nccl_available():
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def _version_if_imported(name: str) -> str | None:
+    """The installed version of a package this process imported; None when it did not (the
+    run did not use it) or its metadata is missing (a source checkout on sys.path)."""
+    if name not in sys.modules:
+        return None
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return getattr(sys.modules[name], "__version__", None)
 
 
 def _gpu_names() -> list[str]:
