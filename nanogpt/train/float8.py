@@ -21,6 +21,9 @@ alone reaches, and the figure stays comparable with the bf16 point beside it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch.nn as nn
 
 from nanogpt.config.spec import Fp8
@@ -29,10 +32,32 @@ HEAD = "lm_head"
 FP8_DIM_MULTIPLE = 16
 
 
+# Loggers whose warnings torchao's import sets off and that say nothing about the point: torch's
+# pytree deprecation of register_constant() on its Enums (torchao 0.18 on torch 2.13, twice), and
+# torchao's own "Failed to load" of kernels built for another Python or GPU.
+TORCHAO_IMPORT_NOISE = ("torch.utils._pytree", "torchao")
+
+
+@contextlib.contextmanager
+def _quiet_torchao_import():
+    """torchao imported with TORCHAO_IMPORT_NOISE's loggers at ERROR, then as they were: a user
+    reads those lines as the runner's. The project imports torchao here alone, under perf.fp8."""
+    loggers = [logging.getLogger(name) for name in TORCHAO_IMPORT_NOISE]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def torchao_missing() -> str | None:
     """Why torchao's float8 training cannot be imported here; None when it can."""
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: F401
+        with _quiet_torchao_import():
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: F401
     except ImportError as exc:
         return f"torchao is not installed ({exc.__class__.__name__}: {exc})"
     return None
@@ -69,7 +94,8 @@ def plan(model: nn.Module) -> dict[str, list]:
 
 def convert(model: nn.Module, recipe: Fp8) -> dict[str, list]:
     """Swap the model's eligible Linears for torchao's Float8Linear, in place; returns `plan`."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    with _quiet_torchao_import():
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     layers = plan(model)
     config = Float8LinearConfig.from_recipe_name(recipe.value)
