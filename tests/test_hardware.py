@@ -139,7 +139,7 @@ def test_h100_fp32_is_the_cuda_core_rate_and_tf32_is_half_of_bf16():
     "name",
     [
         "NVIDIA GeForce GTX 1080",
-        "AMD Instinct MI325X",
+        "AMD Instinct MI355X",  # not in the table: no sourced dense 16-bit figure
         "Intel(R) Xeon(R) Platinum 8480+",
         "NVIDIA GeForce RTX 3090 Ti",  # a different chip configuration from the 3090
         "NVIDIA GeForce RTX 4090 Laptop GPU",
