@@ -7,11 +7,12 @@ order, fastest card first, unless CUDA_DEVICE_ORDER=PCI_BUS_ID; nvidia-smi numbe
 order. So a slot's environment names its order beside its card (`Slot.order`): PCI_BUS_ID for a
 card from nvidia-smi's listing, the sweep's own order for one from its CUDA_VISIBLE_DEVICES. On
 a host of mixed GPUs the card a slot's label and its record's gpu_set name is then the one its
-points run on. CPU points (and MPS ones) get a set of cores, GPUs or not. Every slot's process is pinned to its cores (sched_setaffinity, inherited by the fork
-server it starts and every point forked from it) and torch uses as many threads as the slot has
-cores (OMP_NUM_THREADS, read when torch is imported; torch.set_num_threads where it already
-is). Points in different slots still share memory bandwidth, caches, PCIe and the host: records
-list their neighbours (runner/placement.py).
+points run on. CPU points (and MPS ones) get a set of cores, GPUs or not. Every slot's process
+is pinned to its cores (sched_setaffinity, inherited by the fork server it starts and every
+point forked from it) and torch uses as many threads as the slot has cores (OMP_NUM_THREADS,
+read when torch is imported; torch.set_num_threads where it already is). Points in different
+slots still share memory bandwidth, caches, PCIe and the host: records list their neighbours
+(runner/placement.py).
 """
 
 from __future__ import annotations
