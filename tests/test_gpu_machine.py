@@ -313,7 +313,8 @@ def test_gpu_check_summary_gives_every_figure_a_value_or_the_reason_it_is_null(
     assert (
         "| window's allocated peak | null | no CUDA caching allocator on device cpu |" in blocks[0]
     )
-    assert "not the CUDA allocator's the estimate models" in blocks[0]
+    assert "no CUDA allocator's peak on cpu, which the estimate models" in blocks[0]
+    assert "| CUDA graphs' pool | null | no CUDA graphs (compile_mode default) |" in blocks[0]
     assert "| graph breaks | null | not compiled |" in blocks[0]
     assert all("\ncheck: ok\n" in block for block in blocks)  # a CPU point: nothing to flag
     assert re.search(r"\| optimizer implementation \| (foreach|for_loop)", blocks[0])
