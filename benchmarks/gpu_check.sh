@@ -494,8 +494,8 @@ show() {  # NAME: what the summary keeps of a part: each point's figures, then i
   [ -f "$dir/tune.md" ] && grep -A 8 "^## Ranking" "$dir/tune.md"
   if [ "$name" = memory_fit ]; then  # the refit, on this call's compiled points (the twin's too)
     echo '```'
-    timeout 60 "$PY" benchmarks/memory_refit.py "$WORK" 2>&1 | grep -v '^  depth\|^ *[0-9]' || true
-    timeout 60 "$PY" benchmarks/memory_refit.py "$WORK" 2>&1 | grep '^  depth\|^ *[0-9]' | sed 's|'"$WORK"'/||'
+    timeout 60 "$PY" benchmarks/memory_refit.py "$WORK/memory_fit" "$WORK/reduce_overhead" 2>&1 |
+      sed 's|'"$WORK"'/||g'
     echo '```'
   fi
   echo '```'

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from scipy.linalg import lstsq
 
-from nanogpt.analysis.store import iter_records
+from nanogpt.analysis.store import iter_records, run_number
 from nanogpt.record import Record
 from nanogpt.train.gpt import COMPILED_FIT
 
@@ -112,7 +112,11 @@ def read_points(dirs: list[str]) -> tuple[list[Point], list[str]]:
     """The records the terms describe, and a line for each one left out."""
     points, skipped = [], []
     for folder in dirs:
-        for path, flat in iter_records(Path(folder), runs=True):
+        found = list(iter_records(Path(folder), runs=True))
+        measured_by_runs = {p.parent.parent for p, _ in found if run_number(p.parent) is not None}
+        for path, flat in found:
+            if path.parent in measured_by_runs:  # a point's runs pooled: its runs are read
+                continue
             record = Record.from_dict(flat)
             why = why_not(record)
             if why:

@@ -90,16 +90,22 @@ def test_the_refit_finds_the_coefficients_the_peaks_hold_and_each_depths_error(t
     # default-mode twin (4 layers) beside its CUDA-graph point, which the refit leaves out
     for name, layers, mode in (
         ("memory_fit/0", 2, "default"),
-        ("memory_fit/1", 12, "default"),
+        ("memory_fit/1/run-1", 12, "default"),  # a point of two runs: each is read,
+        ("memory_fit/1/run-2", 12, "default"),
+        ("memory_fit/1", 12, "default"),  # not their pooled record (its peak here is wrong)
         ("reduce_overhead/0", 4, "reduce-overhead"),
         ("reduce_overhead/1", 4, "default"),
     ):
         spec = gpt2(layers, compile_mode=mode)
-        (tmp_path / name).mkdir(parents=True)
-        write_record(tmp_path / name, cuda_record(spec, true_peak(spec)))
-    assert memory_refit().main([str(tmp_path)]) == 0
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+        peak = true_peak(spec) if "run" in name or name != "memory_fit/1" else 1
+        write_record(tmp_path / name, cuda_record(spec, peak))
+    assert (
+        memory_refit().main([str(tmp_path / "memory_fit"), str(tmp_path / "reduce_overhead")]) == 0
+    )
     out = capsys.readouterr().out
-    assert "depths 2, 4, 12" in out and "1 left out" in out  # the CUDA-graph point
+    assert "4 records" in out and "depths 2, 4, 12" in out
+    assert "1 left out" in out  # the CUDA-graph point
     per_layer = float(re.search(r"per layer: +([\d.]+) B", out)[1])
     per_logit = float(re.search(r"per logit: +([\d.]+) B", out)[1])
     assert per_layer == pytest.approx(TRUE_PER_LAYER, abs=0.01)
@@ -110,7 +116,7 @@ def test_the_refit_finds_the_coefficients_the_peaks_hold_and_each_depths_error(t
         r"^ +(\d+) +([\d.]+) +([\d.]+) +([+-][\d.]+)% +([\d.]+) +([+-][\d.]+)%", out, re.M
     )
     by_depth = {int(r[0]): (float(r[3]), float(r[5])) for r in rows}
-    assert sorted(by_depth) == [2, 4, 12]
+    assert sorted(by_depth) == [2, 4, 12] and len(rows) == 4
     old_2, new_2 = by_depth[2]
     assert old_2 < -10 and abs(new_2) < 0.1  # the old fit reads a shallow model low
     assert abs(by_depth[12][0]) < 2  # where it was fitted it held
