@@ -15,9 +15,10 @@
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".gpu"], timeout_s=600)
 #
 # first, before any other work on that machine (docs/benchmarks.md, "Checking on a GPU"); then
-# the call summary.md names for the parts that did not fit in 540 s (the CUDA tests among them):
+# the call summary.md names for the parts that did not fit in 540 s (the README sweep), which
+# keeps to the 250 s a loan has left after the first call:
 #
-#   run(command='GPU_CHECK_PARTS="default_gap readme_sweep cuda_tests" bash benchmarks/gpu_check.sh', ...)
+#   run(command='GPU_CHECK_PARTS="readme_sweep ..." bash benchmarks/gpu_check.sh', ...)
 # What comes back under $OUT (the device tool's output folder; ./gpu_out elsewhere), two files,
 # rewritten after every part, so a loan cut short still returns what ran:
 #   summary.md       each part: ok / FAILED / TIMED OUT, its seconds, then per point the figures
@@ -37,6 +38,8 @@ OUT=${OUT:-gpu_out}
 WORK=${WORK:-/tmp/gpu_check}
 SHARED=${SHARED:-../shared}
 LIMIT_S=540    # 9 minutes: a loan's 15 less the machine's start and a rerun's margin
+NEXT_LIMIT_S=250  # a second call (GPU_CHECK_PARTS): what a loan of 900 s has left after the
+#                   machine's start (1-3 min) and a first call (about 406-540 s)
 AFTER_S=4      # each part: timeout's grace before SIGKILL (3 s), its summary and the archive
 CARRY_MIB=64   # what may travel with the working tree (the device tool's carry), in all
 
@@ -60,12 +63,17 @@ MUON_POINT=21  # a Muon point (GPT-2, eager): the H200 ran its bf16 point in abo
 #                optimizers built, the diagnosis's profiler over both
 TTL_MAX_S=10   # a time-to-loss run's bench.max_s: it stops there if the target is not reached
 PYTEST=10      # pytest's start and the collection of the suite
-TEST_S=2       # a CUDA test, on average: the H200 ran 38 in the 75 s after pytest's start, the
-#                chunked-loss test's 4 points at the default windows among them (short now)
-#                (a warm cache, then); cold, the 2026-11-28 H200 ran 12 of them in 20 s, but not:
-FRONTIER_S=115 # the float8 test (46 s cold: torchao's swap and a compile) and the chunked-loss
-#                test (4 points in their own processes, 2 compiled: 67 s) on that H200
-N_TESTS=40     # tests marked cuda (pytest -m cuda --collect-only -q, 2026-11-28)
+TEST_S=2       # a CUDA test other than the two below: the 2026-11-28 H200, cold, reached the
+#                16th test 141 s after its box began: pytest's start, the float8 and chunked-loss
+#                tests (46 s and the 60 s pytest gave it) and 13 others in about 25 s (1.9 s
+#                each; the 2026-11-26 H200, warm, ran 38 in 75 s). The cuda_tests part prints
+#                every test's seconds (--durations=0): the next box is reckoned from them.
+# The slow CUDA tests, by name, cold on the 2026-11-28 H200:
+FLOAT8_TEST=46    # test_a_float8_point_records_its_layers_and_the_bf16_peak: torchao, a compile
+CHUNKED_TEST=67   # test_the_chunked_loss_saves_what_the_estimate_predicts_compiled_or_not: 4
+#                   points in their own processes, 2 compiled (then at 12 layers; 2 now)
+N_TESTS=40     # tests marked cuda (pytest -m cuda --collect-only -q, 2026-12-07), the two above
+#                included
 WHEELS_S=8     # the wheels the image lacks installed into a folder on PYTHONPATH
 IMPORTS_S=5    # one check of what imports (torch, torchao, transformers, Hydra, optuna ...)
 MARGIN_PCT=30  # every box is its arithmetic plus at least this much
@@ -73,100 +81,156 @@ MARGIN_PCT=30  # every box is its arithmetic plus at least this much
 # A path checked, not a speed: short windows; the diagnosis stays (host syncs are counted in it)
 SHORT=(bench.warmup_s=1 bench.measure_s=2 bench.diagnose_steps=1)
 
-# The parts, most at risk first (code no GPU has run yet), then what stays of the earlier check.
+# The parts, most at risk first: code no GPU has run (the GPU slot's fork server, the CUDA tests
+# past the 16th, the memory fit's depths), then what changed since its last ok loan, then what
+# did not (LAST_OK, below: those go last), default_gap (a figure, not a path) at the very end.
 # ARITH is each box's arithmetic, names from above; BOX = ARITH x (1 + MARGIN_PCT %), rounded up.
-PARTS=(setup muon user_model transformers reduce_overhead chunked_loss fp8 time_to_loss
-  cuda_tests readme_sweep search default_gap)
+PARTS=(setup muon cuda_tests reduce_overhead memory_fit readme_sweep chunked_loss user_model
+  transformers fp8 time_to_loss search default_gap)
 declare -A ARITH=(
   [setup]="START + WHEELS_S + 2*IMPORTS_S"
   [muon]="SWEEP + 2*MUON_POINT"
+  [cuda_tests]="PYTEST + (N_TESTS - 2)*TEST_S + FLOAT8_TEST + CHUNKED_TEST"
+  [reduce_overhead]="SWEEP + 2*POINT + 2*COLD_SMALL + GRAPHS"
+  [memory_fit]="SWEEP + 2*(START + BUILD + WINDOW) + COLD_SMALL + COLD"
+  [readme_sweep]="SWEEP + 4*(START + BUILD + 8 + 2) + 2*COLD"
+  [chunked_loss]="SWEEP + 2*POINT + COLD"
   [user_model]="SWEEP + 2*POINT + COLD_SMALL"
   [transformers]="SWEEP + TF_IMPORT + POINT + COLD_SMALL"
-  [reduce_overhead]="SWEEP + POINT + COLD_SMALL + GRAPHS"
-  [chunked_loss]="SWEEP + 2*POINT + COLD"
   [fp8]="SWEEP + POINT + COLD_SMALL + FP8_SWAP"
   [time_to_loss]="SWEEP + 2*(START + BUILD + TTL_MAX_S)"
-  [cuda_tests]="PYTEST + N_TESTS*TEST_S + FRONTIER_S"
-  [readme_sweep]="SWEEP + 4*(START + BUILD + 8 + 2) + 2*COLD"
   [search]="SWEEP + 4*POINT"
   [default_gap]="START + 4*POINT + COLD + 3*COLD_SMALL"
 )
 declare -A WHAT=(
   [setup]="the CUDA check, .gpu/'s wheels the image lacks installed, what imports noted"
-  [muon]="optimizer=muon, bf16 and fp16 (GradScaler), eager GPT-2, on hydra/launcher=parallel"
+  [muon]="optimizer=muon, bf16 and fp16 (GradScaler), eager GPT-2, on hydra/launcher=parallel: the GPU slot's own fork server"
+  [cuda_tests]="pytest -m cuda -v, each test at most 60 s (the chunked-loss test 120 s), every test's seconds (--durations=0), its temp dir in the records"
+  [reduce_overhead]="GPT-2 width, 4 layers, compiled: perf.compile_mode=reduce-overhead (the CUDA-graph peak and pool) and its default-mode twin"
+  [memory_fit]="compiled full-loss GPT-2 at 2 and 12 layers (4: reduce_overhead's twin), then benchmarks/memory_refit.py on them"
+  [readme_sweep]="the README sweep: perf.compile=true,false perf.dtype=bf16,fp16 (4 points)"
+  [chunked_loss]="perf.loss=chunked, GPT-2, batch 8, eager and compiled"
   [user_model]="benchmarks/modern_gpt.py as model.build (RoPE, GQA), eager and compiled, bf16"
   [transformers]="a transformers Llama (AutoModelForCausalLM.from_config), 2 layers, compiled"
-  [reduce_overhead]="perf.compile_mode=reduce-overhead, GPT-2 width, 4 layers: the CUDA-graph peak"
-  [chunked_loss]="perf.loss=chunked, GPT-2, batch 8, eager and compiled"
   [fp8]="perf.fp8=tensorwise (torchao), GPT-2 width, 4 layers, compiled"
   [time_to_loss]="bench.target_loss on .gpu/ttl's token file, one point, bench.repeats=2"
-  [cuda_tests]="pytest -m cuda -v, each test at most 60 s (the chunked-loss test 120 s), its temp dir in the records"
-  [readme_sweep]="the README sweep: perf.compile=true,false perf.dtype=bf16,fp16 (4 points)"
   [search]="hydra/sweeper=tune, 2 candidates (bf16, fp16 eager), each finalist once"
   [default_gap]="benchmarks/default_gap.py, one round (compiled bf16, 4 points, short windows)"
 )
-# GPU_CHECK_PARTS="muon cuda_tests" runs those parts only (setup always runs first): a second call
-# of a loan reruns what failed or ran out of its box in the first.
+# The loan that last ran a part ok, and the files its GPU path runs beyond every part's (the
+# trainer, the loop, the probes: the parts before it run those): a part whose files hold the same
+# code as then (benchmarks/code_changed.py: the syntax tree, docstrings and comments aside) goes
+# last. Without one (cuda_tests past the 16th test, memory_fit, default_gap) it never ran ok.
+declare -A LAST_OK=(
+  [muon]=19e7a7f [reduce_overhead]=19e7a7f [chunked_loss]=19e7a7f [user_model]=19e7a7f
+  [transformers]=19e7a7f [fp8]=19e7a7f [time_to_loss]=19e7a7f [search]=19e7a7f
+  [readme_sweep]=3d39f7c
+)
+declare -A FILES=(
+  [muon]="nanogpt/train/optim.py nanogpt/frontend/launchers/parallel.py nanogpt/runner/forkserver.py nanogpt/hardware/slots.py"
+  [reduce_overhead]="nanogpt/probes/memory.py nanogpt/train/trainer.py"
+  [chunked_loss]="nanogpt/train/chunked_loss.py"
+  [user_model]="nanogpt/train/user_model.py nanogpt/train/user_model_meta.py benchmarks/modern_gpt.py"
+  [transformers]="nanogpt/train/user_model.py nanogpt/train/user_model_meta.py"
+  [fp8]="nanogpt/train/float8.py"
+  [time_to_loss]="nanogpt/scenarios/time_to_loss/run.py"
+  [search]="nanogpt/tune/fit.py nanogpt/frontend/tune_sweeper.py"
+  [readme_sweep]="nanogpt/train/gpt.py nanogpt/train/trainer.py nanogpt/scenarios/loop.py"
+)
+UNCHANGED_FILE=.gpu/unchanged.txt  # --prepare's answer, for a machine without the repository
+
+unchanged_parts() {  # the parts whose files hold their last ok loan's code, one a line
+  local commit part file paths changed same
+  if git rev-parse --git-dir >/dev/null 2>&1; then
+    for commit in $(printf '%s\n' "${LAST_OK[@]}" | sort -u); do  # one comparison a commit
+      paths=()
+      for part in "${!LAST_OK[@]}"; do
+        # shellcheck disable=SC2206  # FILES holds paths, split on purpose
+        [ "${LAST_OK[$part]}" = "$commit" ] && paths+=(${FILES[$part]})
+      done
+      changed=" $("$PY" benchmarks/code_changed.py "$commit" "${paths[@]}" 2>/dev/null | tr '\n' ' ')" ||
+        continue  # git cannot read that commit: every part of it counts as changed
+      for part in "${!LAST_OK[@]}"; do
+        [ "${LAST_OK[$part]}" = "$commit" ] || continue
+        same=1
+        for file in ${FILES[$part]}; do [[ $changed == *" $file "* ]] && same=0; done
+        [ $same = 1 ] && echo "$part"
+      done
+    done
+  elif [ -f "$UNCHANGED_FILE" ]; then
+    cat "$UNCHANGED_FILE"
+  fi
+}
+UNCHANGED=" "
+case "${1:-}" in  # a part run, its overrides or a summary need no order
+  --part | --overrides | --summary) ;;
+  *) UNCHANGED=" $(unchanged_parts | sort | tr '\n' ' ')" ;;
+esac
+
+# PARTS in order, the unchanged ones moved last (default_gap stays the very last)
+ordered=(setup)
+for part in "${PARTS[@]:1}"; do
+  [[ $UNCHANGED != *" $part "* && $part != default_gap ]] && ordered+=("$part")
+done
+for part in "${PARTS[@]:1}"; do [[ $UNCHANGED == *" $part "* ]] && ordered+=("$part"); done
+PARTS=("${ordered[@]}" default_gap)
+
+# GPU_CHECK_PARTS="readme_sweep ..." runs those parts only (setup always runs first), in PARTS's
+# order, within NEXT_LIMIT_S (a loan's second call; GPU_CHECK_LIMIT_S sets another limit).
 if [ -n "${GPU_CHECK_PARTS:-}" ]; then
   for part in $GPU_CHECK_PARTS; do
     [[ -n ${ARITH[$part]:-} ]] || { echo "gpu_check: GPU_CHECK_PARTS: no part $part: ${PARTS[*]}" >&2; exit 2; }
   done
-  keep=(setup)  # in PARTS's order, most at risk first
+  keep=(setup)
   for part in "${PARTS[@]:1}"; do [[ " $GPU_CHECK_PARTS " == *" $part "* ]] && keep+=("$part"); done
   PARTS=("${keep[@]}")
+  LIMIT_S=$NEXT_LIMIT_S
 fi
-# When the boxes sum past LIMIT_S, these go, in this order, until the rest fits; what went is
-# named, with the second call that runs it (a loan's 15 minutes hold one full call and most of
-# another: cold, the CUDA tests alone take half a call).
-DROP=(default_gap search readme_sweep cuda_tests)
+LIMIT_S=${GPU_CHECK_LIMIT_S:-$LIMIT_S}
 
 declare -A BOX EST
 for part in "${PARTS[@]}"; do
   EST[$part]=$((ARITH[$part]))
   BOX[$part]=$(((EST[$part] * (100 + MARGIN_PCT) + 99) / 100))
 done
-RUN=("${PARTS[@]}")  # what runs: PARTS less the dropped
+# What runs: each part in order while it fits what is left of LIMIT_S (each part after setup
+# adds AFTER_S); one that does not is dropped, named with the call that runs it, and a smaller
+# one after it may still fit.
+RUN=(setup)
 DROPPED=()
-total_s() {
-  local total=0 part
-  for part in "${RUN[@]}"; do total=$((total + BOX[$part] + AFTER_S)); done
-  echo $((total - AFTER_S))  # setup has no grace: it is no timed part
-}
-for part in "${DROP[@]}"; do
-  [ "$(total_s)" -le "$LIMIT_S" ] && break
-  DROPPED+=("$part")
-  keep=()
-  for p in "${RUN[@]}"; do [ "$p" != "$part" ] && keep+=("$p"); done
-  RUN=("${keep[@]}")
+used=${BOX[setup]}
+for part in "${PARTS[@]:1}"; do
+  if [ $((used + AFTER_S + BOX[$part])) -le "$LIMIT_S" ]; then
+    RUN+=("$part")
+    used=$((used + AFTER_S + BOX[$part]))
+  else
+    DROPPED+=("$part")
+  fi
 done
-# A big part dropped last can leave room for a small one dropped before it: back it comes.
-for part in "${DROPPED[@]}"; do
-  [ $(($(total_s) + BOX[$part] + AFTER_S)) -gt "$LIMIT_S" ] && continue
-  keep=()
-  for p in "${PARTS[@]}"; do [[ " ${RUN[*]} $part " == *" $p "* ]] && keep+=("$p"); done
-  RUN=("${keep[@]}")
-  keep=()
-  for p in "${DROPPED[@]}"; do [ "$p" != "$part" ] && keep+=("$p"); done
-  DROPPED=("${keep[@]}")
-done
+total_s() { echo "$used"; }
+NEXT="next call"  # where the dropped parts go: a first call's, the loan's second call
+[ -n "${GPU_CHECK_PARTS:-}" ] && NEXT="a later loan"
 
 dry_run() {
   local part values total
   echo "constants (s): START=$START SWEEP=$SWEEP BUILD=$BUILD WINDOW=$WINDOW DIAG=$DIAG POINT=$POINT" \
     "COLD=$COLD COLD_SMALL=$COLD_SMALL GRAPHS=$GRAPHS FP8_SWAP=$FP8_SWAP TF_IMPORT=$TF_IMPORT" \
     "MUON_POINT=$MUON_POINT TTL_MAX_S=$TTL_MAX_S PYTEST=$PYTEST TEST_S=$TEST_S N_TESTS=$N_TESTS" \
-    "FRONTIER_S=$FRONTIER_S WHEELS_S=$WHEELS_S IMPORTS_S=$IMPORTS_S"
+    "FLOAT8_TEST=$FLOAT8_TEST CHUNKED_TEST=$CHUNKED_TEST WHEELS_S=$WHEELS_S IMPORTS_S=$IMPORTS_S"
   printf '%-16s %6s  %s\n' part box "arithmetic; what"
-  for part in "${PARTS[@]}"; do
-    [[ " ${DROPPED[*]} " == *" $part "* ]] && continue
+  for part in "${RUN[@]}"; do
     printf '%-16s %4s s  %s = %s s, +%s %% = %s s; %s\n' "$part" "${BOX[$part]}" \
       "${ARITH[$part]}" "${EST[$part]}" "$MARGIN_PCT" "${BOX[$part]}" "${WHAT[$part]}"
   done
   for part in "${DROPPED[@]}"; do
     echo "dropped: $part (${BOX[$part]} s = ${ARITH[$part]} +$MARGIN_PCT %): past $LIMIT_S s"
   done
-  [ ${#DROPPED[@]} -gt 0 ] && echo "next call: GPU_CHECK_PARTS=\"${DROPPED[*]}\" bash benchmarks/gpu_check.sh"
-  echo "not run: fsdp2 needs two GPUs (tests/test_frontier_cuda.py runs it where there are two)"
+  for part in "${RUN[@]:1}" "${DROPPED[@]}"; do
+    if [[ $UNCHANGED == *" $part "* ]]; then
+      echo "unchanged: $part (its code as at ${LAST_OK[$part]}, its last ok loan: last)"
+    fi
+  done
+  [ ${#DROPPED[@]} -gt 0 ] && echo "$NEXT: GPU_CHECK_PARTS=\"${DROPPED[*]}\" bash benchmarks/gpu_check.sh"
   total=$(total_s)
   echo "each part after setup: +$AFTER_S s (timeout's grace before SIGKILL, its summary, the archive)"
   echo "total: $total s ($((total / 60)) min $((total % 60)) s; the limit is $LIMIT_S s)"
@@ -223,6 +287,8 @@ for name, n in (("train.bin", 400_000), ("val.bin", 40_000)):
 EOF
   { git rev-parse HEAD 2>/dev/null || echo unknown
     echo "$(git status --short 2>/dev/null | wc -l) paths changed since"; } >.gpu/commit.txt
+  # the GPU machine has no repository: which parts are unchanged since their ok loan, said here
+  echo "$UNCHANGED" | tr ' ' '\n' | grep -v '^$' >"$UNCHANGED_FILE"
   local total
   # each wheel, the tokens and the tokenizer's files with their sizes, then the total
   du -ab .gpu/*.whl .gpu/ttl .gpu/tiktoken_cache | grep -v '/ttl/\|/tiktoken_cache/' |
@@ -273,9 +339,13 @@ run_part() {  # PART: run by this script itself (--part), under `timeout`, in th
         perf.compile=false,true "${SHORT[@]}" ;;
     transformers)
       sweep transformers "${LLAMA[@]}" perf.dtype=bf16 perf.compile=true "${SHORT[@]}" ;;
-    reduce_overhead)
+    reduce_overhead)  # and its default-mode twin: what the graphs' pool adds, and the memory
+      #                fit's 4-layer point
       sweep reduce_overhead "${GPT2_4[@]}" perf.dtype=bf16 perf.compile=true \
-        perf.compile_mode=reduce-overhead "${SHORT[@]}" ;;
+        perf.compile_mode=reduce-overhead,default "${SHORT[@]}" ;;
+    memory_fit)  # the compiled estimate's refit input: peaks only, so no diagnosis
+      sweep memory_fit model=gpt2 model.n_layer=2,12 perf.dtype=bf16 perf.compile=true \
+        "${SHORT[@]}" bench.diagnose=false ;;
     chunked_loss)
       sweep chunked_loss model=gpt2 perf.loss=chunked perf.batch_size=8 perf.dtype=bf16 \
         perf.compile=false,true "${SHORT[@]}" ;;
@@ -292,7 +362,7 @@ run_part() {  # PART: run by this script itself (--part), under `timeout`, in th
         bench.eval_batches=4 "bench.max_s=$TTL_MAX_S" bench.diagnose=false ;;
     cuda_tests)
       read -r -a limit <<<"${GPU_CHECK_TEST_TIMEOUT:-}"
-      exec "$PY" -m pytest -m cuda -v -rfEs -p no:cacheprovider "${limit[@]}" --durations=10 \
+      exec "$PY" -m pytest -m cuda -v -rfEs -p no:cacheprovider "${limit[@]}" --durations=0 \
         "--basetemp=$WORK/cuda_tests" ;;
     readme_sweep) sweep readme_sweep perf.compile=true,false perf.dtype=bf16,fp16 ;;
     search)
@@ -399,7 +469,6 @@ absent=" $("$PY" -c "$IMPORTS" "${optional[@]}" 2>/dev/null | tr '\n' ' ')"
 GPU_CHECK_TEST_TIMEOUT=""
 [[ $absent == *" pytest_timeout "* ]] || GPU_CHECK_TEST_TIMEOUT="--timeout=60"
 export PY WORK GPU_CHECK_TEST_TIMEOUT
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 {
   echo "# gpu_check $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -410,9 +479,9 @@ gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   echo "- installed from .gpu/: ${missing[*]##*/}"
   echo "- not importable after that:${absent}"
   [ -z "$GPU_CHECK_TEST_TIMEOUT" ] && echo "- no pytest-timeout: only the part's box limits a test"
-  [ "$gpus" -lt 2 ] && echo "- fsdp2: not run, it needs two GPUs and this machine has $gpus"
-  [ ${#DROPPED[@]} -gt 0 ] && echo "- dropped to fit $LIMIT_S s: ${DROPPED[*]} (--dry-run); next:" \
+  [ ${#DROPPED[@]} -gt 0 ] && echo "- dropped to fit $LIMIT_S s: ${DROPPED[*]} (--dry-run); $NEXT:" \
     "GPU_CHECK_PARTS=\"${DROPPED[*]}\" bash benchmarks/gpu_check.sh"
+  [ "$UNCHANGED" != " " ] && echo "- last, their code as at their last ok loan:$UNCHANGED"
   cat "$WORK/setup.txt" 2>/dev/null
   echo "- setup: $((SECONDS - started)) s"
 } >"$SUMMARY"
@@ -423,6 +492,12 @@ show() {  # NAME: what the summary keeps of a part: each point's figures, then i
   [ "$name" = cuda_tests ] && dir=$(ls -d "$WORK"/cuda_tests/test_the_chunked_loss*/sweep 2>/dev/null | head -n 1)
   [ -n "$dir" ] && [ -d "$dir" ] && "$PY" benchmarks/gpu_summary.py "$dir" 2>&1
   [ -f "$dir/tune.md" ] && grep -A 8 "^## Ranking" "$dir/tune.md"
+  if [ "$name" = memory_fit ]; then  # the refit, on this call's compiled points (the twin's too)
+    echo '```'
+    timeout 60 "$PY" benchmarks/memory_refit.py "$WORK/memory_fit" "$WORK/reduce_overhead" 2>&1 |
+      sed 's|'"$WORK"'/||g'
+    echo '```'
+  fi
   echo '```'
   grep -vE '^\s*$' "$WORK/$name.log" | tail -n 25
   echo '```'

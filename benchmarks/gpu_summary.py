@@ -69,21 +69,19 @@ def judged_peak(r: Record):
 
 
 def estimate(r: Record):
-    if r.setup.mem_estimate_bytes is not None:
-        return gib(r.setup.mem_estimate_bytes), "train/memory_estimate.py, by component"
-    note = (r.setup.mem_estimate or {}).get("note")  # a user's model: why no total
+    note = (r.setup.mem_estimate or {}).get("note")  # a user's model: why no total; the GPT
+    if r.setup.mem_estimate_bytes is not None:  # away from its fitted depth: that it reads low
+        source = "train/memory_estimate.py, by component"
+        return gib(r.setup.mem_estimate_bytes), f"{source}; {note}" if note else source
     return None, note or missing(r, "the estimate")
 
 
 def error_pct(r: Record) -> float | None:
-    """(estimate - peak) / peak in %, against a CUDA allocator's peak only: the estimate models
-    that allocator; a process's RSS (a CPU point's peak) is another quantity."""
-    est, peak, source = (
-        r.setup.mem_estimate_bytes,
-        r.rates.peak_memory_bytes,
-        r.rates.peak_memory_from,
-    )
-    if est is None or not peak or not (source or "").startswith("cuda"):
+    """(estimate - peak) / peak in %, against the CUDA allocator's peak of the measured steps
+    only (with a CUDA graph's pool: probes/memory.py graph_aware_peak): the steady step the
+    estimate models, not warmup's one-time bytes, nor a process's RSS (a CPU point's peak)."""
+    est, peak = r.setup.mem_estimate_bytes, r.memory.mem_peak_allocated_bytes
+    if est is None or not peak or not on_cuda(r):
         return None
     return 100 * (est - peak) / peak
 
@@ -91,15 +89,21 @@ def error_pct(r: Record) -> float | None:
 def estimate_error(r: Record):
     error = error_pct(r)
     if error is not None:
-        return f"{error:+.1f} %", f"(estimate - peak) / peak, peak from {r.rates.peak_memory_from}"
+        window = r.memory.mem_peak_allocated_from or "measured"
+        return f"{error:+.1f} %", f"(estimate - peak) / peak, the allocator's peak ({window})"
     if r.setup.mem_estimate_bytes is None:
         return None, "no estimate"
-    if r.rates.peak_memory_bytes is None:
-        return None, judged_peak(r)[1]
-    return (
-        None,
-        f"the peak is {r.rates.peak_memory_from}, not the CUDA allocator's the estimate models",
-    )
+    if not on_cuda(r):
+        return None, f"no CUDA allocator's peak on {r.setup.device}, which the estimate models"
+    return None, allocator_peak(r, None, "the measured window")[1]
+
+
+def graph_pool(r: Record):
+    if r.memory.mem_graph_pool_bytes is not None:
+        return gib(r.memory.mem_graph_pool_bytes), "the allocator's snapshot, private pools"
+    if r.asked.compile_mode not in ("reduce-overhead", "max-autotune"):
+        return None, f"no CUDA graphs (compile_mode {r.asked.compile_mode})"
+    return None, missing(r, "the graphs' pool")
 
 
 ESTIMATE_OFF_PCT = 10  # the fit held within 1 % on the H200 (docs/benchmarks.md): 10 % is wrong
@@ -170,6 +174,7 @@ FIGURES = (
             r, r.memory.mem_warmup_peak_allocated_bytes, "warmup (first step, compile included)"
         ),
     ),
+    Figure("CUDA graphs' pool", graph_pool),
     Figure("memory estimate", estimate),
     Figure("estimate's error", estimate_error),
     Figure("graph breaks", compile_count(lambda r: r.compile.graph_breaks, "graph breaks")),

@@ -254,3 +254,35 @@ def test_what_configs_presets_and_the_notebook_cite_exists(path):
         if not any(section.strip().lower() in heading.lower() for heading in headings):
             missing.append(f'{page} "{section}"')
     assert missing == []
+
+
+# How the docs once disagreed on fp8's MFU (issue 56): frontier.md and the fp8 preset's row said
+# it divides by the bf16 peak, measurement.md, record.md and the code say null. The first
+# family of phrases must be gone from every page and preset; the code's answer must be there.
+FP8_MFU_AGAINST_BF16 = re.compile(
+    r"MFU (with fp8 )?(divides|is divided) by the bf16|fp8[^.\n]{0,80}divides? by the bf16 "
+    r"(dense )?peak|divides float8 runs by the bf16",
+    re.IGNORECASE,
+)
+
+
+def test_the_docs_say_one_thing_of_mfu_under_fp8():
+    from nanogpt.analysis.derive import FP8_NO_MFU
+
+    pages = [
+        *DOCS.glob("*.md"),
+        README,
+        REPO / "sweeps" / "fp8.yaml",
+        REPO / "nanogpt" / "train" / "float8.py",
+    ]
+    said = {p.name: FP8_MFU_AGAINST_BF16.findall(p.read_text()) for p in pages}
+    assert {name: found for name, found in said.items() if found} == {}
+    assert "no MFU" in FP8_NO_MFU  # what the code records: null, with this note
+    frontier = (DOCS / "frontier.md").read_text()
+    assert "**MFU with fp8 is null**" in frontier
+    (row,) = [
+        line
+        for line in (DOCS / "presets.md").read_text().splitlines()
+        if line.startswith("| `fp8` |")
+    ]
+    assert "MFU is null under fp8" in row

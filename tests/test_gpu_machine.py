@@ -106,64 +106,111 @@ def gpu_check(*args: str, tmp_path, **env_vars) -> subprocess.CompletedProcess:
     )
 
 
-# A part for each path the loan must judge (issue 50), most at risk first, then what stays of
-# the earlier check; default_gap is the first to go when the boxes pass 9 minutes. The CUDA
-# tests, cold, take half a call (an H200, 2026-11-28): a loan's second call runs them.
+# A part for each path the loan must judge (issues 50, 56), in the script's order before the
+# unchanged parts move last: the GPU slot's first run, the CUDA tests, the CUDA-graph peak with its
+# default-mode twin, the memory fit's depths, the README sweep, then what ran ok at 19e7a7f.
 PATHS = (
     "muon",
+    "cuda_tests",
+    "reduce_overhead",
+    "memory_fit",
+    "readme_sweep",
+    "chunked_loss",
     "user_model",
     "transformers",
-    "reduce_overhead",
-    "chunked_loss",
     "fp8",
     "time_to_loss",
+    "search",
 )
+LAST_OK = dict(re.findall(r"\[(\w+)\]=([0-9a-f]{7,40})\b", GPU_CHECK.read_text()))
 
 
-def test_gpu_check_dry_run_has_a_part_per_path_each_box_its_arithmetic_within_nine_minutes(
-    tmp_path,
-):
-    proc = gpu_check("--dry-run", tmp_path=tmp_path)
+def dry_run(tmp_path, **env) -> tuple[str, list, list[str], list[str], int]:
+    """--dry-run's output, its rows (part, box, arithmetic, sum, margin), the dropped parts, the
+    unchanged ones, and the total."""
+    proc = gpu_check("--dry-run", tmp_path=tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    # part, box, arithmetic, its sum: "muon  63 s  SWEEP + 2*MUON_POINT = 48 s, +30 % = 63 s; ..."
+    rows = re.findall(r"^(\w+)\s+(\d+) s  (.+?) = (\d+) s, \+(\d+) % = \d+ s; ", out, flags=re.M)
+    dropped = re.findall(r"^dropped: (\w+) ", out, flags=re.M)
+    unchanged = re.findall(r"^unchanged: (\w+) ", out, flags=re.M)
+    total = int(re.search(r"^total: (\d+) s", out, flags=re.M).group(1))
+    return out, rows, dropped, unchanged, total
+
+
+def test_gpu_check_dry_run_fits_one_loan_the_never_run_parts_and_the_tests_in_its_first_call(
+    tmp_path,
+):
+    out, rows, dropped, unchanged, total = dry_run(tmp_path)
     constants = dict(re.findall(r"(\w+)=(\d+)", out.splitlines()[0]))
     margin = 30
-    # part, box, arithmetic, its sum: "muon  34 s  SWEEP + 2*POINT = 26 s, +30 % = 34 s; ..."
-    rows = re.findall(r"^(\w+)\s+(\d+) s  (.+?) = (\d+) s, \+(\d+) % = \d+ s; ", out, flags=re.M)
     parts = [name for name, *_ in rows]
-    assert parts[0] == "setup" and tuple(parts[1 : len(PATHS) + 1]) == PATHS, parts
+    assert parts[0] == "setup" and sorted(parts[1:] + dropped) == sorted(PATHS + ("default_gap",))
     for name, box, arithmetic, est, pct in rows:
         # the arithmetic, evaluated from the printed constants, is the sum printed, and the
         # box keeps at least 30 % over it
         assert eval(arithmetic, {}, {k: int(v) for k, v in constants.items()}) == int(est), name
         assert int(pct) >= margin and int(box) >= int(est) * (100 + margin) / 100, name
-    dropped = re.findall(r"^dropped: (\w+) ", out, flags=re.M)
-    assert dropped[:1] == ["default_gap"]  # the drop order's first, when it drops anything
-    assert "fsdp2 needs two GPUs" in out
     grace = int(re.search(r"^each part after setup: \+(\d+) s", out, flags=re.M).group(1))
-    total = int(re.search(r"^total: (\d+) s", out, flags=re.M).group(1))
     assert total == sum(int(box) for _, box, *_ in rows) + grace * (len(rows) - 1)
-    assert total <= 9 * 60
+    assert total <= 540
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
-    # What the first call drops, its next call runs: every part in one of the two, each fitting
-    assert "cuda_tests" in dropped
+    # The first call holds the CUDA tests and every part no GPU has run ok (no LAST_OK; the
+    # default-gap benchmark is a figure, not a path), the GPU slot's first run among them
+    never_run = set(PATHS) - set(LAST_OK)
+    assert never_run == {"cuda_tests", "memory_fit"}
+    assert never_run | {"muon", "reduce_overhead"} <= set(parts), parts
+    assert "fsdp2" not in out  # one GPU a loan: FSDP2 is docs' unrun, not the loan's
+    # Parts whose GPU code is their last ok loan's go after every part whose code changed
+    order = parts[1:] + dropped
+    changed = [p for p in order if p not in unchanged and p != "default_gap"]
+    assert all(order.index(c) < order.index(u) for c in changed for u in unchanged), order
+    assert order[-1] == "default_gap"
+    # The second call: what the first dropped, the README sweep first of it, within 250 s
     command = re.search(r'^next call: GPU_CHECK_PARTS="([\w ]+)" bash', out, flags=re.M)
     assert command and command.group(1).split() == dropped
-    second = gpu_check("--dry-run", tmp_path=tmp_path, GPU_CHECK_PARTS=command.group(1))
-    assert second.returncode == 0, second.stderr
-    ran = re.findall(r"^(\w+)\s+\d+ s  ", second.stdout, flags=re.M)
-    assert ran[0] == "setup" and ran[1] == "cuda_tests", ran  # the tests first
-    still = re.findall(r"^dropped: (\w+) ", second.stdout, flags=re.M)
-    assert sorted(parts[1:] + ran[1:] + still) == sorted(set(parts[1:] + dropped))
+    second, rows2, still, _, total2 = dry_run(tmp_path, GPU_CHECK_PARTS=command.group(1))
+    ran = [name for name, *_ in rows2]
+    assert ran[:2] == ["setup", "readme_sweep"] and total2 <= 250, second
+    assert sorted(ran[1:] + still) == sorted(dropped)
+    if still:
+        assert f'a later loan: GPU_CHECK_PARTS="{" ".join(still)}"' in second
 
 
 def test_gpu_check_parts_names_a_missing_part_and_exits_2(tmp_path):
     proc = gpu_check("--dry-run", tmp_path=tmp_path, GPU_CHECK_PARTS="muon bogus")
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [
-        f"gpu_check: GPU_CHECK_PARTS: no part bogus: {' '.join(('setup',) + PATHS)} "
-        "cuda_tests readme_sweep search default_gap"
-    ]
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("gpu_check: GPU_CHECK_PARTS: no part bogus: setup muon cuda_tests")
+
+
+def test_code_changed_reads_code_not_docstrings_and_refuses_an_unknown_commit(tmp_path):
+    """benchmarks/code_changed.py, which orders the parts: against HEAD in a copy of a file
+    whose docstring and comments changed, nothing; whose code changed, the path."""
+    script = REPO / "benchmarks" / "code_changed.py"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True)
+
+    git("init", "-q")
+    (repo / "m.py").write_text('"""Old."""\n\n\ndef f():\n    """Old."""\n    return 1  # one\n')
+    git("add", "m.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "m")
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, str(script), *args], cwd=repo, capture_output=True, text=True
+        )
+
+    (repo / "m.py").write_text('"""New, true."""\n\n\ndef f():\n    return 1  # the one\n')
+    assert run("HEAD", "m.py").stdout == ""
+    (repo / "m.py").write_text('"""New."""\n\n\ndef f():\n    return 2\n')
+    assert run("HEAD", "m.py").stdout == "m.py\n"
+    refused = run("0000000", "m.py")
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
 
 
 def prepared_tokens(into) -> str:
@@ -215,6 +262,11 @@ def test_every_sweep_part_of_the_gpu_check_composes_and_validates_for_a_cuda_mac
             check_points(expand(overrides), None, here=False)  # raises ConfigError, naming the key
         checked.append(part)
     assert set(PATHS) - {"cuda_tests"} <= set(checked)
+    # the memory fit's compiled default-mode points, and reduce_overhead's twin beside its graphs
+    fit = gpu_check("--overrides", "memory_fit", tmp_path=tmp_path).stdout.splitlines()
+    assert {"model.n_layer=2,12", "perf.compile=true", "bench.diagnose=false"} <= set(fit)
+    twin = gpu_check("--overrides", "reduce_overhead", tmp_path=tmp_path).stdout.splitlines()
+    assert "perf.compile_mode=reduce-overhead,default" in twin
 
 
 def test_a_sweep_without_pyarrow_writes_no_parquet_and_says_so_in_one_line(sweep, tmp_path):
@@ -313,7 +365,8 @@ def test_gpu_check_summary_gives_every_figure_a_value_or_the_reason_it_is_null(
     assert (
         "| window's allocated peak | null | no CUDA caching allocator on device cpu |" in blocks[0]
     )
-    assert "not the CUDA allocator's the estimate models" in blocks[0]
+    assert "no CUDA allocator's peak on cpu, which the estimate models" in blocks[0]
+    assert "| CUDA graphs' pool | null | no CUDA graphs (compile_mode default) |" in blocks[0]
     assert "| graph breaks | null | not compiled |" in blocks[0]
     assert all("\ncheck: ok\n" in block for block in blocks)  # a CPU point: nothing to flag
     assert re.search(r"\| optimizer implementation \| (foreach|for_loop)", blocks[0])

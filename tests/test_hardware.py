@@ -45,7 +45,10 @@ DEVICE_NAMES = [
     ("NVIDIA A30", "A30"),
     ("NVIDIA B200", "B200"),
     ("NVIDIA GB200", "GB200"),
+    ("NVIDIA B300 SXM6 AC", "B300"),
+    ("NVIDIA GB300", "GB300"),
     ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+    ("AMD Instinct MI325X", "MI325X"),
     ("AMD Instinct MI300X", "MI300X"),
     ("AMD Instinct MI300X VF", "MI300X"),
     ("AMD Instinct MI250X", "MI250X GCD"),
@@ -85,6 +88,9 @@ DENSE_16BIT_TFLOPS = [
     ("NVIDIA A30", "bf16", 165),
     ("NVIDIA B200", "bf16", 2250),
     ("NVIDIA GB200", "bf16", 2500),
+    ("NVIDIA B300 SXM6 AC", "bf16", 2250),
+    ("NVIDIA GB300", "bf16", 2500),
+    ("AMD Instinct MI325X", "bf16", 1307.4),
     ("NVIDIA GeForce RTX 5090", "bf16", 209.5),
     ("AMD Instinct MI300X", "bf16", 1307.4),
     ("AMD Instinct MI250X", "bf16", 191.5),
@@ -133,7 +139,7 @@ def test_h100_fp32_is_the_cuda_core_rate_and_tf32_is_half_of_bf16():
     "name",
     [
         "NVIDIA GeForce GTX 1080",
-        "AMD Instinct MI325X",
+        "AMD Instinct MI355X",  # not in the table: no sourced dense 16-bit figure
         "Intel(R) Xeon(R) Platinum 8480+",
         "NVIDIA GeForce RTX 3090 Ti",  # a different chip configuration from the 3090
         "NVIDIA GeForce RTX 4090 Laptop GPU",

@@ -73,35 +73,97 @@ class CudaAllocatorCounters:
             lambda device=None: {"num_alloc_retries": self.retries, "num_ooms": self.ooms},
         )
 
+        # the allocator's segments as torch.cuda.memory_snapshot returns them (the fields of
+        # torch.cuda.memory._snapshot's Segment): the default pool's, then a CUDA graph's
+        self.pool_reserved = self.pool_live = 0
+        monkeypatch.setattr(torch.cuda, "memory_snapshot", self.snapshot)
+
     def step(self, transient: int) -> None:
         """A step that allocates `transient` bytes (activations, logits) and frees them."""
         self.now += transient
         self.peak = max(self.peak, self.now)
         self.now -= transient
 
+    def record_graph(self, transient: int, outputs: int) -> None:
+        """A CUDA graph recorded: its step's transients taken into a private pool, which keeps
+        them reserved once freed, and its static outputs live there for good."""
+        self.step(transient)
+        self.pool_reserved, self.pool_live = transient + outputs, outputs
+        self.now += outputs
+        self.peak = max(self.peak, self.now)
+
+    def snapshot(self) -> list[dict]:
+        def segment(pool_id, total, allocated):
+            return {
+                "device": 0,
+                "address": 0,
+                "total_size": total,
+                "allocated_size": allocated,
+                "active_size": allocated,
+                "stream": 0,
+                "segment_type": "large",
+                "segment_pool_id": pool_id,
+                "blocks": [],
+            }
+
+        default = segment((0, 0), self.now - self.pool_live, self.now - self.pool_live)
+        graphs = [segment((1, 0), self.pool_reserved, self.pool_live)] if self.pool_reserved else []
+        return [default, *graphs]
+
     def reset(self, device=None) -> None:
         self.peak = self.now
 
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
-def test_a_cuda_graph_modes_peak_keeps_the_pool_its_warmup_recorded(monkeypatch, cuda_graphs):
+def test_a_cuda_graph_points_peak_is_its_replays_and_pool_not_warmups_one_time_bytes(
+    monkeypatch, cuda_graphs
+):
     gib = 2**30
     cuda = CudaAllocatorCounters(monkeypatch)
     cuda.now = 2 * gib  # weights, gradients and optimizer state
     probe = memory.MemoryProbe(torch.device("cuda", 0), cuda_graphs=cuda_graphs)
     probe.start()
-    cuda.step(10 * gib)  # the first step: compilation's transients on top of the activations
-    cuda.step(7 * gib)  # eager, or recording the graphs: the activations, into their pool
-    probe.split()
+    cuda.step(10 * gib)  # the first step: compilation's one-time transients on the activations
+    if cuda_graphs:  # the graphs recorded: the activations, into their pool; 1 GiB of outputs
+        cuda.record_graph(7 * gib, outputs=gib)
+    else:
+        cuda.step(7 * gib)
+    probe.split()  # peaks reset after the graphs are recorded
     for _ in range(3):  # measured steps: eager ones allocate again, graph replays nothing
         cuda.step(0 if cuda_graphs else 7 * gib)
     figures = probe.result()
-    assert figures["mem_warmup_peak_allocated_bytes"] == 12 * gib
+    assert figures["mem_warmup_peak_allocated_bytes"] == 12 * gib  # kept, its own field
     peak, window = figures["mem_peak_allocated_bytes"], figures["mem_peak_allocated_from"]
-    # Under CUDA graphs the measured window alone would read 2 GiB: weights and states only.
-    assert (peak, window) == ((12 * gib, "warmup") if cuda_graphs else (9 * gib, "measured"))
-    # What the point needs to fit is the larger of the two peaks either way.
+    # Under CUDA graphs the measured window alone would read 3 GiB (weights, states and the
+    # graphs' outputs); the pool's 7 GiB free between replays are what each replay writes
+    # again. Warmup's 12 GiB (the old rule) held compilation's one-time bytes.
+    if cuda_graphs:
+        assert (peak, window) == (10 * gib, "measured+graph pool")
+        assert figures["mem_graph_pool_bytes"] == 8 * gib
+    else:
+        assert (peak, window) == (9 * gib, "measured")
+        assert figures.get("mem_graph_pool_bytes") is None
+    # What the point needs to fit, every step of it, is still the larger of the two peaks
     assert derive.peak_memory(figures) == (12 * gib, "cuda warmup")
+
+
+def test_the_graph_pool_is_read_with_the_fields_torch_documents_for_its_snapshot():
+    # torch.cuda.memory._snapshot's docstring lists a Segment's fields; a renamed one would
+    # read a KeyError or nothing, on a GPU only
+    documented = torch.cuda.memory._snapshot.__doc__
+    for key in ("total_size", "allocated_size", "segment_pool_id"):
+        assert f"{key}:" in documented, key
+    segments = [
+        {"device": 0, "total_size": 8, "allocated_size": 8, "segment_pool_id": (0, 0)},
+        {"device": 0, "total_size": 6, "allocated_size": 1, "segment_pool_id": (1, 0)},
+        {"device": 1, "total_size": 5, "allocated_size": 0, "segment_pool_id": (2, 0)},
+        {"device": 0, "total_size": 4, "allocated_size": 2, "segment_pool_id": (3, 1)},
+    ]
+    # the private pools of this device only (a second graph's too), not the default pool's
+    assert memory.graph_pool_bytes(segments, torch.device("cuda", 0)) == (10, 3)
+    assert memory.graph_aware_peak(5, (10, 3)) == (12, "measured+graph pool")
+    assert memory.graph_aware_peak(5, (0, 0)) == (5, "measured")  # no graph recorded
+    assert memory.graph_aware_peak(None, (10, 3)) == (None, None)
 
 
 def test_the_allocator_counters_are_the_ones_torch_documents():

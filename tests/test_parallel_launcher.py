@@ -121,6 +121,83 @@ def test_a_card_split_by_mig_is_its_instances_by_uuid(tmp_path, monkeypatch):
     ]
 
 
+# A host of mixed GPUs, as nvidia-smi lists it (PCI order): the slower card on the lower bus.
+MIXED_LISTING = """\
+GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-0c8b1b0a-6d5c-4b4e-9b0e-0e6f3c2a1d11)
+GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)
+"""
+FASTEST_FIRST = [
+    "GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77",
+    "GPU-0c8b1b0a-6d5c-4b4e-9b0e-0e6f3c2a1d11",
+]
+
+
+def listed_card(label: str) -> str:
+    """The card nvidia-smi's listing names by `label` (its index, or a UUID): by UUID."""
+    cards = [line.split("UUID: ")[1].rstrip(")") for line in MIXED_LISTING.splitlines()]
+    return label if label.startswith("GPU-") else cards[int(label)]
+
+
+def card_cuda_opens(env: dict) -> str:
+    """The card CUDA would open as device 0 under `env` on that host (hardware this machine
+    lacks, so CUDA's documented rule, written out): CUDA_VISIBLE_DEVICES's first entry, a UUID
+    as it is, an index counted in CUDA_DEVICE_ORDER's order: PCI_BUS_ID, nvidia-smi's, else
+    (unset or FASTEST_FIRST) the fastest card first."""
+    first = env["CUDA_VISIBLE_DEVICES"].split(",")[0]
+    if first.startswith("GPU-"):
+        return first
+    order = env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    return listed_card(first) if order == "PCI_BUS_ID" else FASTEST_FIRST[int(first)]
+
+
+ENTER_AND_RECORD = """
+import json, os, sys
+from nanogpt.hardware.slots import Slot, enter
+from nanogpt.record.measured import Setup
+from nanogpt.runner import placement
+enter(Slot(tuple(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3]))
+setup = Setup()
+placement.fill(setup)  # what the slot's points record
+keys = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+print(json.dumps({"gpu_set": setup.gpu_set, "env": {k: os.environ.get(k) for k in keys}}))
+"""
+
+
+@pytest.mark.slow
+@linux_only
+def test_a_slots_gpu_set_and_its_cuda_visible_devices_name_the_same_card(tmp_path, monkeypatch):
+    """On a host of mixed GPUs, CUDA counts an index fastest first unless CUDA_DEVICE_ORDER says
+    PCI_BUS_ID, nvidia-smi's order: each GPU slot's environment sets the order beside the card,
+    so the card its record's gpu_set names (in nvidia-smi's listing) is the one CUDA opens. Each
+    slot is entered in a process of its own, as the launcher's are."""
+    import json
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", MIXED_LISTING)["PATH"])
+    monkeypatch.setenv("NANOGPT_CORUN_DIR", str(tmp_path))  # placement's: a parallel launch
+    cores = sorted(os.sched_getaffinity(0))[:1]
+    slots = plan(2, cores * 2, gpus_for(["cuda"]))
+    assert [slot.gpu for slot in slots] == ["0", "1"]  # nvidia-smi's indices
+    for slot in slots:
+        args = [json.dumps(list(slot.cores)), slot.gpu, slot.order]
+        done = subprocess.run(
+            [sys.executable, "-c", ENTER_AND_RECORD, *args], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert seen["gpu_set"] == seen["env"]["CUDA_VISIBLE_DEVICES"] == slot.gpu
+        assert card_cuda_opens(seen["env"]) == listed_card(seen["gpu_set"]), slot
+    # Indices the sweep's own CUDA_VISIBLE_DEVICES gave count in its order (CUDA's default here):
+    # a slot keeps that meaning rather than reading them in nvidia-smi's
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert [(s.gpu, s.order) for s in plan(2, cores * 2, gpus_for(["cuda"]))] == [
+        ("1", "FASTEST_FIRST"),
+        ("0", "FASTEST_FIRST"),
+    ]
+
+
 def fake_nvidia_smi(folder, listing: str) -> dict:
     """An `nvidia-smi` that lists GPUs this machine lacks: the environment that puts it first
     on PATH (a test also takes CUDA_VISIBLE_DEVICES away, which would answer in its place)."""

@@ -278,7 +278,7 @@ class Search:
         except ConfigError as err:
             entry.reason = f"invalid: {err}"
             return entry
-        misfit = fit.misfit(fit.estimate_bytes(spec), self.budget)
+        misfit = fit.misfit(fit.estimate_bytes(spec), self.budget, fit.error_margin(spec))
         if misfit:
             entry.reason = f"pruned before running: {misfit}"
             return entry

@@ -119,6 +119,15 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # NVIDIA GB200 NVL72 page, per Blackwell GPU (the rack's figures / 72): FP32 80 |
     # TF32 2.5 PF* | BF16 5 PF* | FP16 5 PF*.
     "GB200": _sparse_print(fp32=80, tf32=2500, half=5000),
+    # NVIDIA HGX platform page, HGX B300 column (8 GPUs, all marked * but FP32): FP32 600 TF |
+    # TF32 18 PF* | FP16/BF16 36 PF* | FP8 72 PF*; per GPU FP32 75 | TF32 2.25 PF* | BF16 4.5 PF*.
+    # LESS CERTAIN: read from secondary copies of NVIDIA's table (fibermall's "HGX B300 NVL16"
+    # table; Glenn Lockwood's B300 page, dense per GPU: FP32 75, TF32 1,125, BF16 2,250).
+    "B300": _sparse_print(fp32=75, tf32=2250, half=4500),
+    # NVIDIA GB300 NVL72 page, per Blackwell Ultra GPU (the rack's / 72): BF16 5 PF* (360 PF*
+    # the rack). LESS CERTAIN: the per-GPU figures read from Verda's "GB300 NVL72 architecture"
+    # post, which prints them dense: FP32 80 | TF32 1,250 | FP16/BF16 2,500 TFLOP/s.
+    "GB300": {"fp32": 80, "tf32": 1250, "bf16": 2500, "fp16": 2500},
     # NVIDIA RTX Blackwell GPU architecture whitepaper, GeForce RTX 5090 column: FP32 104.8 |
     # TF32 104.8/209.5* | BF16 (FP32 accumulate) 209.5/419* | FP16 with FP32 accumulate
     # 209.5/419*. Its boost clock often runs above the rated one: MFU can pass 100 % a little.
@@ -140,12 +149,19 @@ _GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
 #   H100 SXM die. LESS CERTAIN: read from secondary copies of the datasheet.
 # - NVIDIA H800 datasheet (the export variant: only FP64 and NVLink are cut): the SXM column as
 #   H100 SXM, the PCIe column as H100 PCIe.
+# - AMD Instinct MI325X (the MI300X's CDNA 3 die, 304 CUs at 2,100 MHz, with HBM3E): FP32
+#   163.4 | FP16/BF16 1,307.4, as MI300X. LESS CERTAIN: read from secondary copies of AMD's
+#   specifications (Vultr's ROCm hardware-requirements page: FP16 1,307 TFLOPS).
+# MI350X and MI355X (CDNA 4) are not in the table: no copy of AMD's dense BF16/FP16 figures was
+# found to source them (only FP32 157.3 for the MI355X), and a row without its 16-bit rate would
+# read as "no hardware path" (above). Their points get a calibrated peak or hardware.peak_tflops.
 _SAME_COMPUTE = {
     "H200 SXM": "H100 SXM",
     "H200 NVL": "H100 NVL",
     "GH200": "H100 SXM",
     "H800 SXM": "H100 SXM",
     "H800 PCIe": "H100 PCIe",
+    "MI325X": "MI300X",
 }
 _GPU_PEAK_TFLOPS.update({part: _GPU_PEAK_TFLOPS[same] for part, same in _SAME_COMPUTE.items()})
 
@@ -193,7 +209,10 @@ _GPU_NAME_RULES: tuple[tuple[str, str], ...] = (
     (r"\bA30\b", "A30"),
     (r"\bGB200\b", "GB200"),
     (r"\bB200\b", "B200"),
+    (r"\bGB300\b", "GB300"),  # (\bB300\b cannot match "GB300": no boundary inside it)
+    (r"\bB300\b", "B300"),
     (r"\bRTX 5090$", "RTX 5090"),  # not "5090 D" or "Laptop GPU": other chips, other clocks
+    (r"\bMI325X\b", "MI325X"),
     (r"\bMI300X\b", "MI300X"),  # also "AMD Instinct MI300X VF" in cloud VMs
     (r"\bMI250X\b", "MI250X GCD"),
 )

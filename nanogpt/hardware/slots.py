@@ -2,12 +2,17 @@
 
 The points' device decides the kind of slot: points that train on CUDA get one GPU each
 (CUDA_VISIBLE_DEVICES names it, so the point sees one device: a card, or under MIG one of its
-instances) with a share of the host's cores; CPU points (and MPS ones) get a set of cores, GPUs
-or not. Every slot's process is pinned to its cores (sched_setaffinity, inherited by the fork
-server it starts and every point forked from it) and torch uses as many threads as the slot has
-cores (OMP_NUM_THREADS, read when torch is imported; torch.set_num_threads where it already
-is). Points in different slots still share memory bandwidth, caches, PCIe and the host: records
-list their neighbours (runner/placement.py).
+instances) with a share of the host's cores. An index in CUDA_VISIBLE_DEVICES counts in CUDA's
+order, fastest card first, unless CUDA_DEVICE_ORDER=PCI_BUS_ID; nvidia-smi numbers cards in PCI
+order. So a slot's environment names its order beside its card (`Slot.order`): PCI_BUS_ID for a
+card from nvidia-smi's listing, the sweep's own order for one from its CUDA_VISIBLE_DEVICES. On
+a host of mixed GPUs the card a slot's label and its record's gpu_set name is then the one its
+points run on. CPU points (and MPS ones) get a set of cores, GPUs or not. Every slot's process
+is pinned to its cores (sched_setaffinity, inherited by the fork server it starts and every
+point forked from it) and torch uses as many threads as the slot has cores (OMP_NUM_THREADS,
+read when torch is imported; torch.set_num_threads where it already is). Points in different
+slots still share memory bandwidth, caches, PCIe and the host: records list their neighbours
+(runner/placement.py).
 """
 
 from __future__ import annotations
@@ -27,10 +32,18 @@ from nanogpt.hardware.device_support import parse_device
 COUNTS = {"slots": "one slot per GPU or core set", "cores_per_slot": "the cores split evenly"}
 
 
+# CUDA's orders of devices (the CUDA C Programming Guide, "CUDA Environment Variables"): an
+# index in CUDA_VISIBLE_DEVICES counts in the order CUDA_DEVICE_ORDER names, FASTEST_FIRST when
+# it is unset; nvidia-smi (and NVML) number cards in PCI_BUS_ID order.
+PCI_ORDER = "PCI_BUS_ID"
+CUDA_DEFAULT_ORDER = "FASTEST_FIRST"
+
+
 @dataclass(frozen=True)
 class Slot:
     cores: tuple[int, ...]
     gpu: str | None = None  # a CUDA device index or UUID, as CUDA_VISIBLE_DEVICES takes it
+    order: str = PCI_ORDER  # CUDA_DEVICE_ORDER, in which an index `gpu` counts (gpu_order)
 
     def describe(self) -> str:
         where = f"GPU {self.gpu}, " if self.gpu is not None else ""
@@ -71,8 +84,9 @@ def plan(
     if gpus:
         count = min(len(gpus), slots or len(gpus), points)
         share = max(1, len(cores) // count)
+        order = gpu_order()
         return [
-            Slot(tuple(cores[i * share : (i + 1) * share]) or (cores[0],), gpus[i])
+            Slot(tuple(cores[i * share : (i + 1) * share]) or (cores[0],), gpus[i], order)
             for i in range(count)
         ]
     per = cores_per_slot or (len(cores) // slots if slots else 1)
@@ -95,7 +109,8 @@ def enter(slot: Slot) -> None:
     threads = str(len(slot.cores))
     os.environ["OMP_NUM_THREADS"] = threads
     os.environ["MKL_NUM_THREADS"] = threads
-    if slot.gpu is not None:
+    if slot.gpu is not None:  # the card, and the order its index counts in (never CUDA's
+        os.environ["CUDA_DEVICE_ORDER"] = slot.order  # default by accident: module docstring)
         os.environ["CUDA_VISIBLE_DEVICES"] = slot.gpu
     torch = sys.modules.get("torch")  # not imported yet: it reads OMP_NUM_THREADS when it is
     if torch is not None:
@@ -105,8 +120,9 @@ def enter(slot: Slot) -> None:
 def gpus_for(devices: Iterable[str]) -> list[str]:
     """The GPUs to plan slots on: those visible when a point trains on CUDA (`cuda`, `cuda:N`,
     or `auto` where torch finds CUDA, as the point will: devices.resolve_device), none otherwise:
-    CPU points take core sets, GPUs or not. Asking torch is safe here: the launcher starts its
-    slots as fresh interpreters, which inherit no CUDA state."""
+    CPU points take core sets, GPUs or not. Asking torch is safe here: the launcher's slots are
+    children of the sweep's fork server (or fresh interpreters where there is none), never forks
+    of this process, so they inherit no CUDA state (frontend/launchers/parallel.py)."""
     names = set(devices)
     cuda = any((place := parse_device(name)) and place.type == "cuda" for name in names)
     if not cuda and "auto" not in names:
@@ -117,6 +133,15 @@ def gpus_for(devices: Iterable[str]) -> list[str]:
 
         return gpus if torch.cuda.is_available() else []
     return gpus
+
+
+def gpu_order() -> str:
+    """The CUDA_DEVICE_ORDER in which visible_gpus' indices count: the sweep's own (CUDA's
+    default, FASTEST_FIRST, when unset) where CUDA_VISIBLE_DEVICES named them, as its indices
+    meant there; else PCI_BUS_ID, the order of nvidia-smi's listing they were read from."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return os.environ.get("CUDA_DEVICE_ORDER", CUDA_DEFAULT_ORDER)
+    return PCI_ORDER
 
 
 def visible_gpus() -> list[str]:

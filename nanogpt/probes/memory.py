@@ -4,11 +4,15 @@
   took from the driver (reserved), over the measured steps: reset when the probe starts and
   again between warmup and the measured steps (`split`), which keeps warmup's peaks apart
   (mem_warmup_peak_*: compilation, autotuning and CUDA-graph recording transients).
-  CUDA-graph compile modes (reduce-overhead, max-autotune) are the exception: their replays
-  allocate nothing (the graphs' memory pool was taken while warmup recorded them), so a
-  measured-only peak would read about weights + gradients + optimizer state. For them the
-  allocated peak is the larger of warmup's and the measured steps' (`graph_aware_peak`), and
-  mem_peak_allocated_from says which window it came from.
+  CUDA-graph compile modes (reduce-overhead, max-autotune): their replays allocate nothing (the
+  graphs' memory is a private pool of the allocator, taken while warmup recorded them and held
+  since), so a measured-only peak would read about weights + gradients + optimizer state. The
+  peaks are still reset after warmup (the graphs are recorded by then: validate/device.py asks
+  CUDA_GRAPH_WARMUP steps), which leaves warmup's one-time bytes out (the first compile,
+  autotuning, the recording's own transients); the pool's bytes that are no live tensor (free
+  between replays, written again by each) are added to the measured peak (`graph_aware_peak`,
+  the pool read from the allocator's snapshot: `graph_pool_bytes`), and warmup's peak stays its
+  own field. mem_peak_allocated_from says "measured+graph pool".
 - NVML (nvidia-ml-py): device memory in use as the driver sees it, all processes included;
   sampled at each window, the largest sample kept.
 - Process peak RSS (resident host memory). On Linux the kernel's peak (VmHWM) is reset when the
@@ -144,10 +148,12 @@ class MemoryProbe:
             **self.alloc_figures(),
         }
         if self.cuda:
+            pool = None
+            if self.cuda_graphs:
+                pool = graph_pool_bytes(torch.cuda.memory_snapshot(), self.device)
+                out["mem_graph_pool_bytes"] = pool[0]
             out["mem_peak_allocated_bytes"], out["mem_peak_allocated_from"] = graph_aware_peak(
-                torch.cuda.max_memory_allocated(self.device),
-                self.warmup.get("mem_warmup_peak_allocated_bytes"),
-                self.cuda_graphs,
+                torch.cuda.max_memory_allocated(self.device), pool
             )
             out["mem_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(self.device)
         return out
@@ -160,15 +166,40 @@ def _alloc_counts(device: torch.device) -> dict[str, int]:
 
 
 def graph_aware_peak(
-    measured: int | None, warmup: int | None, cuda_graphs: bool
+    measured: int | None, pool: tuple[int, int] | None
 ) -> tuple[int | None, str | None]:
-    """The allocated peak a record reports, and the window it comes from ("measured" or
-    "warmup"). Normally the measured steps' own. Under CUDA graphs the replays allocate
-    nothing: the graphs' pool was allocated while warmup recorded them and is still held, so
-    the larger of the two peaks is the one the step needs."""
-    if cuda_graphs and warmup is not None and (measured is None or warmup > measured):
-        return warmup, "warmup"
-    return measured, None if measured is None else "measured"
+    """The allocated peak a record reports, and where it comes from. Normally the measured
+    steps' own ("measured"). Under CUDA graphs (`pool`: the graphs' pool's reserved and
+    allocated bytes, graph_pool_bytes) the replays allocate nothing yet use all of the pool: its
+    bytes that are no live tensor, which max_memory_allocated does not count, are added
+    ("measured+graph pool"). Warmup's peak is never taken: it holds one-time bytes (the first
+    compile, autotuning, recording) the steps after it do not need."""
+    if measured is None:
+        return None, None
+    reserved, live = pool or (0, 0)
+    if reserved > live:
+        return measured + reserved - live, "measured+graph pool"
+    return measured, "measured"
+
+
+# The default pool's id in the allocator's snapshot; a CUDA graph records into a private pool of
+# its own (torch._inductor.cudagraph_trees.get_cudagraph_segments reads its segments the same way)
+DEFAULT_POOL = (0, 0)
+
+
+def graph_pool_bytes(segments: list[dict], device: torch.device) -> tuple[int, int]:
+    """The bytes the allocator's private pools (the CUDA graphs') hold on `device`: reserved
+    (their segments' cudaMalloc'd total_size) and allocated (in live tensors, which
+    max_memory_allocated already counts). `segments`: torch.cuda.memory_snapshot(), whose
+    fields torch.cuda.memory._snapshot documents (Segment: device, total_size, allocated_size,
+    segment_pool_id)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pools = [
+        s
+        for s in segments
+        if s.get("device", index) == index and tuple(s["segment_pool_id"]) != DEFAULT_POOL
+    ]
+    return sum(s["total_size"] for s in pools), sum(s["allocated_size"] for s in pools)
 
 
 def reset_peak_rss() -> str:

@@ -54,6 +54,7 @@ MEMORY_PARTS = (
     "ddp_buckets",
     "gathered_params",
     "unsharded_gradients",
+    "fit_constant",  # the built-in GPT's fitted constant, where a refit gives one (train/gpt.py)
 )
 
 

@@ -140,8 +140,11 @@ class Memory:
     mem_peak_allocated_bytes: int | None = marked(  # the CUDA caching allocator's
         shown=(70, "cuda_MiB", "mebibytes"), pool=LARGEST, peak=("cuda", "measured")
     )
-    # "measured", or "warmup" under CUDA graphs when warmup's peak (the graphs' pool) is larger
+    # "measured", or "measured+graph pool" under CUDA graphs: the replays' peak plus the graphs'
+    # pool's bytes that are no live tensor (probes/memory.py graph_aware_peak)
     mem_peak_allocated_from: str | None = None
+    # CUDA graphs' private pool, reserved (the allocator's snapshot), after the measured steps
+    mem_graph_pool_bytes: int | None = json_only(pool=LARGEST)
     mem_peak_reserved_bytes: int | None = marked(pool=LARGEST)
     # the driver's view, all processes, largest sample
     mem_nvml_used_bytes: int | None = marked(pool=LARGEST)

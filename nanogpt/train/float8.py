@@ -13,10 +13,9 @@ Which Linears are converted (`fp8_filter`):
   (`torch._scaled_mm`) requires it (torchao's own filter says the same).
 `convert` returns the list of both, with the reason each kept layer stayed, for the record.
 
-MFU with fp8 divides by the bf16 dense peak, as torchtitan does (its `get_peak_flops` returns
-the bf16 figure and its MFU is logged against it whatever float8 setting is on): the bf16 peak
-is what the unconverted work runs at, so a step that uses float8 well can read above what bf16
-alone reaches, and the figure stays comparable with the bf16 point beside it.
+MFU with fp8 is null (analysis/derive.py, FP8_NO_MFU): the converted matmuls run at float8's
+peak and the rest at bf16's, so no one peak bounds the step; torchtitan stopped reporting MFU
+under FP8/MX for that reason (docs/measurement.md, "No MFU under `perf.fp8`").
 """
 
 from __future__ import annotations

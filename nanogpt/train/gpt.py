@@ -28,21 +28,94 @@ from nanogpt.train.chunked_loss import chunked_cross_entropy
 
 FLOPS_FORMULA = "6N + 12*L*H*Q*T (PaLM appendix B); N = params excluding position embedding"
 
-# The activation and logits terms' coefficients, fitted together to the peaks one H100 80GB
-# measured on 2026-11-23 (torch 2.11; ../shared/device/h100-2026-11-23.md, summarised in
-# docs/benchmarks.md) at GPT-2 124M, block 1024, batch 12, bf16, AdamW, flash attention:
-#   eager 11.31 GiB, eager with activation checkpointing 7.76 GiB, compiled 9.08 GiB.
-# Eager and checkpointed share the logits and differ by 11 layers' activations: those two fix
-# the activations (38.9 bytes) and the eager logits (9.30 bytes a logit, 2 of them bf16); the
-# compiled point, its activations assumed the same, fixes the compiled logits (5.43). Rounded,
-# the estimate is within 0.1 % of all three (tests/test_model_flops.py holds it to 5 %). These
-# are effective bytes: at the peak (the start of backward) the gradients are not allocated yet
-# while autocast's weight copies and Inductor's buffers are, and the fit absorbs that.
-ACTIVATION_BYTES = 39  # a layer, a token, a channel, 16-bit: Korthikanti's 34, plus the
-#                        residual stream, fp32 under autocast, saved at both LayerNorms
-LOGITS_EXTRA_BYTES = {False: 7.3, True: 3.4}  # a logit beyond its compute-dtype copy, eager
-#   (log_softmax's fp32 output and its fp32 gradient, nearly two fp32 copies) and compiled
-#   (Inductor fuses the upcast into the loss kernels: less than one)
+# The estimate's terms, each apart with where its coefficient comes from (`MemoryFit`):
+#   peak = the runner's parts (weights, gradients, optimizer state: train/memory_estimate.py,
+#          exact from the tensors)
+#        + per_layer  x tokens x n_embd x n_layer (x act_bytes / 2)   "activations"
+#        + (act_bytes + per_logit) x tokens x vocab                    "logits"
+#        + constant                                                   "fit_constant" (when not 0)
+# The eager coefficients were fitted together to the peaks one H100 80GB measured on 2026-11-23
+# (torch 2.11; ../shared/device/h100-2026-11-23.md, summarised in docs/benchmarks.md) at GPT-2
+# 124M, block 1024, batch 12, bf16, AdamW, flash attention: eager 11.31 GiB, eager with
+# activation checkpointing 7.76 GiB, compiled 9.08 GiB. Eager and checkpointed share the logits
+# and differ by 11 layers' activations: those two fix the activations (38.9 bytes: a slope in
+# depth, so it holds at any depth) and the eager logits (9.30 bytes a logit, 2 of them bf16).
+# The compiled point alone fixes nothing in depth: its activations were taken to be eager's and
+# its logits (5.43) solved from its 12-layer peak. So the compiled fit holds at 12 layers only:
+# the H200 of 2026-11-28 read a 2-layer compiled point -14.3 % and a 4-layer reduce-overhead one
+# -19.5 % (`AWAY_FROM_FIT`), and the 12-layer and 2-layer peaks together give about 27 bytes a
+# token x channel x layer and 7.5 a logit compiled: the two errors cancel at 12 layers only.
+# benchmarks/memory_refit.py refits the compiled terms from a GPU check's records (compiled,
+# default mode, the same model at 2, 4 and 12 layers: gpu_check.sh's `memory_fit` part); until
+# a GPU has run it, a compiled estimate away from 12 layers says so in its note and the search
+# keeps the error's margin free (tune/fit.py). These are effective bytes: at the peak (the start
+# of backward) the gradients are not allocated yet while autocast's weight copies and
+# Inductor's buffers are, and the fit absorbs that.
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The coefficients of one kind of step's estimate (eager, or compiled), each with its
+    source. `fitted_layers`: the depths the fit was measured at, where its terms are known to
+    hold; None where a term was fitted as a slope in depth (it holds at any)."""
+
+    per_layer: float  # bytes a token, a channel, a layer (16-bit activations; fp32 doubles it)
+    per_layer_source: str
+    per_logit: float  # bytes a logit beyond its compute-dtype copy
+    per_logit_source: str
+    constant: int  # bytes whatever the shape (not yet fitted: 0)
+    constant_source: str
+    fitted_layers: tuple[int, ...] | None
+
+
+EAGER_FIT = MemoryFit(
+    per_layer=39,  # Korthikanti's 34, plus the residual stream, fp32 under autocast, saved at
+    #                both LayerNorms
+    per_layer_source="H100 2026-11-23: eager 11.31 GiB less checkpointed 7.76 GiB, 11 layers apart",
+    per_logit=7.3,  # log_softmax's fp32 output and its fp32 gradient, nearly two fp32 copies
+    per_logit_source="H100 2026-11-23: the eager 12-layer peak, 11.31 GiB, less the rest",
+    constant=0,
+    constant_source="none: the fit has no constant term",
+    fitted_layers=None,
+)
+COMPILED_FIT = MemoryFit(
+    per_layer=39,
+    per_layer_source="assumed eager's: no compiled point of another depth was measured",
+    per_logit=3.4,  # Inductor fuses the upcast into the loss kernels: less than one fp32 copy
+    per_logit_source="H100 2026-11-23: the compiled 12-layer peak, 9.08 GiB, less the rest",
+    constant=0,
+    constant_source="none: the fit has no constant term",
+    fitted_layers=(12,),
+)
+FITS = {False: EAGER_FIT, True: COMPILED_FIT}  # by `compiled`
+ACTIVATION_BYTES = EAGER_FIT.per_layer
+LOGITS_EXTRA_BYTES = {compiled: fit.per_logit for compiled, fit in FITS.items()}
+
+# A compiled estimate's error where a GPU measured it away from the fitted depth: (layers,
+# compile mode, estimate / peak - 1, where). The CUDA-graph point's peak then held warmup's
+# one-time bytes too (probes/memory.py now leaves them out), so its figure is an upper bound.
+AWAY_FROM_FIT = (
+    (2, "default", -0.143, "H200 2026-11-28, the 2-layer compiled test model"),
+    (4, "reduce-overhead", -0.195, "H200 2026-11-28, gpu_check's reduce_overhead, 4 layers"),
+)
+
+
+def away_from_fit(n_layer: int, compiled: bool, cuda_graphs: bool) -> tuple[float, str] | None:
+    """Where the estimate is off its fit: the fraction of a budget its error needs kept free
+    (the largest error a GPU measured at such a point, read low) and the note that says so; None
+    at the fitted depth, or eager (fitted in depth)."""
+    fit = FITS[compiled]
+    if fit.fitted_layers is None or n_layer in fit.fitted_layers:
+        return None
+    measured = [a for a in AWAY_FROM_FIT if (a[1] != "default") == cuda_graphs] or AWAY_FROM_FIT
+    layers, mode, error, where = min(measured, key=lambda a: a[2])
+    depths = ", ".join(map(str, fit.fitted_layers))
+    note = (
+        f"compiled estimate fitted at {depths} layers, here {n_layer}: likely low (a {layers}-layer"
+        f" {mode} point read {error:+.1%}, {where}) until a GPU refits it "
+        "(benchmarks/memory_refit.py)"
+    )
+    return -error, note
 
 
 def chunk_bytes(act_bytes: int, compiled: bool) -> int:
@@ -74,11 +147,11 @@ def activation_memory_of(
 
     Activations per layer follow Korthikanti et al. (2022), "Reducing Activation Recomputation
     in Large Transformer Models", section 4.1: s*b*h*(34 + 5*a*s/h) bytes with 16-bit
-    activations, ACTIVATION_BYTES (fitted, above) for its 34; the 5*a*s/h term is the
+    activations, the fit's per_layer (MemoryFit, above) for its 34; the 5*a*s/h term is the
     materialised attention matrix, which fused (flash / memory-efficient) kernels never store.
     fp32 activations (act_bytes 4) double the 16-bit parts. With checkpointing each layer keeps
     only its input, plus one layer being recomputed.
-    Logits (b*s*vocab) take their compute dtype's bytes plus LOGITS_EXTRA_BYTES (fitted,
+    Logits (b*s*vocab) take their compute dtype's bytes plus the fit's per_logit (fitted,
     above): eager, log_softmax's fp32 output and its fp32 gradient; compiled, Inductor fuses
     the upcast into the loss kernels and holds less. With loss=chunked
     (nanogpt/train/chunked_loss.py) only one chunk's logits exist at a time, at `chunk_bytes` a
@@ -89,7 +162,8 @@ def activation_memory_of(
     chunked term to the allocator's peak on a CPU.
     """
     tokens = batch_size * seq_len
-    per_layer = tokens * n_embd * ACTIVATION_BYTES * act_bytes // 2
+    fit = FITS[compiled]
+    per_layer = round(tokens * n_embd * fit.per_layer * act_bytes / 2)
     if attention in ("manual", "math"):
         per_layer += 5 * n_head * seq_len * tokens * act_bytes // 2
     if activation_checkpointing:
@@ -105,8 +179,11 @@ def activation_memory_of(
             + (act_bytes * vocab_size * n_embd if act_bytes < 4 else 0)  # the head's 16-bit copy
         )
     else:
-        logits = round(tokens * vocab_size * (act_bytes + LOGITS_EXTRA_BYTES[compiled]))
-    return {"activations": activations, "logits": logits}
+        logits = round(tokens * vocab_size * (act_bytes + fit.per_logit))
+    parts = {"activations": activations, "logits": logits}
+    if fit.constant:
+        parts["fit_constant"] = fit.constant
+    return parts
 
 
 @dataclass

@@ -10,7 +10,8 @@ Two halves:
 - what only the model knows, the bytes one micro-batch keeps for backward, from the model's hook
   `activation_memory(batch_size, seq_len, dtype, activation_checkpointing, compiled)`
   (docs/models.md). The built-in GPT has one (nanogpt/train/gpt.py: Korthikanti's formula, fitted to
-  an H100's peaks); a model without one has its activations null with the reason, and so no
+  an H100's peaks; a compiled point away from the fitted depth says so in the estimate's note,
+  gpt.away_from_fit); a model without one has its activations null with the reason, and so no
   total. The GPT's formula is never applied to another model.
 """
 
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from nanogpt.config.protocol import CUDA_GRAPH_MODES
 from nanogpt.config.spec import RunSpec
 from nanogpt.hardware.devices import AUTOCAST_DTYPES
-from nanogpt.train.gpt import activation_memory_of
+from nanogpt.train.gpt import GPT, activation_memory_of, away_from_fit
 from nanogpt.train.optim import role_counts
 from nanogpt.train.optim_rules import STATE_SLOTS, estimated_state
 
@@ -73,6 +75,9 @@ def estimate_of(
             activation_checkpointing=perf.activation_checkpointing,
             compiled=perf.compile,
         )
+        if isinstance(inner, GPT):  # the built-in GPT's fit: is this point where it was fitted?
+            off = away_from_fit(inner.config.n_layer, perf.compile, graph_mode(spec))
+            note = off[1] if off else None
     else:
         parts["activations"] = None
         note = (
@@ -81,6 +86,11 @@ def estimate_of(
             "record's memory)"
         )
     return _whole(parts, by_role, shards(world_size, strategy), rule, note)
+
+
+def graph_mode(spec: RunSpec) -> bool:
+    """Whether the point's compile mode records CUDA graphs (the fit's error differs there)."""
+    return spec.perf.compile and spec.perf.compile_mode in CUDA_GRAPH_MODES
 
 
 def estimate_memory(
@@ -104,6 +114,7 @@ def estimate_memory(
     n_block_params: int = 0,
     grad_accum: int = 1,
     compiled: bool = False,
+    cuda_graphs: bool = False,
     optimizer_state_by_role: dict[str, int] | None = None,
 ) -> dict:
     """The same estimate for a built-in GPT given by its shapes (no model built): the runner's
@@ -141,7 +152,8 @@ def estimate_memory(
         loss_chunk=loss_chunk,
         compiled=compiled,
     )
-    return _whole(parts, by_role, shards(world_size, strategy))
+    off = away_from_fit(n_layer, compiled, cuda_graphs)
+    return _whole(parts, by_role, shards(world_size, strategy), note=off[1] if off else None)
 
 
 def shards(world_size: int, strategy: str) -> int:
