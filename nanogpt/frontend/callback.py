@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
+from nanogpt.analysis import sweep_lock
 from nanogpt.analysis import table as sweep_table
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.compose import check_points
@@ -126,9 +127,22 @@ class SweepReport(Callback):
     started: float | None = None  # when this multirun started (epoch s)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        """Before anything is measured, every point of the sweep is composed and validated."""
+        """Before anything is measured: the sweep dir is this process's alone
+        (analysis/sweep_lock.py), and every point of the sweep is composed and validated."""
         self.started = time.time()
-        logs.forget_said(Path(config.hydra.sweep.dir))
+        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            sweep_lock.take(sweep_dir)
+        except sweep_lock.SweepBusy as holder:
+            print(
+                f"error: hydra.sweep.dir: {sweep_dir} is being written by another sweep "
+                f"({holder}); wait for it to end (`python -m nanogpt.report {sweep_dir}` shows "
+                "its table so far), or give this one another hydra.sweep.dir (nothing was "
+                "measured)",
+                file=sys.stderr,
+            )
+            sys.exit(CONFIG_EXIT)
+        logs.forget_said(sweep_dir)
         try:
             points = sweep_points(config)
             compose = compose_point(config)
