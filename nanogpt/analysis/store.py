@@ -7,11 +7,12 @@ never the steps. A run written before that (its record held the measured steps' 
 `read_steps`, by one function (`_steps_of_old`): every reader gets the steps in today's form.
 
 A sweep dir holds a dir per point (its index) and in it a dir per run, POINT/run-R, set by the
-sweeper (nanogpt/frontend/grid_sweeper.py); each run's job writes its own record there, by the job
-process alone: its files written whole into a temporary folder, then moved into place
-(`place_record`; one sweep a dir: analysis/sweep_lock.py). The point's own result.json beside its runs is
-their pool (`pool_runs`). A sweep written before runs were jobs has one pooled
-result.json a point and no run dirs: it still reads, as all its runs.
+sweeper (nanogpt/frontend/grid_sweeper.py); each run's job writes its own record there, by the
+job process alone: its files written whole into a temporary folder, then moved into place
+(`place_record`; one sweep a dir: analysis/sweep_lock.py). The point's own result.json beside its
+runs is their pool (`pool_runs`), rebuilt where it is older than a run or cannot be read. A sweep
+written before runs were jobs has one pooled result.json a point and no run dirs: it still
+reads, as all its runs.
 
 A sweep dir is found run by run: a point's identity is what it measures (`point_id`,
 record/identity.py), not its job number nor the text of its overrides. Records written before

@@ -38,7 +38,13 @@ from nanogpt.frontend.presets import (
 )
 from nanogpt.publish import wandb_sink, wandb_view
 from nanogpt.publish.sweep_outputs import publish, settings_of
-from nanogpt.record.faults import CONFIG_EXIT, exit_code, interrupted_exit, signal_hook
+from nanogpt.record.faults import (
+    CONFIG_EXIT,
+    exit_code,
+    finishing,
+    interrupted_exit,
+    signal_hook,
+)
 from nanogpt.runner.job import Outcome, point_status
 
 
@@ -197,9 +203,18 @@ class SweepReport(Callback):
 
     def _end(self, config: DictConfig) -> None:
         logs.sweep_console()  # the sweep's own lines (its W&B summary run) as a job's are
-        sweep_dir, sweep = self._table(config)
-        table = sweep.table
+        with finishing("the table") as came:  # a Ctrl-C now: the table first, then the stop
+            sweep_dir, sweep = self._table(config)
         logger = OmegaConf.to_object(config.logger)
+        if came:
+            skipped = "; its W&B summary run is not sent" if logger.backend == "wandb" else ""
+            print(
+                f"interrupted while writing the table: it is finished "
+                f"({sweep_dir / sweep_table.SUMMARY_CSV}){skipped}",
+                file=sys.stderr,
+            )
+            sys.exit(interrupted_exit())
+        table = sweep.table
         summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
         unreachable = wandb_sink.log_sweep_table(logger, sweep_dir, sweep, summary_csv)
         wandb_view.save_and_publish(logger, sweep_dir, sweep, unreachable)  # its ready view
@@ -215,8 +230,9 @@ class SweepReport(Callback):
             sys.exit(1)
 
     def _table(self, config: DictConfig):
-        """The table, once; a second Ctrl-C or SIGTERM while it is written stops with one line
-        that says how to build it from the records (they are all written by then)."""
+        """The table, once; a Ctrl-C that stops it (the sweep's second: the first stopped a run,
+        or was noted by `finishing`) ends with one line that says how to build it from the
+        records (they are all written by then)."""
         try:
             return self._publish(config)
         except KeyboardInterrupt:
