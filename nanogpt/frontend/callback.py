@@ -36,7 +36,7 @@ from nanogpt.frontend.presets import (
     runs_here,
     sweep_points,
 )
-from nanogpt.publish import wandb_sink, wandb_view
+from nanogpt.publish import wandb_mode, wandb_sink, wandb_view
 from nanogpt.publish.sweep_outputs import publish, settings_of
 from nanogpt.record.faults import (
     CONFIG_EXIT,
@@ -158,6 +158,11 @@ class SweepReport(Callback):
         except ConfigError as err:
             print(f"error: {err} (nothing was measured)", file=sys.stderr)
             sys.exit(CONFIG_EXIT)
+        # W&B's server asked once for the whole sweep (every run inherits the answer)
+        logger = OmegaConf.to_object(config.logger)
+        warning = wandb_mode.decide_for_sweep(logger.backend, logger.mode)
+        if warning:
+            print(warning, file=sys.stderr)
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         signal_hook("job-start")  # TESTING ONLY: a test's signal here (Hydra composed the job)
