@@ -6,8 +6,10 @@ a rank killed on the second node fails its point, naming that node, and the swee
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
-from tests.slurm.conftest import node_names, wait_for
+from tests.slurm.conftest import SCRIPT, node_names, wait_for
 from tests.slurm.test_slurm_sweeps import job_of, measuring, records, run_dir
 
 KILLED_WITHIN_S = 120  # a lost rank ends its point within this (the issue's bound)
@@ -157,3 +159,30 @@ def test_a_sweep_of_one_node_points_spreads_over_both_nodes(slurm2_sweep, slurm2
     table = read_summary(sweep_dir)
     assert sorted(table["batch_size"]) == [1, 2, 3, 4] and set(table["status"]) == {"ok"}
     assert read_result(run_dir(sweep_dir, 0) / "result.json")["world_size"] == 1
+
+
+def test_the_test_cluster_starts_under_a_private_folder(tmp_path):
+    """`scripts/slurm_cluster.sh start "$(mktemp -d)/c" 2`: a folder above DIR is private
+    (0700), which munge's own user cannot pass; its files live where it reaches them, the two
+    nodes come up and run a job, and `stop` leaves no munge folder behind."""
+    private = Path(tempfile.mkdtemp())  # 0700, as mktemp -d makes it
+    assert private.stat().st_mode & 0o777 == 0o700
+    cluster = private / "c"
+    try:
+        started = subprocess.run(
+            ["bash", str(SCRIPT), "start", str(cluster), "2"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == f"export SLURM_CONF={cluster / 'slurm.conf'}"
+        env = {**os.environ, "SLURM_CONF": str(cluster / "slurm.conf")}
+        munge = (cluster / "munge").resolve()
+        assert munge != cluster / "munge" and (munge / "munge.socket").exists()
+        ran = subprocess.run(["srun", "-N", "2", "-n", "2", "printenv", "SLURMD_NODENAME"],
+                             capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert len(set(ran.stdout.split())) == 2  # a task on each node
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(cluster)], timeout=120)
+    assert not munge.exists() and not (cluster / "munge").exists()
+    shutil.rmtree(private, ignore_errors=True)
