@@ -19,6 +19,7 @@ and says when a sweep still holds it (`holder`).
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -45,7 +46,9 @@ def take(sweep_dir: Path) -> None:
     if key in _held:
         return
     path = Path(sweep_dir) / LOCK_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.exists():  # made for the lock: gone again if the sweep writes nothing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atexit.register(_drop_if_unused, path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     deadline = time.monotonic() + RETRY_S
     while True:
@@ -97,6 +100,17 @@ def _describe(path: Path) -> str:
         except (OSError, ValueError, KeyError, TypeError):
             time.sleep(0.05)
     return "another process"
+
+
+def _drop_if_unused(sweep_dir: Path) -> None:
+    """At exit: a sweep dir made for the lock that holds nothing else (a sweep refused at its
+    start: bad input, no SLURM) is removed, so that a refusal leaves nothing behind."""
+    try:
+        if [p.name for p in sweep_dir.iterdir()] == [LOCK_FILE]:
+            (sweep_dir / LOCK_FILE).unlink()
+            sweep_dir.rmdir()
+    except OSError:
+        pass  # written meanwhile, or not ours to remove: kept
 
 
 def _close_in_child() -> None:

@@ -133,10 +133,20 @@ class SweepReport(Callback):
     started: float | None = None  # when this multirun started (epoch s)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        """Before anything is measured: the sweep dir is this process's alone
-        (analysis/sweep_lock.py), and every point of the sweep is composed and validated."""
+        """Before anything is measured: every point of the sweep is composed and validated
+        (nothing written yet), then the sweep dir becomes this process's alone
+        (analysis/sweep_lock.py), then W&B's server is asked once for the whole sweep."""
         self.started = time.time()
         sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            points = sweep_points(config)
+            compose = compose_point(config)
+            if points:
+                check_points(points, config.report.baseline, runs_here(config), compose)
+            _refuse_runs_under_another_sweeper(config, points, compose)
+        except ConfigError as err:
+            print(f"error: {err} (nothing was measured)", file=sys.stderr)
+            sys.exit(CONFIG_EXIT)
         try:
             sweep_lock.take(sweep_dir)
         except sweep_lock.SweepBusy as holder:
@@ -149,15 +159,6 @@ class SweepReport(Callback):
             )
             sys.exit(CONFIG_EXIT)
         logs.forget_said(sweep_dir)
-        try:
-            points = sweep_points(config)
-            compose = compose_point(config)
-            if points:
-                check_points(points, config.report.baseline, runs_here(config), compose)
-            _refuse_runs_under_another_sweeper(config, points, compose)
-        except ConfigError as err:
-            print(f"error: {err} (nothing was measured)", file=sys.stderr)
-            sys.exit(CONFIG_EXIT)
         # W&B's server asked once for the whole sweep (every run inherits the answer)
         logger = OmegaConf.to_object(config.logger)
         warning = wandb_mode.decide_for_sweep(logger.backend, logger.mode)
