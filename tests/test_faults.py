@@ -251,12 +251,15 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
     (sweep_dir / "9").mkdir()
     (sweep_dir / "9" / "result.json").write_text('{"status": "ok", "overrides": ["perf.ba')
     (sweep_dir / "1" / "run-1" / ".result.json.x1y2.tmp").write_text('{"status": "ok"')
+    (sweep_dir / "0" / ".record-k9").mkdir()  # a record being placed when the sweep died
+    (sweep_dir / "0" / ".record-k9" / "result.json").write_text('{"status": "ok", "ov')
 
     again = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
 
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume: kept 1 run(s) of 1 point(s)" in again.stdout
     assert f"skipped unreadable record: {sweep_dir / '9' / 'result.json'}" in again.stderr
+    assert ".record-k9" not in again.stderr  # no record of the sweep's, nor debris to list
     table = read_summary(sweep_dir)
     batch_sizes = sorted(
         dict(o.split("=") for o in row.split())["perf.batch_size"] for row in table["overrides"]

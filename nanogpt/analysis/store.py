@@ -237,6 +237,8 @@ def iter_records(
     for path in sorted(Path(sweep_dir).rglob(RESULT_FILE)):
         if not runs and run_number(path.parent) is not None:
             continue
+        if any(part.startswith(".") for part in path.relative_to(sweep_dir).parts):
+            continue  # a record being placed (place_record's temporary folder), or debris of one
         if moved or not path.is_relative_to(aside):
             held = known.get(path.parent.resolve())
             yield path, dict(held) if held is not None else read_result(path)
