@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -367,3 +368,40 @@ def test_a_point_measured_again_supersedes_its_earlier_runs(tmp_path, in_process
         )
         assert supersedes == [first.run_id]
         assert (first.config.get("point") or first.config)["supersedes"] == []
+
+
+def test_a_search_asks_once_too_and_hands_offline_to_its_runs(tmp_path, monkeypatch, capsys):
+    """The search (hydra/sweeper=tune) starts as a grid does (the multirun's callback): W&B's
+    server out of reach is decided once, with one warning, and every run it launches (they
+    inherit this process's environment) logs offline; a later sweep in the process asks anew."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.frontend.callback import SweepReport
+    from nanogpt.frontend.presets import CONF_DIR
+    from nanogpt.publish.wandb_mode import SWEEP_OFFLINE_ENV
+
+    url = f"http://127.0.0.1:{free_port()}"
+    for name in ("WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.delenv(SWEEP_OFFLINE_ENV, raising=False)
+    search = ["hydra/sweeper=tune", "logger=wandb", "+sweep=tune_cpu"]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        config = compose(
+            "config", [*search, f"hydra.sweep.dir={tmp_path / 'search'}"], return_hydra_config=True
+        )
+        SweepReport().on_multirun_start(config)
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "W&B" in x]
+    assert line.startswith(f"warning: W&B: {url} cannot be reached (ConnectionRefusedError")
+    mode, reason = resolve_mode(LoggerMode.auto)  # as each run's process resolves it
+    assert mode == "offline" and reason.startswith("W&B unreachable at the sweep's start")
+    assert resolve_mode(LoggerMode.online)[0] == "offline"  # asked online: the same answer
+    monkeypatch.setenv("WANDB_MODE", "offline")  # now a sweep that would not go online
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        config = compose(
+            "config", [*search, f"hydra.sweep.dir={tmp_path / 'again'}"], return_hydra_config=True
+        )
+        SweepReport().on_multirun_start(config)
+    assert SWEEP_OFFLINE_ENV not in os.environ  # no probe, no stale decision
+    assert "W&B" not in capsys.readouterr().err
