@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from nanogpt.analysis import sweep_lock
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
 from nanogpt.frontend.launchers.slurm_queue import unresolvable
@@ -212,6 +213,7 @@ def test_a_point_pending_on_a_lost_node_is_cancelled_naming_it_and_the_sweep_goe
     env = {**os.environ, **slurm2_env}
     wait_for(lambda: measuring(sweep_dir, 0), 300, "the 2-node point's measured window")
     job = job_of(sweep_dir, 0)
+    assert f"pid {proc.pid} " in sweep_lock.holder(sweep_dir)  # the submitting process's dir
     slurmd = int((conf.parent / f"slurmd-{second}.pid").read_text())
     os.kill(slurmd, signal.SIGKILL)
     try:
