@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,11 @@ from nanogpt.config.spec import RunSpec
 from nanogpt.frontend.presets import CONF_DIR, register_presets
 from nanogpt.hardware.device_support import parse_device
 from nanogpt.hardware.slots import visible_gpus
+from nanogpt.logs import ONCE
+from nanogpt.train.checkpoint_rules import normalized
 from nanogpt.validate import check, check_nodes
+
+log = logging.getLogger(__name__)
 
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
@@ -107,9 +112,18 @@ OmegaConf.register_new_resolver(
 def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
     """The plain, validated spec of a composed config (raises ConfigError). here=False: it runs
     on another machine, so this one's devices are not asked (validate.check)."""
-    spec = with_code_dir(fixed_global_batch(OmegaConf.to_object(cfg)))
+    spec = with_code_dir(fixed_global_batch(with_ac_policy(OmegaConf.to_object(cfg))))
     check(spec, here)
     return spec
+
+
+def with_ac_policy(spec: RunSpec) -> RunSpec:
+    """perf.ac as the keys ask for it, the old switch read (checkpoint_rules.normalized): once
+    per sweep, one line names the new key."""
+    perf, note = normalized(spec.perf)
+    if note is not None:
+        log.warning(note, extra={ONCE: "perf.activation_checkpointing"})
+    return dataclasses.replace(spec, perf=perf)
 
 
 def with_code_dir(spec: RunSpec) -> RunSpec:

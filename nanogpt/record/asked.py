@@ -25,6 +25,13 @@ class Asked:
     compile: bool | None = config_key("perf.compile")
     compile_mode: str | None = config_key("perf.compile_mode")
     attention: str | None = config_key("perf.attention")
+    # activation checkpointing's policy (train/checkpoint_rules.py) and its keys where it
+    # reads them; activation_checkpointing: ac=full (a record of before: the switch alone)
+    ac: str | None = config_key("perf.ac")
+    ac_every: int | None = config_key("perf.ac_every")
+    ac_policy: str | None = config_key("perf.ac_policy")
+    ac_budget: float | None = config_key("perf.ac_budget")
+    offload: str | None = config_key("perf.offload")
     activation_checkpointing: bool | None = config_key("perf.activation_checkpointing")
     fp8: str | None = config_key("perf.fp8")  # torchao float8 recipe, or none
     # full | chunked (perf.loss); loss_first/loss_last: values
@@ -58,6 +65,11 @@ class Asked:
             compile=perf.compile,
             compile_mode=perf.compile_mode,
             attention=perf.attention.value,
+            ac=perf.ac.value,
+            ac_every=perf.ac_every if perf.ac.value == "every" else None,
+            ac_policy=perf.ac_policy.value if perf.ac.value == "selective" else None,
+            ac_budget=perf.ac_budget if perf.ac.value == "budget" else None,
+            offload=perf.offload.value,
             activation_checkpointing=perf.activation_checkpointing,
             fp8=perf.fp8.value,
             loss_kind=perf.loss.value,

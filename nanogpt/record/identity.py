@@ -70,6 +70,11 @@ def measured_config(spec: RunSpec) -> dict:
         for key in keys_marked(group, LATER):
             if measured[group].get(key) == defaults[group][key]:
                 del measured[group][key]
+    # perf.ac=full is what the old switch perf.activation_checkpointing=true said, which mirrors
+    # it (train/checkpoint_rules.normalized): the switch alone names the point, as before perf.ac
+    perf = measured["perf"]
+    if perf.get("ac") == "full" and perf.get("activation_checkpointing"):
+        del perf["ac"]
     # optimizer.* keys the optimizer never receives (from_model's method gets its args alone)
     recipe = optimizers.registry().get(spec.optimizer.name)
     for key in recipe.unused_keys if recipe else ():

@@ -1,0 +1,262 @@
+"""Activation checkpointing as a policy (perf.ac, perf.offload; nanogpt/train/checkpoint_rules.py,
+nanogpt/train/checkpointing.py): every policy trains the built-in GPT and a nanoGPT-style user
+model to the same losses as none; what each keeps orders the peaks none >= selective >= every >=
+full, in the allocator (exact: the profiler's memory events) and in a real sweep's peak RSS; the
+estimate's activation term is within its stated error of the allocator's peak; and the keys'
+refusals are one line each, exit 2."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from nanogpt.analysis.store import read_result
+from nanogpt.config.spec import Ac, AcPolicy, ModelConfig, PerfConfig, RunSpec
+from nanogpt.train.checkpoint_rules import ESTIMATE_ERROR_CPU
+from nanogpt.train.distributed import World
+from nanogpt.train.memory_estimate import estimate_of
+from nanogpt.train.trainer import build_model, build_trainer
+
+from .conftest import run_cli, with_micro
+from .test_memory_estimate import allocator_peak
+
+# nanoGPT's model.py as a user keeps it (Karpathy's: transformer.h, SDPA, GELU MLP, tied head),
+# trimmed to what a training step runs; no hooks of the runner's.
+NANOGPT = """
+import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from dataclasses import dataclass
+
+
+@dataclass
+class GPTConfig:  # the sizes the runner passes (model.build.config)
+    block_size: int; vocab_size: int; n_layer: int; n_head: int; n_embd: int
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.n_head, self.n_embd = config.n_head, config.n_embd
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx, targets=None):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+"""
+BUILD = [
+    "model.build._target_=nanogpt_user.GPT",
+    "model.build.config._target_=nanogpt_user.GPTConfig",
+    "model.build.config.vocab_size=${model.vocab_size}",
+    "model.build.config.block_size=${model.block_size}",
+    "model.build.config.n_layer=${model.n_layer}",
+    "model.build.config.n_head=${model.n_head}",
+    "model.build.config.n_embd=${model.n_embd}",
+]
+# Wide enough that the blocks' activations, not the logits or the process, make the peak.
+SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=256)
+BATCH = 8
+POLICIES = {  # label: perf keys; in the order their peaks must fall
+    "none": {"ac": Ac.none},
+    "selective": {"ac": Ac.selective},
+    "every": {"ac": Ac.every},
+    "full": {"ac": Ac.full},
+}
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nanogpt_user")
+    (root / "nanogpt_user.py").write_text(NANOGPT)
+    return root
+
+
+def _spec(user_dir, model: str, **perf) -> RunSpec:
+    build = {}
+    if model == "user":
+        build = {
+            "_target_": "nanogpt_user.GPT",
+            "config": {"_target_": "nanogpt_user.GPTConfig", **SHAPE},
+        }
+    return RunSpec(
+        model=ModelConfig(**SHAPE, build=build, code_dir=str(user_dir)),
+        perf=PerfConfig(batch_size=BATCH, **perf),
+    )
+
+
+def _step_peak_and_losses(spec: RunSpec) -> tuple[int, list[float], int]:
+    """The allocator's peak over one forward+backward (above the model's own tensors), the
+    losses of three optimizer steps, and the estimate's activations + logits."""
+    trainer = build_trainer(spec, torch.device("cpu"), World())
+    x, y = trainer.source.next_batch()
+
+    def forward_backward():
+        _, loss = trainer.model(x, y)
+        loss.backward()
+
+    peak = allocator_peak(forward_backward)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    losses = [trainer.step().item() for _ in range(3)]
+    estimate = estimate_of(spec, trainer.raw_model, 1, "ddp")
+    return peak, losses, estimate
+
+
+@pytest.mark.parametrize("model", ["gpt", "user"])
+def test_each_policy_trains_alike_and_keeps_less_in_order(user_dir, model):
+    torch.set_num_threads(1)
+    seen = {}
+    for label, keys in POLICIES.items():
+        seen[label] = _step_peak_and_losses(_spec(user_dir, model, **keys))
+    none_losses = seen["none"][1]
+    for label, (_, losses, _) in seen.items():  # recompute is the same arithmetic again
+        assert losses == pytest.approx(none_losses, rel=1e-5), label
+    peaks = [seen[label][0] for label in POLICIES]
+    assert peaks == sorted(peaks, reverse=True), dict(zip(POLICIES, peaks, strict=True))
+    assert peaks[-1] < 0.6 * peaks[0]  # full keeps each block's input alone: far less
+    if model == "user":  # no activation_memory hook: no term, the reason said
+        assert all(seen[label][2]["activations"] is None for label in POLICIES)
+        assert "no hook" in seen["none"][2]["note"]
+        return
+    for label, (peak, _, estimate) in seen.items():
+        # the activation term and the logits: what a forward+backward holds beyond the model
+        term = estimate["activations"] + estimate["logits"]
+        assert abs(term / peak - 1) <= ESTIMATE_ERROR_CPU, (label, term, peak)
+        assert estimate["activations_rule"]
+
+
+def test_selective_keeps_what_its_policy_names(user_dir):
+    """attention's policy keeps attention's outputs alone, so it holds less than matmuls'
+    (which keeps every matmul's too), and more than full (its block inputs alone)."""
+    torch.set_num_threads(1)
+    peaks = {
+        policy: _step_peak_and_losses(_spec(user_dir, "gpt", ac=Ac.selective, ac_policy=policy))[0]
+        for policy in AcPolicy
+    }
+    full = _step_peak_and_losses(_spec(user_dir, "gpt", ac=Ac.full))[0]
+    assert peaks[AcPolicy.matmuls] > peaks[AcPolicy.attention] > full
+
+
+def test_every_nth_block_is_wrapped_in_a_users_model(user_dir):
+    spec = _spec(user_dir, "user", ac=Ac.every, ac_every=3)
+    model = build_model(spec)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    wrapped = [isinstance(b, CheckpointWrapper) for b in model.blocks]
+    assert wrapped == [True, False, False, True]
+
+
+def test_the_old_switch_is_read_as_full_with_one_line_and_one_point(tmp_path):
+    from nanogpt.record.identity import point_id_of
+    from nanogpt.train.checkpoint_rules import normalized
+
+    perf, note = normalized(PerfConfig(activation_checkpointing=True))
+    assert perf.ac is Ac.full and "perf.ac" in note and "\n" not in note
+    named, quiet = normalized(PerfConfig(ac=Ac.full))
+    assert quiet is None and named == perf
+    # one point, named either way, with the id the switch gave it before perf.ac
+    assert point_id_of(RunSpec(perf=perf)) == point_id_of(RunSpec(perf=named))
+    assert point_id_of(RunSpec(perf=PerfConfig(ac=Ac.selective))) != point_id_of(RunSpec())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["perf.ac=budget"], "error: perf.ac: budget is Inductor's min-cut"),
+        (["perf.offload=cpu"], "error: perf.offload: cpu copies kept tensors from a GPU"),
+        (["perf.ac=every", "perf.ac_every=0"], "error: perf.ac_every: is 0"),
+    ],
+)
+def test_a_policy_that_cannot_run_is_refused_in_one_line(tmp_path, overrides, line):
+    proc = run_cli(*with_micro(overrides), f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("error:")]
+    assert len(said) == 1 and said[0].startswith(line), proc.stderr[-2000:]
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_of_the_policies_measures_peak_rss_in_their_order(user_dir):
+    """The policies swept for real (each point its own process): glibc returns a freed block
+    to the OS only above its mmap threshold, which it raises as blocks are freed, so a point's
+    transient activations would stay resident and its peak RSS read the first one's; fixed at
+    64 KiB, every activation is its own mapping and the peak is what was held at once."""
+    sweep_dir = user_dir / "sweep"
+    shape = [f"model.{k}={v}" for k, v in SHAPE.items()]
+    proc = run_cli(
+        "-m",
+        *with_micro(
+            [*shape, f"perf.batch_size={BATCH}", "perf.ac=none,selective,every,full"]
+            + ["bench.diagnose=false", "logger.log_interval=1"]
+        ),
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=user_dir,
+        env={"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {}
+    for result in sweep_dir.glob("*/run-1/result.json"):
+        record = read_result(result)
+        records[record["ac"]] = record
+    assert sorted(records) == sorted(POLICIES)
+    assert all(r["status"] == "ok" for r in records.values())
+    rss = [records[label]["mem_step_rss_bytes"] for label in POLICIES]
+    assert rss == sorted(rss, reverse=True), dict(zip(POLICIES, rss, strict=True))
+    losses = [records[label]["loss_first"] for label in POLICIES]
+    assert losses == pytest.approx([losses[0]] * len(losses), rel=1e-5)
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert set(table["perf.ac"]) == set(POLICIES)
