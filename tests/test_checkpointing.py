@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nanogpt.analysis.store import read_result
-from nanogpt.config.spec import Ac, AcPolicy, ModelConfig, PerfConfig, RunSpec
+from nanogpt.config.spec import Ac, AcPolicy, ModelConfig, Offload, PerfConfig, RunSpec
 from nanogpt.train.checkpoint_rules import ESTIMATE_ERROR_CPU
 from nanogpt.train.distributed import World
 from nanogpt.train.memory_estimate import estimate_of
@@ -260,3 +260,65 @@ def test_a_sweep_of_the_policies_measures_peak_rss_in_their_order(user_dir):
     assert losses == pytest.approx([losses[0]] * len(losses), rel=1e-5)
     table = pd.read_csv(sweep_dir / "summary.csv")
     assert set(table["perf.ac"]) == set(POLICIES)
+
+
+def _counted(config) -> tuple[float, dict]:
+    """One forward+backward of a sequence, FLOPs a token, counted by torch on a meta copy
+    (attention is counted on meta: on a CPU the counter reads it 0), checkpointing as set."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from nanogpt.train.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+        idx = torch.zeros(1, config.block_size, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        model(idx, idx)[1].backward()
+    return counter.get_total_flops() / config.block_size, model.flops_per_token(config.block_size)
+
+
+@pytest.mark.parametrize(
+    ("ac", "ac_policy"),
+    [("full", "matmuls"), ("every", "matmuls"), ("selective", "matmuls")],
+)
+def test_hfus_recompute_is_what_torch_runs_again(ac, ac_policy):
+    """The GPT's hardware FLOPs add what the policy runs again in backward, as torch's counter
+    counts it: full and every the blocks' forward but the MLP's output projection (torch's
+    checkpoint stops early: no backward reads that output), selective's matmuls policy none of
+    the matmuls. (attention's policy is left out: on meta SDPA is decomposed into bmm, which
+    its policy does not keep, so the count there recomputes attention that a CPU or GPU keeps.)"""
+    from nanogpt.train.gpt import GPTConfig
+
+    shape = dict(block_size=32, vocab_size=64, n_layer=4, n_head=2, n_embd=32, bias=False)
+    plain, _ = _counted(GPTConfig(**shape))
+    counted, hook = _counted(GPTConfig(**shape, ac=ac, ac_policy=ac_policy))
+    recompute = hook["hardware"] - hook["model"]
+    assert recompute == pytest.approx(counted - plain, rel=0.01, abs=1)
+    assert (recompute > 0) == (ac != "selective")
+
+
+def test_budget_has_no_recompute_count_and_hfu_stays_null():
+    from nanogpt.train.gpt import GPT, GPTConfig
+
+    with torch.device("meta"):
+        figures = GPT(GPTConfig(n_layer=2, ac="budget")).flops_per_token(1024)
+    assert figures["hardware"] is None and figures["model"] > 0
+
+
+def test_each_policys_term_is_made_of_the_models_two():
+    """The runner asks a model's activation_memory hook twice (off, on: the GPT's or a user's)
+    and makes each policy's term of the two, its source said."""
+    from nanogpt.train.checkpoint_rules import activations
+
+    none, full = 4000, 1300  # L=4: a block 1000, its input 75
+    rules = {}
+    for label, keys in POLICIES.items():
+        kept, rule = activations(4, none, full, PerfConfig(**keys))
+        rules[label] = kept
+        assert rule
+    assert rules["none"] == none and rules["full"] == full
+    # every(2): blocks 0 and 2 keep their inputs, 1 and 3 all; block 2 recomputed on top of 0-1
+    assert rules["every"] == 75 + 1000 + 75 + 1000
+    assert rules["none"] > rules["selective"] > rules["every"] > rules["full"]
+    offloaded, rule = activations(4, none, full, PerfConfig(offload=Offload.cpu))
+    assert offloaded == 1000 and "host memory" in rule

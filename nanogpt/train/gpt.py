@@ -266,8 +266,9 @@ class GPT(nn.Module):
         once), 6N = 2N forward + 4N backward, the second term attention's QK^T and AV over the
         full T x T square, as dense kernels compute it. "hardware" adds the recompute of
         activation checkpointing, the share of the blocks' forward run again in backward
-        (2 N_blocks + 4 L H Q T whole; checkpoint_rules.recomputed_share: full all of it, every
-        its blocks' share, selective what its policy does not save): real work that does not
+        (2 N_blocks + 4 L H Q T whole, less the MLP's output projection, which torch's
+        checkpoint never reruns; checkpoint_rules.recomputed_share: full all of it, every its
+        blocks' share, selective what its policy does not save): real work that does not
         advance the model, so MFU leaves it out and HFU (Korthikanti et al., 2022) counts it.
         perf.ac=budget: null, Inductor's min-cut chooses what it recomputes."""
         cfg = self.config
@@ -277,7 +278,11 @@ class GPT(nn.Module):
         hardware = None
         if share is not None:
             matmuls, attended = share
-            block_matmuls = 2 * sum(p.numel() for p in self.blocks.parameters())
+            # torch's checkpoint stops recomputing once the last tensor backward needs is back
+            # (early stop): the MLP's output projection, whose output no backward reads, never
+            # runs again (tests/test_checkpointing.py counts it on meta)
+            last = sum(p.numel() for block in self.blocks for p in block.mlp.proj.parameters())
+            block_matmuls = 2 * (sum(p.numel() for p in self.blocks.parameters()) - last)
             hardware = model + matmuls * block_matmuls + attended * 4 * attention
         return {"model": model, "hardware": hardware, "formula": FLOPS_FORMULA}
 
