@@ -322,3 +322,80 @@ def test_each_policys_term_is_made_of_the_models_two():
     assert rules["none"] > rules["selective"] > rules["every"] > rules["full"]
     offloaded, rule = activations(4, none, full, PerfConfig(offload=Offload.cpu))
     assert offloaded == 1000 and "host memory" in rule
+
+
+@pytest.mark.slow
+def test_the_cpu_preset_tables_plots_and_names_the_policy_buying_most_memory(tmp_path):
+    """+sweep=memory_time_cpu for real, kept small (two blocks of the micro model, one batch):
+    each policy beside its twin that keeps everything in the table's columns and the console's
+    "memory saved ÷ time paid", memory_time.png drawn, and one line naming the policy."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        "-m",
+        "+sweep=memory_time_cpu",
+        *with_micro(["model.n_layer=2", "model.block_size=64", "perf.batch_size=8"]),
+        "bench.measure_steps=3",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+        env={"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert set(table["perf.ac"]) == {"none", "selective", "every", "full"}
+    none = table["perf.ac"] == "none"
+    assert table.loc[none, "ac_memory_saved_bytes"].isna().all()  # the twin has no twin
+    policies = table[~none]
+    assert policies["ac_memory_saved_bytes"].notna().all()
+    assert policies["ac_time_paid_pct"].notna().all()
+    # the ratio is saved MiB over paid percent, where time was paid
+    paid = policies[policies["ac_time_paid_pct"] > 0]
+    ratio = paid["ac_memory_saved_bytes"] / 2**20 / paid["ac_time_paid_pct"]
+    assert ratio.to_list() == pytest.approx(paid["ac_mib_per_pct"].to_list())
+    full = table[table["perf.ac"] == "full"].iloc[0]
+    assert full["ac_memory_saved_bytes"] > 0  # a step held less with every block checkpointed
+    assert "memory saved ÷ time paid" in proc.stdout
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("most memory a percent")]
+    assert "perf.ac=" in line and "saves" in line
+    assert (sweep_dir / "memory_time.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_the_search_chooses_the_policy_that_fits_and_best_yaml_holds_it(tmp_path):
+    """hydra/sweeper=tune over perf.ac: with a budget between full's estimate and none's, the
+    estimate prunes none before it runs (the fit follows the policy), and the answer, in
+    best.yaml, is the policy that fits."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
+    from nanogpt.tune import fit
+
+    shape = ["model.n_layer=2", "model.n_embd=64", "model.block_size=64", "perf.batch_size=8"]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        estimates = {
+            ac: fit.estimate_bytes(
+                to_spec(
+                    compose(config_name="config", overrides=with_micro([*shape, f"perf.ac={ac}"]))
+                )
+            )
+            for ac in ("none", "full")
+        }
+    assert estimates["full"] < estimates["none"]
+    budget = (estimates["full"] + estimates["none"]) / 2 / 2**30
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        "-m",
+        "hydra/sweeper=tune",
+        *with_micro([*shape, "perf.ac=choice(none,full)"]),
+        f"bench.max_batch_memory_gib={budget}",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.leaders=1",
+        "hydra.sweeper.finalists=1",
+        "hydra.sweeper.repeats=1",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    best = (sweep_dir / "best.yaml").read_text()
+    assert "perf.ac=full" in best, best
+    assert "pruned before running" in (sweep_dir / "tune.md").read_text()
