@@ -229,39 +229,6 @@ def test_a_policy_that_cannot_run_is_refused_in_one_line(tmp_path, overrides, li
     assert not (tmp_path / "run" / "result.json").exists()
 
 
-@pytest.mark.slow
-def test_a_sweep_of_the_policies_measures_peak_rss_in_their_order(user_dir):
-    """The policies swept for real (each point its own process): glibc returns a freed block
-    to the OS only above its mmap threshold, which it raises as blocks are freed, so a point's
-    transient activations would stay resident and its peak RSS read the first one's; fixed at
-    64 KiB, every activation is its own mapping and the peak is what was held at once."""
-    sweep_dir = user_dir / "sweep"
-    shape = [f"model.{k}={v}" for k, v in SHAPE.items()]
-    proc = run_cli(
-        "-m",
-        *with_micro(
-            [*shape, f"perf.batch_size={BATCH}", "perf.ac=none,selective,every,full"]
-            + ["bench.diagnose=false", "logger.log_interval=1"]
-        ),
-        f"hydra.sweep.dir={sweep_dir}",
-        cwd=user_dir,
-        env={"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = {}
-    for result in sweep_dir.glob("*/run-1/result.json"):
-        record = read_result(result)
-        records[record["ac"]] = record
-    assert sorted(records) == sorted(POLICIES)
-    assert all(r["status"] == "ok" for r in records.values())
-    rss = [records[label]["mem_step_rss_bytes"] for label in POLICIES]
-    assert rss == sorted(rss, reverse=True), dict(zip(POLICIES, rss, strict=True))
-    losses = [records[label]["loss_first"] for label in POLICIES]
-    assert losses == pytest.approx([losses[0]] * len(losses), rel=1e-5)
-    table = pd.read_csv(sweep_dir / "summary.csv")
-    assert set(table["perf.ac"]) == set(POLICIES)
-
-
 def _counted(config) -> tuple[float, dict]:
     """One forward+backward of a sequence, FLOPs a token, counted by torch on a meta copy
     (attention is counted on meta: on a CPU the counter reads it 0), checkpointing as set."""
@@ -325,41 +292,6 @@ def test_each_policys_term_is_made_of_the_models_two():
 
 
 @pytest.mark.slow
-def test_the_cpu_preset_tables_plots_and_names_the_policy_buying_most_memory(tmp_path):
-    """+sweep=memory_time_cpu for real, kept small (two blocks of the micro model, one batch):
-    each policy beside its twin that keeps everything in the table's columns and the console's
-    "memory saved ÷ time paid", memory_time.png drawn, and one line naming the policy."""
-    sweep_dir = tmp_path / "sweep"
-    proc = run_cli(
-        "-m",
-        "+sweep=memory_time_cpu",
-        *with_micro(["model.n_layer=2", "model.block_size=64", "perf.batch_size=8"]),
-        "bench.measure_steps=3",
-        f"hydra.sweep.dir={sweep_dir}",
-        cwd=tmp_path,
-        env={"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    table = pd.read_csv(sweep_dir / "summary.csv")
-    assert set(table["perf.ac"]) == {"none", "selective", "every", "full"}
-    none = table["perf.ac"] == "none"
-    assert table.loc[none, "ac_memory_saved_bytes"].isna().all()  # the twin has no twin
-    policies = table[~none]
-    assert policies["ac_memory_saved_bytes"].notna().all()
-    assert policies["ac_time_paid_pct"].notna().all()
-    # the ratio is saved MiB over paid percent, where time was paid
-    paid = policies[policies["ac_time_paid_pct"] > 0]
-    ratio = paid["ac_memory_saved_bytes"] / 2**20 / paid["ac_time_paid_pct"]
-    assert ratio.to_list() == pytest.approx(paid["ac_mib_per_pct"].to_list())
-    full = table[table["perf.ac"] == "full"].iloc[0]
-    assert full["ac_memory_saved_bytes"] > 0  # a step held less with every block checkpointed
-    assert "memory saved ÷ time paid" in proc.stdout
-    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("most memory a percent")]
-    assert "perf.ac=" in line and "saves" in line
-    assert (sweep_dir / "memory_time.png").stat().st_size > 10_000
-
-
-@pytest.mark.slow
 def test_the_search_chooses_the_policy_that_fits_and_best_yaml_holds_it(tmp_path):
     """hydra/sweeper=tune over perf.ac: with a budget between full's estimate and none's, the
     estimate prunes none before it runs (the fit follows the policy), and the answer, in
@@ -399,3 +331,70 @@ def test_the_search_chooses_the_policy_that_fits_and_best_yaml_holds_it(tmp_path
     best = (sweep_dir / "best.yaml").read_text()
     assert "perf.ac=full" in best, best
     assert "pruned before running" in (sweep_dir / "tune.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def policy_sweep(tmp_path_factory):
+    """+sweep=memory_time_cpu for real, once for the module, at SHAPE and one batch (4 points,
+    each its own process), with the largest batch each policy fits in 0.1 GiB: glibc returns a
+    freed block to the OS only above its mmap threshold, which it raises as blocks are freed, so
+    a step's transient activations would stay resident; fixed at 64 KiB (the environment's
+    MALLOC_MMAP_THRESHOLD_), every activation is its own mapping and the RSS a step holds is
+    what it held at once."""
+    root = tmp_path_factory.mktemp("policies")
+    sweep_dir = root / "sweep"
+    shape = [f"model.{k}={v}" for k, v in SHAPE.items()]
+    proc = run_cli(
+        "-m",
+        "+sweep=memory_time_cpu",
+        *with_micro([*shape, f"perf.batch_size={BATCH}", "logger.log_interval=1"]),
+        "bench.measure_steps=3",
+        "bench.find_max_batch=true",
+        "bench.max_batch_memory_gib=0.1",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=root,
+        env={"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {}
+    for result in sweep_dir.glob("*/result.json"):
+        record = read_result(result)
+        records[record["ac"]] = record
+    return proc, sweep_dir, records
+
+
+@pytest.mark.slow
+def test_a_sweep_of_the_policies_holds_less_a_step_in_their_order(policy_sweep):
+    _, _, records = policy_sweep
+    assert sorted(records) == sorted(POLICIES)
+    assert all(r["status"] == "ok" for r in records.values())
+    held = [records[label]["mem_step_rss_bytes"] for label in POLICIES]
+    assert held == sorted(held, reverse=True), dict(zip(POLICIES, held, strict=True))
+    losses = [records[label]["loss_first"] for label in POLICIES]
+    assert losses == pytest.approx([losses[0]] * len(losses), rel=1e-5)
+    # find_max_batch probes the model the point asks for, its policy too: in one budget, a
+    # policy that keeps less fits more sequences (real out-of-memory errors under RLIMIT_AS)
+    found = [records[label]["max_batch_size"] for label in POLICIES]
+    assert found == sorted(found) and found[0] < found[-1], dict(zip(POLICIES, found, strict=True))
+
+
+@pytest.mark.slow
+def test_the_cpu_preset_tables_plots_and_names_the_policy_buying_most_memory(policy_sweep):
+    """Each policy beside its twin that keeps everything: the table's columns and the console's
+    "memory saved ÷ time paid", memory_time.png drawn, one line naming the policy."""
+    proc, sweep_dir, _ = policy_sweep
+    table = pd.read_csv(sweep_dir / "summary.csv")
+    assert set(table["perf.ac"]) == set(POLICIES)
+    none = table["perf.ac"] == "none"
+    assert table.loc[none, "ac_memory_saved_bytes"].isna().all()  # the twin has no twin
+    policies = table[~none]
+    assert policies["ac_memory_saved_bytes"].gt(0).all()  # each held less than none
+    assert policies["ac_time_paid_pct"].notna().all()
+    # the ratio is saved MiB over paid percent, where time was paid
+    paid = policies[policies["ac_time_paid_pct"] > 0]
+    ratio = paid["ac_memory_saved_bytes"] / 2**20 / paid["ac_time_paid_pct"]
+    assert ratio.to_list() == pytest.approx(paid["ac_mib_per_pct"].to_list())
+    assert "memory saved ÷ time paid" in proc.stdout
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("most memory a percent")]
+    assert "perf.ac=" in line and "saves" in line and "perf.ac=none" not in line
+    assert (sweep_dir / "memory_time.png").stat().st_size > 10_000
