@@ -173,6 +173,8 @@ PERFS = {
         "loss": Loss.chunked,
         "loss_chunk": 8,
     },
+    "selective": {"ac": Ac.selective},  # torch's selective contexts inside a sharded block
+    "every": {"ac": Ac.every},  # block 0 checkpointed, block 1 not
 }
 
 
