@@ -97,6 +97,20 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+
+class HookedGPT(GPT):
+    # The same model with the runner's activation_memory hook (docs/models.md), as a user who
+    # keeps a GPT-2 block may write it: the built-in GPT's formula for its shape.
+    def activation_memory(self, batch_size, seq_len, dtype, activation_checkpointing, compiled):
+        from nanogpt.train.gpt import activation_memory_of
+
+        c = self.config
+        return activation_memory_of(
+            n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size,
+            batch_size=batch_size, seq_len=seq_len, act_bytes=dtype.itemsize, attention="auto",
+            activation_checkpointing=activation_checkpointing, compiled=compiled,
+        )
 """
 BUILD = [
     "model.build._target_=nanogpt_user.GPT",
@@ -127,9 +141,9 @@ def user_dir(tmp_path_factory):
 
 def _spec(user_dir, model: str, **perf) -> RunSpec:
     build = {}
-    if model == "user":
+    if model != "gpt":  # user: nanoGPT's GPT; hooked: the same with activation_memory
         build = {
-            "_target_": "nanogpt_user.GPT",
+            "_target_": "nanogpt_user.HookedGPT" if model == "hooked" else "nanogpt_user.GPT",
             "config": {"_target_": "nanogpt_user.GPTConfig", **SHAPE},
         }
     return RunSpec(
@@ -155,7 +169,7 @@ def _step_peak_and_losses(spec: RunSpec) -> tuple[int, list[float], int]:
     return peak, losses, estimate
 
 
-@pytest.mark.parametrize("model", ["gpt", "user"])
+@pytest.mark.parametrize("model", ["gpt", "user", "hooked"])
 def test_each_policy_trains_alike_and_keeps_less_in_order(user_dir, model):
     torch.set_num_threads(1)
     seen = {}
@@ -398,3 +412,24 @@ def test_the_cpu_preset_tables_plots_and_names_the_policy_buying_most_memory(pol
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("most memory a percent")]
     assert "perf.ac=" in line and "saves" in line and "perf.ac=none" not in line
     assert (sweep_dir / "memory_time.png").stat().st_size > 10_000
+
+
+def test_the_old_switchs_line_is_said_once_a_process_and_not_by_a_sweeps_jobs(caplog):
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.frontend import compose as composing
+    from nanogpt.frontend.presets import CONF_DIR
+
+    composing._SAID.clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(
+            config_name="config", overrides=with_micro(["perf.activation_checkpointing=true"])
+        )
+        job = composing.to_spec(cfg, say=False)  # a multirun's job: its sweep said it
+        assert job.perf.ac is Ac.full and not caplog.records
+        specs = [composing.to_spec(cfg) for _ in range(3)]  # the sweep's points, checked
+    said = [
+        r.getMessage() for r in caplog.records if "perf.activation_checkpointing" in r.getMessage()
+    ]
+    assert len(said) == 1 and said[0].startswith("perf.activation_checkpointing=true is read as")
+    assert all(spec.perf.ac is Ac.full for spec in specs)

@@ -52,9 +52,10 @@ OFFLOAD_SOURCE = (
 OLD_KEY = "perf.activation_checkpointing"
 # The stated error of the activation term (with the logits) against what a forward+backward holds,
 # on a CPU in fp32 (tests/test_checkpointing.py, the allocator's peak from the profiler's memory
-# events): 3-13 % above it, every policy. The GPT's bytes are fitted to bf16 on an H100, where
-# 39 of them stand for Korthikanti's 34; fp32's exact tensors are nearer his count.
-ESTIMATE_ERROR_CPU = 0.15
+# events): 3-17 % above it, every policy, the built-in GPT and a nanoGPT-style user model with the
+# GPT's formula as its hook. The GPT's bytes are fitted to bf16 on an H100, where 39 of them stand
+# for Korthikanti's 34; fp32's exact tensors are nearer his count.
+ESTIMATE_ERROR_CPU = 0.20
 
 
 def normalized(perf: PerfConfig) -> tuple[PerfConfig, str | None]:
