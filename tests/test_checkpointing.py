@@ -433,3 +433,13 @@ def test_the_old_switchs_line_is_said_once_a_process_and_not_by_a_sweeps_jobs(ca
     ]
     assert len(said) == 1 and said[0].startswith("perf.activation_checkpointing=true is read as")
     assert all(spec.perf.ac is Ac.full for spec in specs)
+
+
+def test_a_policys_own_key_under_another_policy_is_no_part_of_the_point():
+    from nanogpt.record.identity import point_id_of
+
+    full = point_id_of(RunSpec(perf=PerfConfig(ac=Ac.full, activation_checkpointing=True)))
+    unread = PerfConfig(ac=Ac.full, activation_checkpointing=True, ac_every=3, ac_budget=0.1)
+    assert point_id_of(RunSpec(perf=unread)) == full
+    every = [point_id_of(RunSpec(perf=PerfConfig(ac=Ac.every, ac_every=n))) for n in (2, 3)]
+    assert every[0] != every[1]

@@ -113,6 +113,11 @@ class Ac(enum.Enum):
     budget = "budget"  # compiled only: Inductor's min-cut keeps perf.ac_budget of the activations
 
 
+# Each policy's own key: read under that perf.ac only (the record's asked part and the point's
+# identity leave it out under another)
+AC_KEYS = {"ac_every": Ac.every, "ac_policy": Ac.selective, "ac_budget": Ac.budget}
+
+
 class AcPolicy(enum.Enum):
     """perf.ac_policy: what a block keeps under perf.ac=selective (the rest is recomputed)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanogpt.config.choices import AC_KEYS
 from nanogpt.config.spec import RunSpec
 from nanogpt.record.fields import JSON_ONLY, config_key, json_only, marked
 from nanogpt.record.identity import measured_config
@@ -66,9 +67,10 @@ class Asked:
             compile_mode=perf.compile_mode,
             attention=perf.attention.value,
             ac=perf.ac.value,
-            ac_every=perf.ac_every if perf.ac.value == "every" else None,
-            ac_policy=perf.ac_policy.value if perf.ac.value == "selective" else None,
-            ac_budget=perf.ac_budget if perf.ac.value == "budget" else None,
+            **{  # a policy's own key where the policy reads it (AC_KEYS), else null
+                key: _plain(getattr(perf, key)) if perf.ac is policy else None
+                for key, policy in AC_KEYS.items()
+            },
             offload=perf.offload.value,
             activation_checkpointing=perf.activation_checkpointing,
             fp8=perf.fp8.value,
@@ -91,3 +93,8 @@ class Asked:
             point_id=point_id,
             measured_config=measured,
         )
+
+
+def _plain(value):
+    """An Enum's value, any other value as it is."""
+    return getattr(value, "value", value)
