@@ -110,7 +110,7 @@ class Ac(enum.Enum):
     full = "full"  # every block keeps its input alone and recomputes its forward
     every = "every"  # every perf.ac_every-th block checkpointed as full, the others kept
     selective = "selective"  # every block keeps what perf.ac_policy saves, recomputes the rest
-    budget = "budget"  # compiled only: Inductor's min-cut keeps perf.ac_budget of the activations
+    budget = "budget"  # compiled only: Inductor's min-cut hands backward perf.ac_budget of them
 
 
 # Each policy's own key: read under that perf.ac only (the record's asked part and the point's

@@ -43,8 +43,9 @@ SOURCES = {
     Ac.every: "the checkpointed blocks as full, the others as none, one block recomputed",
     Ac.selective: "a block keeps {kept}/{saved} of what it saves without checkpointing "
     "(checkpoint_rules.SELECTIVE_KEPT, Korthikanti's tensors), one block's rest recomputed",
-    Ac.budget: "full's plus ac_budget of the difference to none's: Inductor's min-cut keeps about "
-    "that share (its choice is not modelled)",
+    Ac.budget: "none's, a bound: what Inductor's partitioner keeps between forward and backward "
+    "is not what backward holds at its peak (over one graph of the whole model, a block's "
+    "activations recomputed from the inputs are all held again as backward starts)",
 }
 OFFLOAD_SOURCE = (
     "offload=cpu: the kept tensors wait in host memory; the device holds the block computing"
@@ -148,8 +149,8 @@ def activations(n_layer: int, none_bytes: int, full_bytes: int, perf) -> tuple[i
         saved = SELECTIVE_KEPT[AcPolicy(perf.ac_policy)]
         kept = peak_kept([saved / SAVED * per_block] * n_layer, set(range(n_layer)), per_block)
         source = SOURCES[ac].format(kept=saved, saved=SAVED)
-    else:  # budget
-        kept = full_bytes + perf.ac_budget * max(none_bytes - full_bytes, 0)
+    else:  # budget: measured, 0.0 and 1.0 hold the same peak (docs/measurement.md)
+        kept = none_bytes
         source = SOURCES[ac]
     if Offload(getattr(perf, "offload", Offload.none)) is Offload.cpu:
         kept, source = min(kept, per_block), f"{source}; {OFFLOAD_SOURCE}"
