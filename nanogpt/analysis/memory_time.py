@@ -14,7 +14,8 @@ import math
 
 import pandas as pd
 
-from nanogpt.analysis.compare import measured_peak
+from nanogpt.analysis import stats
+from nanogpt.analysis.compare import comparable, measured_peak, speedup
 from nanogpt.analysis.display import number
 from nanogpt.record.swept import override_key, point_key, split_overrides
 
@@ -51,15 +52,9 @@ def add_columns(table: pd.DataFrame) -> None:
     step over the twin's, less 1, in percent) and ac_mib_per_pct ("memory saved ÷ time paid":
     MiB saved a percent of step time; null where no time was paid: the saving was free)."""
     memory, _ = step_memory(table)
-    twins = {}
-    for index, row in table.iterrows():
-        if row["status"] == "ok" and _keeps_all(row):
-            twins[_twin_key(row["overrides"])] = index
     values = {name: pd.Series(math.nan, index=table.index, dtype="float64") for name in COLUMNS}
-    for index, row in table.iterrows():
-        twin = twins.get(_twin_key(row["overrides"]))
-        if twin is None or twin == index or row["status"] != "ok" or row.get("ac") is None:
-            continue
+    for index, twin in twins(table).items():
+        row = table.loc[index]
         saved = memory[twin] - memory[index]
         paid = 100 * (row["step_ms_median"] / table.at[twin, "step_ms_median"] - 1)
         values["ac_memory_saved_bytes"][index] = saved
@@ -70,10 +65,27 @@ def add_columns(table: pd.DataFrame) -> None:
         table[name] = series
 
 
-def best_line(table: pd.DataFrame, names: list[str]) -> str | None:
+def twins(table: pd.DataFrame) -> dict:
+    """Each ok point with a policy -> its twin that keeps everything, where that is ok in the
+    table (row labels)."""
+    keeps = {}
+    for index, row in table.iterrows():
+        if row["status"] == "ok" and _keeps_all(row):
+            keeps[_twin_key(row["overrides"])] = index
+    found = {}
+    for index, row in table.iterrows():
+        twin = keeps.get(_twin_key(row["overrides"]))
+        if twin is not None and twin != index and row["status"] == "ok" and row.get("ac"):
+            found[index] = twin
+    return found
+
+
+def best_line(table: pd.DataFrame, names: list[str], steps: list) -> str | None:
     """The console's line: the policy that bought the most memory a percent of step time (one
-    that saved memory at no measured time cost first), with what it saved and paid; None
-    where no point has a twin to compare with."""
+    that saved memory at no measured time cost first), with what it saved and paid, and its
+    tokens/s against its twin's with the interval and verdict (analysis/stats.py: `~` where
+    the step times cannot tell them apart); None where no point has a twin to compare with.
+    `steps[i]`: row i's measured steps."""
     if "ac_memory_saved_bytes" not in table or table["ac_memory_saved_bytes"].isna().all():
         return None
     saved, paid = table["ac_memory_saved_bytes"], table["ac_time_paid_pct"]
@@ -90,10 +102,16 @@ def best_line(table: pd.DataFrame, names: list[str]) -> str | None:
             f"for {number(paid.iloc[best], 3)} % more step time: "
             f"{number(ratio.iloc[best], 3)} MiB a percent"
         )
-    return (
+    line = (
         f"most memory a percent of step time: {names[best]} (saves "
         f"{number(saved.iloc[best] / MIB, 3)} MiB {rate})"
     )
+    twin = table.index.get_loc(twins(table)[table.index[best]])
+    if comparable(table, steps, best) and comparable(table, steps, twin):
+        ratio, low, high, verdict = speedup(table, steps, twin, best)
+        sure = "not significant (~)" if verdict == stats.NOT_SIGNIFICANT else "significant"
+        line += f"; {ratio:.3g}x the tokens/s of {names[twin]} [{low:.3g}-{high:.3g}], {sure}"
+    return line
 
 
 def _twin_key(overrides) -> str:

@@ -183,7 +183,7 @@ def publish(
     names = [label or "defaults" for label in point_labels(table)]
     for line in compare.recommend(table, sweep.series(), names, memory_budget_gib):
         print(line)
-    line = memory_time.best_line(table, names)
+    line = memory_time.best_line(table, names, sweep.series())
     if line:
         print(line)
     for path in sweep.unreadable:
