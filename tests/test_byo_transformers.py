@@ -44,7 +44,7 @@ LLAMA = [
     "model.build.config.num_key_value_heads=2",
     "model.block_size=16",
     "model.vocab_size=256",
-    "perf.activation_checkpointing=true",
+    "perf.ac=full",
 ]
 # GPT-2's architecture, whose blocks sit where nanoGPT's do (transformer.h).
 GPT2 = [
@@ -57,9 +57,9 @@ GPT2 = [
     "model.build.config.n_head=4",
     "model.block_size=16",
     "model.vocab_size=256",
-    "perf.activation_checkpointing=true",
+    "perf.ac=full",
 ]
-PLAIN = "perf.activation_checkpointing=false"  # the same model, its blocks not wrapped
+PLAIN = "perf.ac=none"  # the same model, its blocks not wrapped
 
 
 def spec_of(overrides: list[str], *more: str):
