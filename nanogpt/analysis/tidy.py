@@ -52,6 +52,12 @@ SUMMARY_MD = "summary.md"
 TABLE_PLACES = {
     "compile_breakeven_steps": 70,
     "compile_verdict": 71,
+    # where compiling pays off (analysis/compare.compile_payoff)
+    "compile_breakeven_ci_low": 72,
+    "compile_breakeven_ci_high": 73,
+    "compile_payoff": 74,
+    "planned_saving_s": 75,
+    "planned_saving_pct": 76,
     "usd_per_1m_tokens": 82,
 }
 

@@ -17,6 +17,8 @@ from typing import Any
 from nanogpt.config.choices import (
     COMPILE_MODES,
     Attention,
+    CompileCache,
+    CompileScope,
     DataKind,
     Dtype,
     Exclusive,
@@ -49,6 +51,8 @@ __all__ = [
     "COMPILE_MODES",
     "Attention",
     "BenchConfig",
+    "CompileCache",
+    "CompileScope",
     "CostConfig",
     "DataConfig",
     "DataKind",

@@ -24,6 +24,9 @@ class Asked:
     dtype: str | None = config_key("perf.dtype")
     compile: bool | None = config_key("perf.compile")
     compile_mode: str | None = config_key("perf.compile_mode")
+    compile_scope: str | None = config_key("perf.compile_scope")  # model | blocks
+    # user | cold | warm | artifacts (Setup's compile_cache: what the run was given)
+    compile_cache_asked: str | None = config_key("perf.compile_cache")
     attention: str | None = config_key("perf.attention")
     activation_checkpointing: bool | None = config_key("perf.activation_checkpointing")
     fp8: str | None = config_key("perf.fp8")  # torchao float8 recipe, or none
@@ -38,6 +41,7 @@ class Asked:
     block_size: int | None = config_key("model.block_size")
     grad_accum: int | None = config_key("perf.grad_accum")
     warmup_steps: int | None = config_key("bench.warmup_steps")
+    planned_steps: int | None = config_key("bench.planned_steps")  # the compile saving's run
     job_dir: str | None = marked(headline=98)
     measured_config: dict | None = json_only()  # the resolved keys it measures (record/identity.py)
 
@@ -57,6 +61,8 @@ class Asked:
             dtype=perf.dtype.value,
             compile=perf.compile,
             compile_mode=perf.compile_mode,
+            compile_scope=perf.compile_scope.value,
+            compile_cache_asked=perf.compile_cache.value,
             attention=perf.attention.value,
             activation_checkpointing=perf.activation_checkpointing,
             fp8=perf.fp8.value,
@@ -75,6 +81,7 @@ class Asked:
             block_size=spec.model.block_size,
             grad_accum=perf.grad_accum,
             warmup_steps=spec.bench.warmup_steps,
+            planned_steps=spec.bench.planned_steps,
             job_dir=job_dir,
             point_id=point_id,
             measured_config=measured,

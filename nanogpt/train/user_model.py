@@ -28,7 +28,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 from nanogpt.config.errors import ConfigError
-from nanogpt.config.spec import Attention, Dtype, Loss, RunSpec, Strategy
+from nanogpt.config.spec import Attention, CompileScope, Dtype, Loss, RunSpec, Strategy
 from nanogpt.config.target_nodes import TargetError, instantiate
 
 PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # nanogpt/
@@ -200,9 +200,11 @@ def refuse_knobs(spec: RunSpec, model: UserModel) -> None:
             "use perf.loss=full",
         )
     fsdp = spec.dist.strategy is Strategy.fsdp2 and spec.dist.nproc > 1
+    by_block = perf.compile and perf.compile_scope is CompileScope.blocks
     for asked, key in (
         (perf.activation_checkpointing, "perf.activation_checkpointing"),
         (fsdp, "dist.strategy"),
+        (by_block, "perf.compile_scope"),
     ):
         if asked and model.blocks_name is None:
             raise ConfigError(

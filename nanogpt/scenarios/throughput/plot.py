@@ -20,4 +20,5 @@ PLOTS: dict[str, Callable[[Sweep], Figure]] = {
     "speedup.png": plots.of_table(plots.speedup),
     "pareto.png": plots.of_table(plots.pareto),
     "bottleneck.png": plots.of_table(bottleneck),
+    "compile_payoff.png": plots.of_table(plots.compile_payoff),
 }
