@@ -25,6 +25,7 @@ COMPILE_KEYS = (
     "perf.compile_scope",
     "perf.compile_cache",
     "bench.cold_compile_cache",
+    "sweep/compile_way",  # +sweep=compile_economics's ways of compiling (sweeps/compile_way/)
 )
 PLANNED_STEPS = 5000  # bench.planned_steps' default: a record older than the key has none
 

@@ -122,6 +122,7 @@ class StartClock:
         else:
             out["ttfs_process_s"] = self.age_s
             out["time_to_first_step_s"] = self.age_s + (self.t_step - self.t0) + self.step_s
+            out["time_to_first_step_s_per_run"] = [out["time_to_first_step_s"]]  # pooled: each
         out["ttfs_note"] = "; ".join(notes) or None
         return out
 
