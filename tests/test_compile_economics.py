@@ -291,3 +291,27 @@ def pd_isna(value) -> bool:
     import pandas as pd
 
     return bool(pd.isna(value))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            ["perf.compile=true", "perf.compile_cache=warm", "bench.isolate=false"],
+            "perf.compile_cache: warm sets the caches of the point's own process",
+        ),
+        (
+            ["perf.compile=true", "perf.compile_cache=artifacts", "dist.nproc=2"],
+            "perf.compile_cache: artifacts is filled by a priming run in one process",
+        ),
+        (
+            ["perf.compile=true", "perf.compile_cache=warm", "bench.cold_compile_cache=true"],
+            "bench.cold_compile_cache: asks for a cold cache and perf.compile_cache for warm",
+        ),
+    ],
+)
+def test_a_cache_the_point_cannot_be_given_is_one_line_before_anything(overrides, said):
+    from .conftest import sweep_refusal
+
+    line = sweep_refusal(*overrides)
+    assert said in line and "\n" not in line, line

@@ -11,16 +11,17 @@ costs therefore depends on what ran before it, and this module makes that a sett
              inductor_cache says whether they held anything)
   cold       the run's own empty dirs (JOB_DIR/inductor_cache, emptied first): everything is
              compiled (bench.cold_compile_cache=true is this setting's earlier spelling)
-  warm       the sweep's own dirs for the point (SWEEP_DIR/compile_cache/KEY/), filled by an
-             earlier run of the same point; the first run finds them empty and fills them first
-             with a run of its own (the priming run, below), so every warm run starts warm
+  warm       the sweep's own dirs for the point (SWEEP_DIR/compile_cache/KEY/caches), filled
+             by an earlier run of the same point; the first run finds them unprimed (no
+             KEY/primed beside them) and fills them first with a run of its own (the priming
+             run, below), so every warm run starts warm
   artifacts  the run's own empty dirs, then torch.compiler.load_cache_artifacts of the bytes
              that torch.compiler.save_cache_artifacts wrote after another process compiled the
              point (SWEEP_DIR/compile_cache/KEY/artifacts.bin): the portable "mega-cache" a job
              carries to a fresh machine
 
-KEY is the point's identity with perf.compile_cache left out (record/identity.py), so the warm
-and artifacts points of one sweep share what one priming run made. The priming run is the
+KEY is the point's identity with perf.compile_cache left out (record/identity.py): the runs of
+a warm point share one priming run, and so do those of an artifacts point. The priming run is the
 point's trainer built and stepped once in a child process of its own (runner/worker.py, task
 `compile-cache`); it is outside every measured figure. Nothing here touches the user's caches:
 every dir set is under the sweep's or the run's own dir.
@@ -85,9 +86,12 @@ def prepare(handoff: Handoff, run_prime) -> tuple[dict[str, str], dict]:
         return cache_env(own), {**said, "compile_cache_dir": str(own)}
     prime = Handoff(TASK, handoff.spec, handoff.job)
     if kind is CompileCache.warm:
-        warm = shared / "caches"
-        if not (warm.is_dir() and any(warm.iterdir())):
+        warm, primed = shared / "caches", shared / "primed"
+        if not primed.is_file():  # never primed, or a priming run that did not finish
+            shutil.rmtree(warm, ignore_errors=True)
             _prime(run_prime, prime, cache_env(warm))
+            primed.parent.mkdir(parents=True, exist_ok=True)
+            primed.touch()
         return cache_env(warm), {**said, "compile_cache_dir": str(warm)}
     artifacts = shared / ARTIFACTS_FILE
     if not artifacts.is_file():  # compiled from empty caches of its own, then saved
