@@ -315,3 +315,25 @@ def test_a_cache_the_point_cannot_be_given_is_one_line_before_anything(overrides
 
     line = sweep_refusal(*overrides)
     assert said in line and "\n" not in line, line
+
+
+def test_a_user_model_without_blocks_is_refused_blocks_scope_in_one_line(tmp_path):
+    """compile_scope=blocks compiles the model's blocks: a model with no ModuleList of them is
+    one line naming the key, as checkpointing and FSDP2 are (test_byo_contract.py)."""
+    from nanogpt.config.errors import ConfigError
+    from nanogpt.config.spec import CompileScope, PerfConfig
+    from nanogpt.train import user_model as byo
+
+    from .test_byo_contract import TINY, _spec
+
+    flat = TINY.replace("{RETURN}", "loss").replace("nn.ModuleList([", "(").replace("])", ")")
+    spec = _spec(tmp_path, "noblocks", flat)
+    spec.perf = PerfConfig(compile=True, compile_scope=CompileScope.blocks)
+    with pytest.raises(ConfigError) as err:
+        byo.build_user_model(spec)
+    assert str(err.value).startswith(
+        "perf.compile_scope: needs the model's blocks, and noblocks.Model has no ModuleList of "
+    )
+    assert "\n" not in str(err.value)
+    spec.perf = PerfConfig(compile=True)  # the whole model: compiled as it is
+    assert byo.build_user_model(spec).blocks_name is None
