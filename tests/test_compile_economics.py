@@ -337,3 +337,20 @@ def test_a_user_model_without_blocks_is_refused_blocks_scope_in_one_line(tmp_pat
     assert "\n" not in str(err.value)
     spec.perf = PerfConfig(compile=True)  # the whole model: compiled as it is
     assert byo.build_user_model(spec).blocks_name is None
+
+
+def test_a_second_run_in_one_process_has_no_time_to_first_step_of_its_own():
+    """bench.isolate=false measures every point in the job process: only the first run there
+    started it, so a later one's whole is null, with the reason, and its parts are kept."""
+    from nanogpt.probes.startup import StartClock
+
+    StartClock()  # a run measured here before (this test process may have measured others)
+    clock = StartClock()
+    clock.built()
+    clock.before_first_step()
+    clock.after_first_step(0.01)
+    figures = clock.figures(compiled=False)
+    assert figures["time_to_first_step_s"] is None and figures["ttfs_process_s"] is None
+    assert "bench.isolate=false" in figures["ttfs_note"]
+    assert figures["ttfs_build_s"] >= 0 and figures["ttfs_execution_s"] == pytest.approx(0.01)
+    assert figures["ttfs_dynamo_s"] == figures["ttfs_inductor_s"] == 0.0

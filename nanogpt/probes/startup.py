@@ -24,7 +24,9 @@ The parts follow one another, so they sum to the whole:
   ttfs_execution_s  the first step's wall time less the two above: running it, lazy inits
 
 An eager point has no compiling: its ttfs_dynamo_s and ttfs_inductor_s are 0. A figure this
-machine cannot give (no process start time off Linux) is null, `ttfs_note` says why.
+machine cannot give (no process start time off Linux) is null, `ttfs_note` says why; so is the
+whole for a run measured in a process that measured one before it (bench.isolate=false), which
+did not start that process.
 """
 
 from __future__ import annotations
@@ -70,12 +72,20 @@ def compile_seconds() -> tuple[float, float] | None:
     return frames + backward, spent.get("backend_compile", 0.0) + backward
 
 
+_clocks_started = 0  # StartClocks made in this process: a second run here has no start of its own
+
+
 class StartClock:
     """Made as the measured loop starts; `built()` after the trainer, `first_step()` around it;
     `figures()` the record's ttfs fields."""
 
     def __init__(self):
-        self.age_s = process_age_s()
+        global _clocks_started
+        _clocks_started += 1
+        # a run measured in a process that measured one before (bench.isolate=false: the job
+        # process) did not start it: its age is no part of this run's wait
+        self.reused = _clocks_started > 1
+        self.age_s = None if self.reused else process_age_s()
         self.t0 = time.perf_counter()
         self.t_built = self.t_step = None
         self.step_s = self.compiled = None
@@ -116,7 +126,13 @@ class StartClock:
             dynamo = max(0.0, total - inductor)
             out["ttfs_execution_s"] = max(0.0, self.step_s - total)
         out["ttfs_dynamo_s"], out["ttfs_inductor_s"] = dynamo, inductor
-        if self.age_s is None:
+        if self.reused:
+            notes.append(
+                "measured in a process that ran a point before it (bench.isolate=false): "
+                "no process start of its own, time_to_first_step_s is null"
+            )
+            out["ttfs_process_s"] = out["time_to_first_step_s"] = None
+        elif self.age_s is None:
             notes.append("no process start time (not Linux): time_to_first_step_s is null")
             out["ttfs_process_s"] = out["time_to_first_step_s"] = None
         else:
