@@ -106,7 +106,7 @@ class Trainer:
         # perf.compile_scope=blocks, and FSDP2 whatever the scope: each block compiled on its
         # own (regional compilation, as torchtitan and accelerate compile), the rest eager.
         # Dynamo compiles the blocks' one class once and reuses its code for every block (the
-        # parameters are the graph's inputs), so the wait is about one block's, not the model's.
+        # parameters are the graph's inputs): a shorter wait than the whole model's.
         self.compiled = perf.compile
         by_block = perf.compile and (self.fsdp or perf.compile_scope is CompileScope.blocks)
         self.compiled_blocks = self._describe_blocks() if by_block else None
