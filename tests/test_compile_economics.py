@@ -148,8 +148,9 @@ def test_each_cache_is_named_and_orders_the_time_to_first_step(preset_sweep):
     # warm skips all code generation, the compiled C++ kernels in its dir. The artifacts carry
     # the graphs (their hits above) but, on a CPU, no compiled C++ kernel: an artifacts point
     # runs g++ as a cold one does, and either may be first (cold and artifacts: 26 s and 55 s,
-    # 21 s and 53 s, 47.6 s and 21.3 s, 34.0 s and 33.6 s: docs/benchmarks.md). cold > artifacts is
-    # asked on a GPU, where they carry the Triton kernels too (test_cold_warm_artifacts_on_cuda).
+    # 21 s and 53 s, 47.6 s and 21.3 s, 34.0 s and 33.6 s, 18.8 and 17.1 s: docs/benchmarks.md).
+    # cold > artifacts is asked on a GPU, where they carry the Triton kernels too
+    # (test_cold_warm_artifacts_on_cuda).
     assert ttfs["cold"] > ttfs["warm"] and ttfs["artifacts"] >= ttfs["warm"]
 
 
