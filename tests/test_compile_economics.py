@@ -52,19 +52,21 @@ MODELS = {
 }
 
 
+def _sweep(root: Path, fixed: list[str], swept: str) -> list[dict]:
+    """A real micro sweep of `fixed` (with MICRO) over `swept`, each point in its own process:
+    its points' records."""
+    sweep_dir = root / "sweep"
+    args = ["-m", *with_micro(fixed), swept, f"hydra.sweep.dir={sweep_dir}"]
+    proc = run_cli(*args, cwd=root, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [read_result(p) for p in sweep_dir.glob("*/result.json")]
+
+
 def _scope_sweep(root: Path, overrides: list[str]) -> dict[str, dict]:
     """The point compiled whole and by block, each in its own process from its own empty
     Inductor cache, by a real sweep: {scope: its record}."""
-    sweep_dir = root / "sweep"
-    args = [
-        "-m",
-        *with_micro([*overrides, *TWO_BLOCKS, *COMPILED_COLD]),
-        "perf.compile_scope=blocks,model",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = run_cli(*args, cwd=root, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [read_result(p) for p in sweep_dir.glob("*/result.json")]
+    fixed = [*overrides, *TWO_BLOCKS, *COMPILED_COLD]
+    records = _sweep(root, fixed, "perf.compile_scope=blocks,model")
     return {r["compile_scope"]: r for r in records}
 
 
@@ -217,16 +219,8 @@ def test_cold_warm_artifacts_on_cuda(tmp_path):
     """On a GPU the saved artifacts hold the compiled Triton kernels too: a point loading them
     reaches its first step sooner than one compiling from empty caches, and no sooner than one
     with the warm caches on disk."""
-    sweep_dir = tmp_path / "sweep"
-    args = [
-        "-m",
-        *with_micro(["bench.device=cuda", "perf.compile=true", "bench.diagnose=false"]),
-        "perf.compile_cache=cold,warm,artifacts",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
-    proc = run_cli(*args, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [read_result(p) for p in sweep_dir.glob("*/result.json")]
+    fixed = ["bench.device=cuda", "perf.compile=true", "bench.diagnose=false"]
+    records = _sweep(tmp_path, fixed, "perf.compile_cache=cold,warm,artifacts")
     ttfs = {r["compile_cache"]: r["time_to_first_step_s"] for r in records}
     print("time to first step on CUDA:", ttfs)
     assert ttfs["cold"] > ttfs["artifacts"] >= ttfs["warm"]
