@@ -8,6 +8,8 @@ the comparison, it reads no files.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from nanogpt.analysis import derive, stats
@@ -16,6 +18,16 @@ from nanogpt.analysis.display import number
 from nanogpt.record.swept import override_key, point_key, split_overrides
 
 COMPILE = "perf.compile"
+# the keys that say how a point compiles: an eager twin is the point without them
+COMPILE_KEYS = (
+    COMPILE,
+    "perf.compile_mode",
+    "perf.compile_scope",
+    "perf.compile_cache",
+    "bench.cold_compile_cache",
+    "sweep/compile_way",  # +sweep=compile_economics's ways of compiling (sweeps/compile_way/)
+)
+PLANNED_STEPS = 5000  # bench.planned_steps' default: a record older than the key has none
 
 
 def speedup(table: pd.DataFrame, steps: list, base: int, other: int, base_draws=None) -> tuple:
@@ -56,12 +68,13 @@ def add_speedups(table: pd.DataFrame, steps: list, base: int | None) -> None:
     table["speedup_verdict"] = [v[3] for v in values]
 
 
-def eager_twins(table: pd.DataFrame) -> pd.Series:
-    """For each ok compiled row whose eager twin (the same overrides but perf.compile) is in the
-    table and ok: the twin's median step (ms); NaN elsewhere."""
+def twin_rows(table: pd.DataFrame) -> pd.Series:
+    """For each ok compiled row whose eager twin (the same overrides without the compile keys,
+    COMPILE_KEYS) is in the table and ok: the twin's index; NaN elsewhere."""
     ok = table[table["status"] == "ok"]
-    eager = {_without_compile(o): ms for o, c, ms in _compile_rows(ok) if not c}
-    out = pd.Series([None] * len(table), index=table.index, dtype="float64")
+    rows = zip(ok.index, ok["overrides"], ok["compile"], strict=True)
+    eager = {_without_compile(o): i for i, o, compiled in rows if not compiled}
+    out = pd.Series([None] * len(table), index=table.index, dtype=object)
     for index, row in ok.iterrows():
         twin = eager.get(_without_compile(row["overrides"]))
         if row["compile"] is True and twin is not None:
@@ -69,13 +82,132 @@ def eager_twins(table: pd.DataFrame) -> pd.Series:
     return out
 
 
+def eager_twins(table: pd.DataFrame) -> pd.Series:
+    """For each ok compiled row with an eager twin in the table (`twin_rows`): the twin's median
+    step (ms); NaN elsewhere."""
+    twins = twin_rows(table)
+    step = table["step_ms_median"].astype("float64")
+    return pd.Series(
+        [step[t] if t is not None else None for t in twins], index=table.index, dtype="float64"
+    )
+
+
 def compile_breakeven(table: pd.DataFrame) -> pd.Series:
-    """For a compiled point whose eager twin is in the table (`eager_twins`): compile_s /
-    (eager step - compiled step), the steps after which compiling has paid for itself. Null
-    when compiling does not make steps faster, or there is no twin."""
-    saved_ms = eager_twins(table) - table["step_ms_median"].astype("float64")
-    compile_s = table["compile_s"].astype("float64")
-    return (compile_s * 1e3 / saved_ms).where(saved_ms > 0)
+    """compile_payoff's compile_breakeven_steps alone."""
+    return compile_payoff(table)["compile_breakeven_steps"]
+
+
+def compile_payoff(table: pd.DataFrame) -> pd.DataFrame:
+    """Where compiling pays off, for each compiled point with an eager twin (`twin_rows`).
+
+    A run's cumulative wall time after n steps is T(n) = time to first step + (n - 1) x step
+    (the first step is in the time to first step: probes/startup.py). The compiled point's T
+    drops below its twin's after
+        compile_breakeven_steps = (ttfs_compiled - ttfs_eager) / (step_eager - step_compiled)
+    steps (0 when the compiled point reaches its first step first), null when the compiled step
+    is not faster: it never pays. Its interval (compile_breakeven_ci_low/high) takes the extremes
+    of the runs' times to first step (time_to_first_step_s_per_run) and of the step times' 95 %
+    intervals (step_ms_ci_low/high): conservative, wider than either alone; its high end is
+    infinite where the step intervals overlap. A record without a time to first step (older
+    than it) uses compile_s, the first step's excess, for the numerator, as before.
+    Over the run the user plans (bench.planned_steps, each row's `planned_steps`, default
+    PLANNED_STEPS): planned_saving_s = T_eager(N) - T_compiled(N) (negative: compiling costs
+    time) and planned_saving_pct = its share of T_eager(N). `compile_payoff` says it in words."""
+    columns = (
+        "compile_breakeven_steps",
+        "compile_breakeven_ci_low",
+        "compile_breakeven_ci_high",
+        "planned_saving_s",
+        "planned_saving_pct",
+    )
+    out = pd.DataFrame({c: pd.Series(float("nan"), index=table.index) for c in columns})
+    out["compile_payoff"] = pd.Series([None] * len(table), index=table.index, dtype=object)
+    for index, twin in twin_rows(table).items():
+        if twin is not None:
+            for key, value in _payoff(table.loc[index], table.loc[twin]).items():
+                out.at[index, key] = value
+    return out
+
+
+def _payoff(compiled: pd.Series, eager: pd.Series) -> dict:
+    """One compiled row against its eager twin: compile_payoff's columns."""
+    ms = lambda row, key: float(row.get(key)) if pd.notna(row.get(key)) else float("nan")  # noqa: E731
+    saved_s = (ms(eager, "step_ms_median") - ms(compiled, "step_ms_median")) / 1e3
+    ttfs = ms(compiled, "time_to_first_step_s"), ms(eager, "time_to_first_step_s")
+    late_s = ttfs[0] - ttfs[1]
+    if math.isnan(late_s):  # an older record: the first step's excess alone
+        late_s = ms(compiled, "compile_s")
+    out = {}
+    planned = ms(compiled, "planned_steps")
+    planned = PLANNED_STEPS if math.isnan(planned) else int(planned)
+    if not math.isnan(late_s) and not math.isnan(saved_s):
+        eager_total = ttfs[1] + (planned - 1) * ms(eager, "step_ms_median") / 1e3
+        out["planned_saving_s"] = (planned - 1) * saved_s - late_s
+        if not math.isnan(eager_total) and eager_total > 0:
+            out["planned_saving_pct"] = 100 * out["planned_saving_s"] / eager_total
+    if math.isnan(saved_s) or math.isnan(late_s):
+        return out
+    if saved_s <= 0:
+        out["compile_payoff"] = (
+            f"never pays: the compiled step is not faster "
+            f"({number(ms(compiled, 'step_ms_median'))} ms against eager's "
+            f"{number(ms(eager, 'step_ms_median'))} ms)"
+        )
+        return out
+    out["compile_breakeven_steps"] = max(0.0, late_s) / saved_s
+    late = [r - e for r in _runs(compiled) for e in _runs(eager)] or [late_s]
+    saved_low = (ms(eager, "step_ms_ci_low") - ms(compiled, "step_ms_ci_high")) / 1e3
+    saved_high = (ms(eager, "step_ms_ci_high") - ms(compiled, "step_ms_ci_low")) / 1e3
+    if not (math.isnan(saved_low) or math.isnan(saved_high)):
+        out["compile_breakeven_ci_low"] = (
+            max(0.0, min(late)) / saved_high if saved_high > 0 else math.inf
+        )
+        out["compile_breakeven_ci_high"] = (
+            max(0.0, max(late)) / saved_low if saved_low > 0 else math.inf
+        )
+    steps = out["compile_breakeven_steps"]
+    out["compile_payoff"] = (
+        "pays from the first step" if steps == 0 else f"pays after {_steps(steps)} steps"
+    )
+    if "compile_breakeven_ci_low" in out:
+        low, high = out["compile_breakeven_ci_low"], out["compile_breakeven_ci_high"]
+        out["compile_payoff"] += f" [{_steps(low)}-{_steps(high)}]"
+    return out
+
+
+def _runs(row: pd.Series) -> list[float]:
+    runs = row.get("time_to_first_step_s_per_run")
+    return [float(r) for r in runs] if isinstance(runs, list | tuple) else []
+
+
+def _steps(n: float) -> str:
+    return "∞" if math.isinf(n) else f"{math.ceil(n):,}"
+
+
+def payoff_line(name: str, row: pd.Series) -> str | None:
+    """The console's line for a compiled point with an eager twin: "compile (perf.compile_scope=
+    blocks ...) pays after 38 steps [30-52]; over 5,000 steps it saves 11 min (-21 %)"."""
+    said = row.get("compile_payoff")
+    if not isinstance(said, str):
+        return None
+    line = f"compile ({name}) {said}"
+    saving, pct = row.get("planned_saving_s"), row.get("planned_saving_pct")
+    if pd.notna(saving):
+        planned = row.get("planned_steps")
+        planned = PLANNED_STEPS if planned is None or pd.isna(planned) else int(planned)
+        verb = "saves" if saving >= 0 else "costs"
+        line += f"; over {planned:,} steps it {verb} {_duration(abs(saving))}"
+        if pd.notna(pct):
+            line += f" ({'-' if saving >= 0 else '+'}{number(abs(pct))} %)"
+    return line
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{number(seconds / 3600)} h"
+    if seconds >= 60:
+        return f"{number(seconds / 60)} min"
+    return f"{number(seconds)} s"
 
 
 def compile_verdict(table: pd.DataFrame, break_reasons: list) -> pd.Series:
@@ -106,13 +238,10 @@ def compile_verdict(table: pd.DataFrame, break_reasons: list) -> pd.Series:
     return out
 
 
-def _compile_rows(table: pd.DataFrame):
-    return zip(table["overrides"], table["compile"], table["step_ms_median"], strict=True)
-
-
 def _without_compile(overrides: str) -> str:
-    """The point's key (swept.point_key) without its perf.compile override: its eager twin's."""
-    kept = [o for o in split_overrides(overrides) if override_key(o) != COMPILE]
+    """The point's key (swept.point_key) without its compile keys (COMPILE_KEYS): its eager
+    twin's."""
+    kept = [o for o in split_overrides(overrides) if override_key(o) not in COMPILE_KEYS]
     return point_key(kept)
 
 
@@ -219,6 +348,8 @@ def recommend(
         lines.append(best(ok, "cheapest", "usd_per_1m_tokens", larger=False))
     verdicts = table["compile_verdict"] if "compile_verdict" in table else []
     lines += [f"{names[i]}: {v}" for i, v in enumerate(verdicts) if isinstance(v, str)]
+    if "compile_payoff" in table:
+        lines += [payoff_line(names[i], table.iloc[i]) for i in range(len(table))]
     return [line for line in lines if line]
 
 

@@ -130,7 +130,8 @@ def build_table(
     sweep = Sweep(table, steps, keys, "", unreadable, rows)
     for scenario in scenarios.ALL:  # each its comparison: throughput's speedups, time to loss's
         scenario.pool.compare(sweep, choice.position, ttl_alpha)
-    table["compile_breakeven_steps"] = compare.compile_breakeven(table)
+    for column, values in compare.compile_payoff(table).items():  # where compiling pays off
+        table[column] = values
     reasons = [row.get("graph_break_reasons") for row in rows]  # json-only: from the records
     table["compile_verdict"] = compare.compile_verdict(table, reasons)
     compare.add_costs(table, usd_per_hour, usd_per_kwh)

@@ -52,11 +52,17 @@ SUMMARY_MD = "summary.md"
 TABLE_PLACES = {
     "compile_breakeven_steps": 70,
     "compile_verdict": 71,
+    # where compiling pays off (analysis/compare.compile_payoff)
+    "compile_breakeven_ci_low": 72,
+    "compile_breakeven_ci_high": 73,
+    "compile_payoff": 74,
+    "planned_saving_s": 75,
+    "planned_saving_pct": 76,
     # a checkpointing or offload policy against its twin that keeps everything
     # (analysis/memory_time.py)
-    "ac_memory_saved_bytes": 72,
-    "ac_time_paid_pct": 73,
-    "ac_mib_per_pct": 74,
+    "ac_memory_saved_bytes": 77,
+    "ac_time_paid_pct": 78,
+    "ac_mib_per_pct": 79,
     "usd_per_1m_tokens": 82,
 }
 

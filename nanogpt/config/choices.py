@@ -89,6 +89,24 @@ class Strategy(enum.Enum):
     fsdp2 = "fsdp2"  # parameters, gradients and optimizer state sharded (fully_shard)
 
 
+class CompileScope(enum.Enum):
+    """What torch.compile compiles (perf.compile_scope)."""
+
+    model = "model"  # the whole model, one torch.compile around it
+    blocks = "blocks"  # each transformer block on its own (regional), the rest eager
+
+
+class CompileCache(enum.Enum):
+    """Which Inductor/Triton caches a compiled point starts with (perf.compile_cache)."""
+
+    user = (
+        "user"  # whatever the user's own cache holds (TORCHINDUCTOR_CACHE_DIR or torch's default)
+    )
+    cold = "cold"  # its own empty caches
+    warm = "warm"  # the sweep's own caches, filled by an earlier run of the same point
+    artifacts = "artifacts"  # empty caches, then torch.compiler.load_cache_artifacts of a save
+
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 

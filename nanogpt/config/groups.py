@@ -14,6 +14,8 @@ from nanogpt.config.choices import (
     Ac,
     AcPolicy,
     Attention,
+    CompileCache,
+    CompileScope,
     DataKind,
     Dtype,
     Exclusive,
@@ -124,6 +126,13 @@ class OptimizerConfig:
 class PerfConfig:
     compile: bool = False
     compile_mode: str = "default"
+    # what perf.compile compiles: the whole model, or each of its blocks (the ModuleList the
+    # runner checkpoints and shards: train/trainer.py), the rest eager. FSDP2 compiles blocks
+    compile_scope: CompileScope = key(CompileScope.model, point=LATER)
+    # which compile caches the point's process starts with: user (yours, as they are) | cold
+    # (its own, empty) | warm (the sweep's, filled by a run of the same point) | artifacts
+    # (empty, then a saved mega-cache loaded): nanogpt/runner/compile_cache.py
+    compile_cache: CompileCache = key(CompileCache.user, point=LATER)
     dtype: Dtype = Dtype.fp32
     attention: Attention = Attention.auto
     # Activation checkpointing as a policy (nanogpt/train/checkpoint_rules.py, docs/config.md)
@@ -169,7 +178,10 @@ class BenchConfig:
         1, point=NOT_A_POINT
     )  # measure the point this many times, each a fresh process
     isolate: bool = True  # measure in a fresh child process
-    cold_compile_cache: bool = False  # give this point its own, empty Inductor cache
+    cold_compile_cache: bool = False  # perf.compile_cache=cold's earlier spelling
+    # the steps of the run you plan: where compile pays off, the table's saving over them
+    # (analysis/compare.compile_payoff)
+    planned_steps: int = key(5000, point=NOT_A_POINT)
     profile: bool = False  # torch.profiler over profile_steps steps after the measured ones
     profile_steps: int = 3
     diagnose: bool = True  # after the measured steps: why the point is as fast as it is

@@ -11,7 +11,10 @@ Dynamo and Inductor count as they work, process-wide (torch._dynamo.utils):
 - calculate_time_spent(): Dynamo's timed phases, "entire_frame_compile" (forward, Dynamo and
   its backend) and "entire_backward_compile" (AOTAutograd compiles backward at its first run);
 - counters["inductor"]["cudagraph_skips"]: graphs Inductor ran without CUDA graphs (a CPU
-  tensor, a mutated input ...), under mode=reduce-overhead / max-autotune.
+  tensor, a mutated input ...), under mode=reduce-overhead / max-autotune;
+- counters["inductor"]["fxgraph_cache_hit" / "_miss"] and counters["aot_autograd"]
+  ["autograd_cache_hit" / "_miss"]: graphs found in (or missing from) the on-disk caches, the
+  caches perf.compile_cache gave the point (runner/compile_cache.py).
 
 All are process-wide and grow (torch._dynamo.reset() zeroes the compile time only), so the
 probe keeps a copy at the start and reports the difference: a process that measured a point
@@ -65,6 +68,10 @@ class CompileProbe:
         part.graphs = None if graphs is None else graphs.get("unique_graphs", 0)
         skips = _grown(now["inductor"], before["inductor"])
         part.cudagraph_skips = None if skips is None else skips.get("cudagraph_skips", 0)
+        aot = _grown(now["aot_autograd"], before["aot_autograd"])
+        if skips is not None and aot is not None:
+            part.compile_cache_hits = skips["fxgraph_cache_hit"] + aot["autograd_cache_hit"]
+            part.compile_cache_misses = skips["fxgraph_cache_miss"] + aot["autograd_cache_miss"]
         if now["compile_s"] is not None:  # torch._dynamo.reset() zeroes it: never below 0
             part.compile_s_counted = max(0.0, now["compile_s"] - before["compile_s"])
         recompiles = _new(now["metrics"], before["metrics"])
@@ -85,7 +92,7 @@ class CompileProbe:
         """A copy of every counter the part reads; None where this torch lacks one."""
         read = {}
         counters = self._get(lambda u: u.counters, "counters")
-        for group in ("graph_break", "stats", "inductor"):
+        for group in ("graph_break", "stats", "inductor", "aot_autograd"):
             read[group] = None if counters is None else collections.Counter(counters[group])
         read["compile_s"] = self._get(
             lambda u: u.calculate_time_spent()["total_wall_time"], "calculate_time_spent"

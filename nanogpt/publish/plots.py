@@ -14,6 +14,10 @@ again):
                       and its device time by kind (the diagnosis, analysis/bottleneck.py)
 - memory_time.png     a step's memory against tokens/s, a marker a checkpointing policy
                       (perf.ac, perf.offload), the frontier joined (+sweep=memory_time)
+- compile_payoff.png  cumulative wall time against steps, time to first step + (n - 1) x step,
+                      for each compiled point with an eager twin and the twins, up to
+                      bench.planned_steps: where each way of compiling pays off
+                      (analysis/compare.compile_payoff)
 - val_loss.png        validation loss against training time, a line per run (a sweep with
                       bench.target_loss: scenarios/time_to_loss/plot.py)
 A plot that has nothing to show (batch size does not vary, no MFU without a peak) is skipped
@@ -31,10 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from nanogpt.analysis.compare import measured_peak
+from nanogpt.analysis.compare import PLANNED_STEPS, measured_peak, twin_rows
 from nanogpt.analysis.labels import parse_overrides, point_labels
 from nanogpt.analysis.memory_time import step_memory
 from nanogpt.publish.plot_parts import NoData, new_figure, tagged_labels
@@ -284,6 +289,45 @@ def memory_time(table: pd.DataFrame) -> Figure:
     ax.set_xlabel("tokens/s")
     ax.set_ylabel(f"memory, MiB ({source})")
     ax.set_title("memory against speed, by checkpointing policy")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def compile_payoff(table: pd.DataFrame) -> Figure:
+    """Cumulative wall time against steps, T(n) = time to first step + (n - 1) x median step,
+    for every compiled point with an eager twin (solid) and its twins (dashed), up to the
+    planned run (bench.planned_steps), with each pay-off step marked: compile_payoff's lines."""
+    twins = twin_rows(table)
+    compiled = [i for i, twin in twins.items() if twin is not None]
+    if not compiled or table.loc[compiled, "time_to_first_step_s"].isna().all():
+        raise NoData("no compiled point with an eager twin and a time to first step")
+    planned = pd.to_numeric(table.loc[compiled, "planned_steps"], errors="coerce").max()
+    last = int(planned) if pd.notna(planned) else PLANNED_STEPS
+    fig = new_figure(8, width=8.0)
+    ax = fig.add_subplot()
+    labels = dict(zip(table.index, tagged_labels(table), strict=True))
+    steps = np.unique(np.geomspace(1, last, 200).round())  # log-spaced: a curve on log axes
+
+    def line(index, **style) -> None:
+        row = table.loc[index]
+        first, step_s = row["time_to_first_step_s"], row["step_ms_median"] / 1e3
+        if pd.notna(first) and pd.notna(step_s):
+            ax.plot(steps, first + (steps - 1) * step_s, label=labels[index], **style)
+
+    for index in dict.fromkeys(twins[compiled]):  # each eager twin once
+        line(index, linestyle="--", color="grey")
+    for index in compiled:
+        line(index)
+        row = table.loc[index]
+        n = row.get("compile_breakeven_steps")
+        if pd.notna(n) and 1 + n <= last:
+            at = row["time_to_first_step_s"] + n * row["step_ms_median"] / 1e3
+            ax.plot([1 + n], [at], marker="o", color="black")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("steps (log)")
+    ax.set_ylabel("cumulative wall time, s (log)")
+    ax.set_title("where compile pays off (dots: the pay-off step)")
     ax.legend(fontsize="small")
     return fig
 

@@ -25,6 +25,9 @@ class Asked:
     dtype: str | None = config_key("perf.dtype")
     compile: bool | None = config_key("perf.compile")
     compile_mode: str | None = config_key("perf.compile_mode")
+    compile_scope: str | None = config_key("perf.compile_scope")  # model | blocks
+    # user | cold | warm | artifacts (Setup's compile_cache: what the run was given)
+    compile_cache_asked: str | None = config_key("perf.compile_cache")
     attention: str | None = config_key("perf.attention")
     # activation checkpointing's policy (train/checkpoint_rules.py) and its keys where it
     # reads them; activation_checkpointing: ac=full (a record of before: the switch alone)
@@ -46,6 +49,7 @@ class Asked:
     block_size: int | None = config_key("model.block_size")
     grad_accum: int | None = config_key("perf.grad_accum")
     warmup_steps: int | None = config_key("bench.warmup_steps")
+    planned_steps: int | None = config_key("bench.planned_steps")  # the compile saving's run
     job_dir: str | None = marked(headline=98)
     measured_config: dict | None = json_only()  # the resolved keys it measures (record/identity.py)
 
@@ -65,6 +69,8 @@ class Asked:
             dtype=perf.dtype.value,
             compile=perf.compile,
             compile_mode=perf.compile_mode,
+            compile_scope=perf.compile_scope.value,
+            compile_cache_asked=perf.compile_cache.value,
             attention=perf.attention.value,
             ac=perf.ac.value,
             **{  # a policy's own key where the policy reads it (AC_KEYS), else null
@@ -89,6 +95,7 @@ class Asked:
             block_size=spec.model.block_size,
             grad_accum=perf.grad_accum,
             warmup_steps=spec.bench.warmup_steps,
+            planned_steps=spec.bench.planned_steps,
             job_dir=job_dir,
             point_id=point_id,
             measured_config=measured,

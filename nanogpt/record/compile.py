@@ -23,5 +23,11 @@ class CompilePart:
     # of them, during the measured steps: unsteady
     recompiles_in_window: int | None = marked(pool=TOTAL)
     compile_s_counted: float | None = None  # Dynamo + backend compile time, forward and backward
+    # perf.compile_scope=blocks (and FSDP2): the blocks compiled, each on its own, e.g.
+    # "blocks: 4 x Block" (a user's model: "layers: 2 x LlamaDecoderLayer"); null: the whole model
+    compiled_blocks: str | None = None
     cudagraph_skips: int | None = None  # counters["inductor"]["cudagraph_skips"]
+    # graphs Inductor's FX graph cache and AOTAutograd's cache had (or lacked) on disk
+    compile_cache_hits: int | None = None
+    compile_cache_misses: int | None = None
     compile_note: str | None = None  # why a figure above is null: "not compiled", ...

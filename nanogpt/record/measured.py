@@ -45,7 +45,12 @@ class Setup:
     sdpa_called: bool | None = None
     observed_note: str | None = None
     model_blocks: str | None = None  # a user's model: its blocks found, e.g. "layers: 2 x Block"
-    inductor_cache: str | None = None  # cold | warm, with compile
+    inductor_cache: str | None = None  # cold | warm, with compile: what its Inductor cache held
+    # perf.compile_cache (runner/compile_cache.py): user | cold | warm | artifacts, the dir (or
+    # the artifacts' file) it was given, and the loaded artifacts' size
+    compile_cache: str | None = None
+    compile_cache_dir: str | None = json_only()
+    compile_artifacts_bytes: int | None = None
     mem_estimate_bytes: int | None = None
     mem_estimate: dict | None = json_only()  # the estimate by component
     # Where the point ran (runner/placement.py): null when not under SLURM / not beside others
@@ -67,6 +72,18 @@ class Timing:
 
     step_timer: str | None = None  # cuda-events | perf_counter | perf_counter+mps-sync
     first_step_ms: float | None = None
+    # Time to first step (probes/startup.py): the process's start to its first optimizer step's
+    # end, once a run, before the measured steps; its parts follow one another and sum to it.
+    # A point's runs: their mean, each run's in time_to_first_step_s_per_run
+    time_to_first_step_s: float | None = marked(headline=69)
+    ttfs_process_s: float | None = None  # process start, imports, the worker's set-up
+    ttfs_build_s: float | None = None  # the trainer: model, wrapping, optimizer, data
+    ttfs_setup_s: float | None = None  # the runner's counting before the first step
+    ttfs_dynamo_s: float | None = None  # first step: Dynamo + AOTAutograd tracing (eager: 0)
+    ttfs_inductor_s: float | None = None  # first step: Inductor's codegen and compile (eager: 0)
+    ttfs_execution_s: float | None = None  # first step less compiling
+    ttfs_note: str | None = None  # why a ttfs figure is null
+    time_to_first_step_s_per_run: list | None = None
     loss_first: float | None = None
     loss_last: float | None = None
     warmup_steps_run: int | None = None  # steps before the measured ones (first included)
@@ -122,6 +139,7 @@ class Timing:
         timing.measured_steps = sum(t.measured_steps or 0 for t in parts)
         timing.measured_s = sum(t.measured_s or 0.0 for t in parts)
         timing.loss_last = parts[-1].loss_last
+        _pool_time_to_first_step(timing, parts)
         walls = [(t.step_ms_wall, t.measured_steps) for t in parts]
         if all(wall and steps for wall, steps in walls):  # the windows' wall time over their steps
             timing.step_ms_wall = sum(w * n for w, n in walls) / sum(n for _, n in walls)
@@ -133,6 +151,27 @@ class Timing:
         if seen:
             timing.contended, timing.contention = True, "; ".join(seen)
         return timing
+
+
+TTFS_FIELDS = (
+    "time_to_first_step_s",
+    "ttfs_process_s",
+    "ttfs_build_s",
+    "ttfs_setup_s",
+    "ttfs_dynamo_s",
+    "ttfs_inductor_s",
+    "ttfs_execution_s",
+)
+
+
+def _pool_time_to_first_step(timing: Timing, parts: list[Timing]) -> None:
+    """Each run's time to first step, and the mean of each part over the runs that have it (a
+    mean of each keeps their sum the mean whole)."""
+    runs = [t.time_to_first_step_s for t in parts if t.time_to_first_step_s is not None]
+    timing.time_to_first_step_s_per_run = runs or None
+    for name in TTFS_FIELDS:
+        values = [getattr(t, name) for t in parts if getattr(t, name) is not None]
+        setattr(timing, name, sum(values) / len(values) if len(values) == len(parts) else None)
 
 
 @dataclass

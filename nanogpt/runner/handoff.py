@@ -27,6 +27,7 @@ FILES = {
     "point": ("job.json", "measurement.json"),
     "max-batch": ("max_batch.job.json", "max_batch.json"),
     "calibrate": ("calibrate.job.json", "calibrate.json"),
+    "compile-cache": ("compile_cache.job.json", "compile_cache.json"),  # runner/compile_cache.py
 }
 
 

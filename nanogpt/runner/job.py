@@ -36,7 +36,7 @@ from nanogpt.record import Record
 from nanogpt.record.faults import signal_hook
 from nanogpt.record.identity import legacy_point_id_of, point_id_of
 from nanogpt.record.swept import point_key
-from nanogpt.runner import forkserver, placement
+from nanogpt.runner import compile_cache, forkserver, placement
 from nanogpt.runner.handoff import Handoff, Job
 from nanogpt.runner.process import run_child
 from nanogpt.scenarios import base as scenarios
@@ -162,9 +162,11 @@ def _freeze_what_outlives_a_run() -> None:
 
 def _measure_in_child(handoff: Handoff) -> Record:
     spec = handoff.spec
-    env = {}
-    if spec.bench.cold_compile_cache:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(handoff.job.job_dir / "inductor_cache")
+    # the compile caches it starts with (perf.compile_cache): a priming run first, if asked
+    try:
+        env, caches = compile_cache.prepare(handoff, _prime)
+    except RuntimeError as err:  # its priming run failed: the point fails, saying so
+        return _failure(handoff, "error", str(err))
     if spec.dist.nproc > 1:
         outcome = run_child(handoff, handoff.job.job_dir, nproc=spec.dist.nproc, env=env)
     else:
@@ -173,11 +175,22 @@ def _measure_in_child(handoff: Handoff) -> Record:
         status = "interrupted" if outcome.interrupted else "error"
         return _failure(handoff, status, outcome.crash())
     record = Record.from_dict(outcome.answer)
+    for key, value in caches.items():
+        setattr(record.setup, key, value)
     if outcome.interrupted:
         # Ctrl-C stops the sweep whatever the point's figures say; a resume measures it again.
         record.status = "interrupted"
         record.error = record.error or "KeyboardInterrupt: interrupted while finishing"
     return record
+
+
+def _prime(prime: Handoff, env: dict) -> bool:
+    """The priming run of runner/compile_cache.py, in a child of its own: whether it ended
+    with its answer."""
+    outcome = forkserver.run_forked(prime, prime.job.job_dir, env=env)
+    if outcome.interrupted:
+        raise KeyboardInterrupt
+    return outcome.answer is not None
 
 
 def _failure(handoff: Handoff, status: str, error: str) -> Record:

@@ -27,19 +27,21 @@ import torch
 from nanogpt import logs
 from nanogpt.analysis.figures import derive_point
 from nanogpt.hardware import calibration
-from nanogpt.hardware.devices import resolve_device
+from nanogpt.hardware.devices import resolve_device, synchronize
 from nanogpt.hardware.env import device_name, environment
 from nanogpt.probes import max_batch as maxbatch
 from nanogpt.probes import observe
+from nanogpt.probes.startup import save_artifacts
 from nanogpt.publish import wandb_sink
 from nanogpt.record import MaxBatch, Record
 from nanogpt.record.asked import Asked
 from nanogpt.record.faults import IO_EXIT, handle_sigterm
-from nanogpt.runner import placement
+from nanogpt.runner import compile_cache, placement
 from nanogpt.runner.handoff import Handoff, write_answer
 from nanogpt.runner.process import FORK_UNSAFE, die_with_parent, run_child
 from nanogpt.scenarios.loop import measure
 from nanogpt.train.distributed import World
+from nanogpt.train.trainer import build_trainer
 
 
 def finish_record(record: Record, handoff: Handoff) -> Record:
@@ -159,6 +161,21 @@ def _child_calibration(handoff: Handoff, device, folder: Path) -> None:
         )
 
 
+def _prime_compile_cache(spec) -> dict:
+    """The priming run of perf.compile_cache=warm|artifacts (runner/compile_cache.py): the
+    point's trainer built and stepped once, which fills the caches its environment names, and
+    the artifacts saved where asked. Nothing of it is measured."""
+    world = World()  # one process (validate/ refuses warm and artifacts with more ranks)
+    device = resolve_device(spec.bench.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    trainer = build_trainer(spec, device, world)
+    trainer.step()
+    synchronize(device)
+    save_artifacts(os.environ)
+    return {"primed": True}
+
+
 def forked_main(folder: str, task: str, env: dict) -> None:
     """The entry of a child of the fork server (runner/forkserver.py): as `main`, in a fork."""
     die_with_parent()  # the server: it ends with the sweep's process
@@ -193,6 +210,9 @@ def main(argv: list[str]) -> int:
     handoff = Handoff.read(folder, task)
     logs.configure(handoff.job.logging, handoff.job.sweep_dir)  # run.log, as the job process's
     spec = handoff.spec
+    if task == compile_cache.TASK:
+        write_answer(folder, task, _prime_compile_cache(spec))
+        return 0
     if task in ("max-batch", "calibrate"):
         device = torch.device(spec.bench.device)  # the exact device (Handoff.for_task)
         if device.type == "cuda":

@@ -155,13 +155,15 @@ class Plot(Protocol):
 class Measuring:
     """What the measured loop hands a scenario's run besides the spec, the trainer and the
     record: the ceilings MFU divides by, the step log, the sinks (W&B), the job dir, and whether
-    the allocator's history is being recorded (bench.memory_snapshot)."""
+    the allocator's history is being recorded (bench.memory_snapshot), and the clock of the
+    time to first step."""
 
     ceilings: Any
     log: Any
     sinks: list
     out_dir: Any
     history: bool
+    start: Any = None  # probes/startup.StartClock: the time to first step, timed from here
 
 
 @dataclass

@@ -25,6 +25,7 @@ with `window(stats)`.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from nanogpt.probes.setup import (
     describe_optimizer,
     describe_setup,
 )
+from nanogpt.probes.startup import StartClock, load_artifacts
 from nanogpt.probes.timing import StepTimer
 from nanogpt.probes.window import StepLog, Window
 from nanogpt.record import MEASURE, STEP_MS_JOB, Record, Setup
@@ -71,6 +73,7 @@ def measure(
     record = Record(asked=asked, setup=Setup(device=str(device), world_size=world.size))
     if device.type == "cuda":
         torch.cuda.set_device(device)  # cuda:N: its stream, allocator and kernels, not GPU 0's
+    start = StartClock()  # the time to first step: the process's age now, then each part
     log = StepLog()
     trainer = None
     # Allocation history (with stack traces) for the snapshot saved on OOM; it slows allocation
@@ -81,10 +84,13 @@ def measure(
             # Python stacks only: C++ ones ("all") cost far more per allocation. Off again
             # before the measured steps (run_phases): it slows every allocation.
             torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
+        # perf.compile_cache=artifacts: the saved caches loaded first (runner/compile_cache.py)
+        load_artifacts(os.environ)
         trainer = build_trainer(spec, device, world)
+        start.built()
         # the parts its scenario measures: throughput's phases (run_phases, below), or a time
         # to a target loss instead of the throughput window (docs/time_to_loss.md)
-        context = scenarios.Measuring(ceilings, log, sinks, out_dir, record_history)
+        context = scenarios.Measuring(ceilings, log, sinks, out_dir, record_history, start)
         scenarios.of_spec(spec).run.measure(spec, trainer, record, context=context)
         record.status = "ok"
     except BaseException as exc:  # noqa: B036 - a failed point is a result; Ctrl-C is recorded
@@ -109,7 +115,9 @@ def _keep_measured_steps(record: Record, log: StepLog) -> None:
         record.timing.set_stats(stats.summarize(step_ms))
 
 
-def run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, history) -> None:
+def run_phases(
+    spec, trainer, ceilings, record: Record, log, sinks, out_dir, history, start=None
+) -> None:
     """The throughput scenario's run (scenarios/throughput/run.py)."""
     bench, device = spec.bench, trainer.device
     record.setup = describe_setup(spec, trainer)
@@ -136,7 +144,7 @@ def run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, his
         return figures
 
     try:
-        _warmup(spec, trainer, record, log, bar, emit, warmup)
+        _warmup(spec, trainer, record, log, bar, emit, warmup, start or StartClock())
         probe.split()  # warmup's peaks apart: mem_peak_* are the measured steps' own
         if history:  # the snapshot keeps what warmup recorded; measured steps run without it
             torch.cuda.memory._record_memory_history(enabled=None)
@@ -149,6 +157,7 @@ def run_phases(spec, trainer, ceilings, record: Record, log, sinks, out_dir, his
         probe.window_end()  # the allocator's retries and OOMs in the measured steps
         compiles.window_end()
         record.compile = compiles.result()  # before the profiled steps: theirs are not counted
+        record.compile.compiled_blocks = trainer.compiled_blocks
         record.energy = energy.stop()  # the last window's close synced the device
         record.clocks = energy.clocks()
         for key, value in contention.stop().items():
@@ -181,13 +190,15 @@ def _diagnostics(energy: EnergyProbe, sinks: list) -> list[str]:
     return active + [type(sink).__name__ for sink in sinks]
 
 
-def _warmup(spec, trainer: Trainer, record: Record, log, bar, emit, steps: int) -> None:
+def _warmup(
+    spec, trainer: Trainer, record: Record, log, bar, emit, steps: int, start: StartClock
+) -> None:
     """The first step, then windows of steps until `steps` are done, bench.warmup_s has passed
     since the first, and (fp16) a whole window ran without a skipped step, for at most
     SCALE_SETTLE_STEPS more. Windows end at fixed step counts, so the ranks of a data-parallel
     world decide together (a collective) after the same step, as the measured steps do."""
     bench, world = spec.bench, trainer.world
-    _first_step(trainer, record, log)
+    _first_step(trainer, record, log, start)
     count_unknown_state(trainer, record.setup)  # a class the state table lacks: counted now
     bar.update(1)
     started = time.perf_counter()
@@ -214,13 +225,18 @@ def _warmup(spec, trainer: Trainer, record: Record, log, bar, emit, steps: int) 
         timing.scaler_settled = settled
 
 
-def _first_step(trainer: Trainer, record: Record, log: StepLog) -> None:
-    """The first step carries one-time costs (compilation, lazy init): timed alone, synced."""
+def _first_step(trainer: Trainer, record: Record, log: StepLog, start: StartClock) -> None:
+    """The first step carries one-time costs (compilation, lazy init): timed alone, synced,
+    and with it the time to first step and its parts (probes/startup.py)."""
     synchronize(trainer.device)
+    start.before_first_step()
     t0 = time.perf_counter()
     loss = trainer.step()
     synchronize(trainer.device)
     ms = (time.perf_counter() - t0) * 1e3
+    start.after_first_step(ms / 1e3)
+    for key, value in start.figures(trainer.compiled).items():
+        setattr(record.timing, key, value)
     record.timing.first_step_ms = ms
     record.timing.loss_first = loss.item()
     log.add(1, "warmup", ms, trainer.last_data_ms)

@@ -16,7 +16,7 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nanogpt.config.spec import Attention, Dtype, Fp8, RunSpec, Schedule, Strategy
+from nanogpt.config.spec import Attention, CompileScope, Dtype, Fp8, RunSpec, Schedule, Strategy
 from nanogpt.hardware.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.record.faults import Fault
 from nanogpt.train import float8
@@ -106,10 +106,19 @@ class Trainer:
                 layers["kept"] = [{**k, "layer": user_name(k["layer"])} for k in layers["kept"]]
         self.fsdp = spec.dist.strategy is Strategy.fsdp2 and world.size > 1
         mode = None if perf.compile_mode == "default" else perf.compile_mode
+        # perf.compile_scope=blocks, and FSDP2 whatever the scope: each block compiled on its
+        # own (regional compilation, as torchtitan and accelerate compile), the rest eager.
+        # Dynamo compiles the blocks' one class once and reuses its code for every block (the
+        # parameters are the graph's inputs): a shorter wait than the whole model's.
+        self.compiled = perf.compile
+        by_block = perf.compile and (self.fsdp or perf.compile_scope is CompileScope.blocks)
+        self.compiled_blocks = self._describe_blocks() if by_block else None
         if self.fsdp:
             self.model_wrapping = self._shard(spec, mode)
             self.ddp = self.model = self.raw_model
         else:
+            if by_block:  # before DDP wraps the model: DDP's hooks see the compiled blocks' grads
+                self._compile_blocks(mode)
             # DDP first, then compile (the order torch.compile's docs give for DDP): Dynamo's
             # DDPOptimizer then splits the graph at DDP's bucket boundaries, so each bucket's
             # all-reduce overlaps the rest of backward. DDP inside a compiled module cannot
@@ -117,7 +126,9 @@ class Trainer:
             self.ddp = world.wrap(self.raw_model, device)
             self.model = self.ddp
             wrapping = "ddp(model)" if self.ddp is not self.raw_model else "model"
-            if perf.compile:
+            if by_block:
+                wrapping = f"{wrapping} with compile(block) x {len(self.raw_model.blocks)}"
+            elif perf.compile:
                 self.model = torch.compile(self.model, mode=mode)
                 wrapping = f"compile({wrapping})"
             self.model_wrapping = wrapping
@@ -173,8 +184,7 @@ class Trainer:
         perf = spec.perf
         wrapping = "block"
         if perf.compile:
-            for block in self.raw_model.blocks:
-                block.compile(mode=mode)
+            self._compile_blocks(mode)
             wrapping = "compile(block)"
         apply_fsdp2(
             self.raw_model,
@@ -183,6 +193,23 @@ class Trainer:
             reshard_after_forward=spec.dist.reshard_after_forward,
         )
         return f"fsdp2(model, {wrapping} x {len(self.raw_model.blocks)})"
+
+    def _compile_blocks(self, mode: str | None) -> None:
+        """Each block compiled in place (nn.Module.compile: the module stays the one the
+        optimizer's roles, FSDP2 and the checkpoint wrapper hold). Activation checkpointing is
+        inside each block (the built-in GPT's forward, or checkpoint_wrapper around a user's
+        block), so it is compiled with it, as torchtitan orders them."""
+        for block in self.raw_model.blocks:
+            block.compile(mode=mode)
+
+    def _describe_blocks(self) -> str:
+        """The blocks compiled, for the record: "blocks: 4 x Block" (a user's model: the name
+        its blocks were found under, train/user_model.py)."""
+        described = getattr(self.raw_model, "described_blocks", None)
+        if described is not None:
+            return described()
+        classes = dict.fromkeys(type(b).__name__ for b in self.raw_model.blocks)
+        return f"blocks: {len(self.raw_model.blocks)} x {' / '.join(classes)}"
 
     def _grad_sync(self, last_micro_step: bool):
         """Gradients are reduced across ranks on the last micro-step of accumulation only."""

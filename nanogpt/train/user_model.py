@@ -29,7 +29,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils.checkpoint import checkpoint
 
 from nanogpt.config.errors import ConfigError
-from nanogpt.config.spec import Attention, Dtype, Loss, RunSpec, Strategy
+from nanogpt.config.spec import Attention, CompileScope, Dtype, Loss, RunSpec, Strategy
 from nanogpt.config.target_nodes import TargetError, instantiate
 from nanogpt.train.checkpoint_rules import needs_blocks
 from nanogpt.train.checkpointing import block_options
@@ -203,9 +203,11 @@ def refuse_knobs(spec: RunSpec, model: UserModel) -> None:
             "use perf.loss=full",
         )
     fsdp = spec.dist.strategy is Strategy.fsdp2 and spec.dist.nproc > 1
+    by_block = perf.compile and perf.compile_scope is CompileScope.blocks
     for asked, key in (
         (needs_blocks(perf), "perf.ac"),
         (fsdp, "dist.strategy"),
+        (by_block, "perf.compile_scope"),
     ):
         if asked and model.blocks_name is None:
             raise ConfigError(

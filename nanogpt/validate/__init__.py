@@ -18,7 +18,7 @@ import os
 from nanogpt import optimizers
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.protocol import CUDA_GRAPH_MODES
-from nanogpt.config.spec import COMPILE_MODES, Dtype, RunSpec, Strategy
+from nanogpt.config.spec import COMPILE_MODES, CompileCache, Dtype, RunSpec, Strategy
 from nanogpt.config.target_nodes import check_node, require_target
 from nanogpt.record.faults import Fault
 from nanogpt.scenarios import base as scenarios
@@ -44,6 +44,7 @@ def check(spec: RunSpec, here: bool = True) -> None:
     check_model(spec)
     check_choices(spec)
     check_strategy(spec)
+    check_compile_cache(spec)
     check_fp8(spec, None)
     check_ac(spec.perf)
     if here:
@@ -177,6 +178,35 @@ def check_choices(spec: RunSpec) -> None:
     if spec.logger.backend not in ("wandb", "none"):
         raise ConfigError(
             "logger.backend", f"'{spec.logger.backend}' is unknown", "use logger=wandb or none"
+        )
+
+
+def check_compile_cache(spec: RunSpec) -> None:
+    """perf.compile_cache sets the caches of the point's own process (runner/compile_cache.py):
+    one it starts (bench.isolate), and for warm and artifacts one rank, as its priming run
+    compiles. bench.cold_compile_cache=true is perf.compile_cache=cold's earlier spelling."""
+    cache, bench = spec.perf.compile_cache, spec.bench
+    if bench.cold_compile_cache and cache not in (CompileCache.user, CompileCache.cold):
+        raise ConfigError(
+            "bench.cold_compile_cache",
+            f"asks for a cold cache and perf.compile_cache for {cache.value}",
+            "drop bench.cold_compile_cache (perf.compile_cache=cold is the same)",
+        )
+    if cache is CompileCache.user or not spec.perf.compile:
+        return
+    if not bench.isolate and spec.dist.nproc == 1:
+        raise ConfigError(
+            "perf.compile_cache",
+            f"{cache.value} sets the caches of the point's own process, and bench.isolate=false "
+            "measures it in the sweep's",
+            "set bench.isolate=true",
+        )
+    if cache in (CompileCache.warm, CompileCache.artifacts) and spec.dist.nproc > 1:
+        raise ConfigError(
+            "perf.compile_cache",
+            f"{cache.value} is filled by a priming run in one process, and this point has "
+            f"{spec.dist.nproc} ranks",
+            "use perf.compile_cache=cold or user with dist.nproc > 1",
         )
 
 

@@ -21,4 +21,5 @@ PLOTS: dict[str, Callable[[Sweep], Figure]] = {
     "pareto.png": plots.of_table(plots.pareto),
     "memory_time.png": plots.of_table(plots.memory_time),
     "bottleneck.png": plots.of_table(bottleneck),
+    "compile_payoff.png": plots.of_table(plots.compile_payoff),
 }

@@ -13,4 +13,6 @@ from nanogpt.train.trainer import Trainer
 
 def measure(spec: RunSpec, trainer: Trainer, record: Record, *, context: Measuring) -> None:
     c = context
-    loop.run_phases(spec, trainer, c.ceilings, record, c.log, c.sinks, c.out_dir, c.history)
+    loop.run_phases(
+        spec, trainer, c.ceilings, record, c.log, c.sinks, c.out_dir, c.history, c.start
+    )

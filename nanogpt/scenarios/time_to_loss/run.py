@@ -81,6 +81,7 @@ def measure(spec: RunSpec, trainer: Trainer, record: Record, *, context: Measuri
     compiles.start()
     train_to_target(spec, trainer, record, sinks=context.sinks)
     record.compile = compiles.result()
+    record.compile.compiled_blocks = trainer.compiled_blocks
 
 
 def train_to_target(
