@@ -288,6 +288,16 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
 
 
 @pytest.mark.slow
+@contextlib.contextmanager
+def stopped(proc: subprocess.Popen):
+    """`proc`'s process group stopped (SIGSTOP) for the block, then continued (SIGCONT)."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+
+
 def test_a_second_sweep_into_a_dir_being_written_is_refused_naming_the_first(tmp_path):
     """Two sweeps into one dir at once: the second exits 2 with one line naming the first
     (its pid and host) and the fix, touching nothing; the report reads the dir meanwhile and
@@ -298,10 +308,16 @@ def test_a_second_sweep_into_a_dir_being_written_is_refused_naming_the_first(tmp
         wait_until(saved_config.exists, "the first sweep's start", proc)
         assert sweep_lock.holder(sweep_dir)
         saved = saved_config.read_text()
-        second = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+        # The first sweep held still (SIGSTOP to its group, its lock held with it) while the
+        # second starts: on a loaded machine the second's start outlasted the first's 3 points
+        with stopped(proc):
+            second = run_cli(
+                "-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path
+            )
         first_record = sweep_dir / "0" / "run-1" / "result.json"
         wait_until(first_record.exists, "the first sweep's first record", proc)
-        report = report_cli(sweep_dir)
+        with stopped(proc):
+            report = report_cli(sweep_dir)
         proc.wait(timeout=300)
     assert second.returncode == CONFIG_EXIT, second.stderr[-3000:]
     line = second.stderr.strip()

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,10 @@ def test_the_installed_set_is_the_locks():
     lock = _lock_for_this_torch()
     pins = _pins(lock)
     off = []
-    for dist in importlib.metadata.distributions():
+    # what pip installed into the environment's own site-packages: not what a package puts on
+    # sys.path for itself (setuptools' vendored packages, once its pkg_resources is imported)
+    installed = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    for dist in importlib.metadata.distributions(path=sorted(installed)):
         name = canonicalize_name(dist.metadata["Name"])
         if name == "nanogpt-sweep":
             continue

@@ -322,8 +322,10 @@ def _point(number: int, points: list[list[str]]) -> str:
 def hydra_error_line(err: Exception) -> str:
     """One sentence for Hydra's own config errors: the override or key, the problem, the fix."""
     missing = getattr(err, "missing_cfg_file", None) or ""
-    if isinstance(err, MissingConfigException) and "submitit" in missing:
-        # conf/hydra/launcher/{local,slurm}.yaml build on the plugin's own configs
+    # conf/hydra/launcher/{local,slurm}.yaml build on the plugin's own configs: submitit's, and
+    # slurm's schema, which extends submitit's (hydra_plugins/nanogpt_launchers/slurm.py)
+    needs_plugin = ("submitit", "nanogpt_slurm_schema")
+    if isinstance(err, MissingConfigException) and any(n in missing for n in needs_plugin):
         return (
             "hydra/launcher: the local and slurm launchers need Hydra's submitit plugin; "
             "install it with `pip install -e '.[cluster]'` (hydra-submitit-launcher)."
