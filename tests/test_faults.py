@@ -287,7 +287,6 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
     assert read_result(pooled)["tokens_per_s"] == run["tokens_per_s"]
 
 
-@pytest.mark.slow
 @contextlib.contextmanager
 def stopped(proc: subprocess.Popen):
     """`proc`'s process group stopped (SIGSTOP) for the block, then continued (SIGCONT)."""
@@ -298,6 +297,7 @@ def stopped(proc: subprocess.Popen):
         os.killpg(proc.pid, signal.SIGCONT)
 
 
+@pytest.mark.slow
 def test_a_second_sweep_into_a_dir_being_written_is_refused_naming_the_first(tmp_path):
     """Two sweeps into one dir at once: the second exits 2 with one line naming the first
     (its pid and host) and the fix, touching nothing; the report reads the dir meanwhile and
