@@ -40,13 +40,13 @@ MODERN_GPT = [
 ]
 MODELS = {
     # each block checkpointed inside its forward (torch.utils.checkpoint): compiled with it
-    "gpt": (["perf.activation_checkpointing=true"], "blocks: 2 x Block"),
+    "gpt": (["perf.ac=full"], "blocks: 2 x Block"),
     "modern_gpt": (MODERN_GPT, "transformer.h: 2 x Block"),
     # docs/models.md's Llama without checkpointing: this transformers' checkpointed layer has a
     # side effect compiled checkpointing refuses ("HOP: Unsafe side effect", a break a layer in
     # either scope; its loss is still the same)
     "llama": (
-        [*LLAMA, "perf.activation_checkpointing=false"],
+        [o for o in LLAMA if not o.startswith("perf.ac=")],
         "model.layers: 2 x LlamaDecoderLayer",
     ),
 }
@@ -72,7 +72,7 @@ def _scope_sweep(root: Path, overrides: list[str]) -> dict[str, dict]:
 
 @pytest.mark.slow  # Inductor compiles (g++), twice a model
 @pytest.mark.parametrize("name", MODELS)
-def test_compiling_each_block_matches_the_whole_model_and_compiles_less(name, tmp_path):
+def test_compiling_each_block_matches_the_whole_model(name, tmp_path):
     overrides, blocks = MODELS[name]
     if name == "llama" and importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers is not installed")
@@ -86,9 +86,10 @@ def test_compiling_each_block_matches_the_whole_model_and_compiles_less(name, tm
     for loss in ("loss_first", "loss_last"):  # the same data, seed and arithmetic
         assert math.isclose(by_block[loss], whole[loss], rel_tol=1e-4), loss
     assert by_block["graph_breaks"] == 0 and by_block["recompiles"] == 0
-    counted = by_block["compile_s_counted"], whole["compile_s_counted"]
-    print(f"{name}: compile_s_counted blocks {counted[0]:.2f} s, model {counted[1]:.2f} s")
-    assert 0 < counted[0] < counted[1]
+    # Each scope's compile time is counted (Dynamo's own timers). Which is shorter is a speed
+    # figure of two processes, and on a loaded machine their order flips: it is measured side by
+    # side in benchmarks/compile_scope.py (docs/benchmarks.md), not asserted here.
+    assert by_block["compile_s_counted"] > 0 and whole["compile_s_counted"] > 0
 
 
 # The CPU preset, +sweep=compile_economics_cpu, run for real with the measuring keys of MICRO (its
