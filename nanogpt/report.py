@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
-from nanogpt.analysis import compare, versions
+from nanogpt.analysis import compare, sweep_lock, versions
 from nanogpt.analysis.display import to_markdown
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.table import ReportError, build_table
@@ -98,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
             given = {flag: getattr(args, flag) for flag in SETTINGS.values()}
             settings.update({k: v for k, v in given.items() if v is not None})
             publish.publish(args.sweep_dir, settings)  # as the multirun's end publishes it
+            writer = sweep_lock.holder(args.sweep_dir)  # read without the lock: a table so far
+            if writer:
+                print(
+                    f"note: a sweep is still writing {args.sweep_dir} ({writer}): this table "
+                    "is of the records written so far; the sweep writes its own at its end",
+                    file=sys.stderr,
+                )
             return 0
         return _compare(args.compare, args.sweep_dir, args.fail_if_slower, args.markdown)
     except ReportError as err:

@@ -139,6 +139,7 @@ def main(cfg: DictConfig) -> Outcome | float | tuple[float, ...] | int:
     Outcome (status, record, objective) under this project's sweepers and for a single run, the
     objective alone under another sweeper (Optuna's, ...)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from nanogpt.frontend.compose import check_launcher_nodes, launcher_name, to_spec
     from nanogpt.runner.job import run_point, run_single
@@ -151,7 +152,8 @@ def main(cfg: DictConfig) -> Outcome | float | tuple[float, ...] | int:
         return _follow()
     try:
         refuse_a_preset_without_multirun()
-        spec = to_spec(cfg)
+        # a multirun's jobs: what composing says, the sweep said once at its start
+        spec = to_spec(cfg, say=HydraConfig.get().mode != RunMode.MULTIRUN)
         refuse_runs_under_another_sweeper(spec)
         check_launcher_nodes(spec.dist.nodes, launcher_name({"hydra": HydraConfig.get()}))
         if world.size > 1:

@@ -17,7 +17,9 @@
 # must resolve, as on a real cluster: a job's ranks meet at its first node by name (MASTER_ADDR,
 # submitit), so `start` adds a line for them to /etc/hosts (127.0.0.1), marked with DIR, and
 # `stop` removes that line, and only that one. munge
-# runs as its own user, on a socket in DIR, so a munge the machine already runs is left alone.
+# runs as its own user, on a socket of its own, so a munge the machine already runs is left alone;
+# that user must reach its files, which DIR under a private folder (`mktemp -d`: 0700) denies,
+# so they live in a folder of their own under /tmp (DIR/munge links to it; `stop` removes it).
 # slurmctld and slurmd run as root (SlurmUser=root): jobs run as the user who submits them.
 set -euo pipefail
 
@@ -79,6 +81,25 @@ hosts_add() {
   ) 9>"$HOSTS_LOCK"
 }
 
+# munge's folder for DIR: a new one under /tmp (0755: its user and the clients reach it), linked
+# from DIR/munge; an earlier start's is dropped first
+munge_folder() {
+  local dir=$1 folder
+  drop_munge_folder "$dir"
+  folder=$(mktemp -d /tmp/nanogpt-munge.XXXXXX)
+  chmod 755 "$folder"
+  ln -sfn "$folder" "$dir/munge"
+  printf '%s\n' "$folder"
+}
+
+drop_munge_folder() {
+  local link=$1/munge folder
+  [ -L "$link" ] || return 0
+  folder=$(readlink "$link")
+  case "$folder" in /tmp/nanogpt-munge.*) rm -rf "$folder" ;; esac
+  rm -f "$link"
+}
+
 start() {
   local dir; dir=$(realpath -m "$1")
   local count=${2:-1}
@@ -86,7 +107,7 @@ start() {
     echo "slurm_cluster: NODES is '$count'; give a count of nodes, 1 or more" >&2
     return 2
   fi
-  mkdir -p "$dir"/{munge,state,spool,log}
+  mkdir -p "$dir"/{state,spool,log}
   chmod 755 "$dir"
   local host; host=$(hostname -s)
   local cpus; cpus=$(nproc --all)
@@ -94,19 +115,28 @@ start() {
   local names; mapfile -t names < <(node_names "$dir" "$count")
   hosts_add "$dir" "${names[@]}"
 
-  # munge: its key (the package makes one; else one of our own), its socket in DIR
+  # munge: its files in a folder its user can reach (see the top), its key (the package makes
+  # one; else one of our own), its socket there
+  local munge
+  munge=$(munge_folder "$dir")
+  if ! runuser -u munge -- test -x "$munge"; then
+    echo "slurm_cluster: the munge user cannot reach $munge (a folder above it is private);" \
+      "make /tmp reachable by all (mode 1777) and start again" >&2
+    rm -rf "$munge" "$dir/munge"
+    return 1
+  fi
   local key=/etc/munge/munge.key
   if [ ! -s "$key" ]; then
-    key="$dir/munge/munge.key"
+    key="$munge/munge.key"
     dd if=/dev/urandom of="$key" bs=1 count=1024 status=none
   fi
-  cp "$key" "$dir/munge/munge.key"
-  chown -R munge:munge "$dir/munge"
-  chmod 755 "$dir/munge"  # clients reach the socket in it
-  chmod 400 "$dir/munge/munge.key"
-  runuser -u munge -- munged --key-file="$dir/munge/munge.key" \
-    --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
-    --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed"
+  cp "$key" "$munge/munge.key"
+  chown -R munge:munge "$munge"
+  chmod 755 "$munge"  # clients reach the socket in it
+  chmod 400 "$munge/munge.key"
+  runuser -u munge -- munged --key-file="$munge/munge.key" \
+    --socket="$munge/munge.socket" --pid-file="$munge/munged.pid" \
+    --log-file="$munge/munged.log" --seed-file="$munge/munged.seed"
 
   # Job ids of their own: submitit seeds a job's MASTER_PORT with its id, so two clusters on one
   # machine numbering their jobs alike would give two jobs at once the same port
@@ -119,7 +149,7 @@ SlurmctldPort=$(free_port)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$munge/munge.socket
 CredType=cred/munge
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
@@ -175,7 +205,7 @@ CONF
 stop() {
   local dir; dir=$(realpath -m "$1")
   local pidfile pid
-  for pidfile in "$dir"/slurmd*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+  for pidfile in "$dir"/slurmd*.pid "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do  # munge/: a link
     [ -s "$pidfile" ] || continue
     pid=$(cat "$pidfile")
     kill "$pid" 2>/dev/null || continue
@@ -183,6 +213,7 @@ stop() {
     kill -9 "$pid" 2>/dev/null || true
   done
   hosts_drop "$dir"
+  drop_munge_folder "$dir"
 }
 
 case "${1:-}" in

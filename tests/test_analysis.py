@@ -209,7 +209,7 @@ def test_preset_runs_end_to_end_and_writes_valid_pngs(preset_sweep):
     proc, sweep_dir = preset_sweep
     table = read_summary(sweep_dir)
     assert len(table) == 8 and set(table["status"]) == {"ok"}
-    assert set(table["activation_checkpointing"]) == {True, False}
+    assert set(table["ac"]) == {"none", "full"}
     assert table["overrides"].str.contains("+sweep=activation_checkpointing", regex=False).all()
     # The preset turns report.plots on; val_loss.png is a target run's (time to loss), skipped.
     assert "plot skipped: val_loss.png: no point has a target" in proc.stderr
@@ -391,7 +391,7 @@ def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_swe
     assert own["speedup"].tolist() == pytest.approx(summary["speedup"].tolist())
     (base,) = own.index[own["speedup_verdict"] == "baseline"]
     assert "perf.dtype=fp32" in own["overrides"][base]
-    bf16 = "perf.activation_checkpointing=false perf.batch_size=1 perf.dtype=bf16"  # one point
+    bf16 = "perf.ac=none perf.batch_size=1 perf.dtype=bf16"  # one point
     text = run_papermill(tmp_path, SUMMARIES=str(sweep_dir), BASELINE=bf16)
     expected = report.build_table(sweep_dir, bf16).table
     texts = speedup_texts(sweep_dir, bf16)
@@ -399,7 +399,7 @@ def test_the_notebooks_baseline_changes_the_numbers_as_the_table_does(preset_swe
     (base,) = expected.index[expected["speedup_verdict"] == "baseline"]
     assert "perf.dtype=bf16" in expected["overrides"][base]
     # The axes are the swept keys, not a fixed compile x dtype grid.
-    assert "swept keys: perf.activation_checkpointing, perf.batch_size, perf.dtype" in text
+    assert "swept keys: perf.ac, perf.batch_size, perf.dtype" in text
     assert "one sweep: nothing to compare" in text
     assert texts != speedup_texts(sweep_dir)
 

@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.spec import (
+    Ac,
     Attention,
     DistConfig,
     Dtype,
@@ -151,7 +152,7 @@ def test_checkpointing_wraps_the_blocks_found_and_fsdp2_without_them_is_refused(
     counted = {}
     for checkpointed in (False, True):
         spec = _spec(tmp_path, "ckpt", TINY.replace("{RETURN}", "loss"))
-        spec.perf = PerfConfig(activation_checkpointing=checkpointed)
+        spec.perf = PerfConfig(ac=Ac.full if checkpointed else Ac.none)
         model = byo.build_user_model(spec)
         with FlopCounterMode(display=False) as counter:
             _, loss = model(idx, idx)
@@ -172,10 +173,8 @@ def test_checkpointing_wraps_the_blocks_found_and_fsdp2_without_them_is_refused(
     assert sorted(names[id(p)] for p in roles["matrices"]) == ["layers.0.0.weight"]
     flat = TINY.replace("{RETURN}", "loss").replace("nn.ModuleList([", "(").replace("])", ")")
     spec = _spec(tmp_path, "noblocks", flat)
-    spec.perf = PerfConfig(activation_checkpointing=True)
-    with pytest.raises(
-        ConfigError, match="^perf.activation_checkpointing: needs the model's blocks"
-    ):
+    spec.perf = PerfConfig(ac=Ac.full)
+    with pytest.raises(ConfigError, match="^perf.ac: needs the model's blocks"):
         byo.build_user_model(spec)
     # FSDP2 shards block by block: without blocks, one line naming the key (where blocks are
     # found it runs: tests/test_fsdp2.py)

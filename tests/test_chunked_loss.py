@@ -21,7 +21,7 @@ from nanogpt.train.flops import counted_flops_per_token
 from nanogpt.train.gpt import GPT, LOGITS_EXTRA_BYTES, GPTConfig
 from nanogpt.train.memory_estimate import estimate_memory
 
-from .conftest import sweep_refusal
+from .conftest import sweep_refusal, with_micro
 
 TINY = dict(block_size=16, vocab_size=320, n_layer=2, n_head=2, n_embd=32, bias=False)
 
@@ -214,21 +214,45 @@ def test_torch_compile_traces_the_chunked_loss_and_agrees_with_eager():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.compat  # torch 2.11's Dynamo could not trace the autocast query: 3 graph breaks
 def test_a_sweep_over_the_loss_records_it_and_its_estimate(sweep):
-    proc, sweep_dir = sweep("perf.loss=full,chunked", "perf.loss_chunk=8", "perf.compile=true")
+    proc, sweep_dir = sweep("perf.loss=full,chunked", "perf.loss_chunk=8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     full, chunked = (read_result(p) for p in sorted(sweep_dir.glob("*/result.json")))
-    # compiled whole, the chunked loss's Function and its dtype query included: one graph on
-    # every supported torch (make test-compat runs this on the oldest)
-    assert (chunked["graph_breaks"], chunked["recompiles"]) == (0, 0), chunked["env"]["torch"]
-    assert full["graph_breaks"] == 0
     assert (full["loss_kind"], chunked["loss_kind"]) == ("full", "chunked")
     assert full["loss_chunk"] is None and chunked["loss_chunk"] == 8
     assert chunked["mem_estimate"]["logits"] < full["mem_estimate"]["logits"]
     assert chunked["flops_per_token_counted"] == full["flops_per_token_counted"]
     table = read_summary(sweep_dir)
     assert list(table["loss_kind"]) == ["full", "chunked"] and set(table["status"]) == {"ok"}
+
+
+@pytest.mark.slow  # Inductor's compile: its compile workers
+@pytest.mark.compat  # torch 2.11's Dynamo could not trace the autocast query: 3 graph breaks
+def test_a_compiled_chunked_loss_point_is_one_graph(tmp_path):
+    """The runner's measured loop, in this process, on a compiled micro point with the chunked
+    loss: the Function and its dtype query inside the compiled model, no graph break and no
+    recompile, on every supported torch (make test-compat runs it on the oldest)."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.analysis.derive import Ceilings, Peak
+    from nanogpt.frontend.compose import to_spec
+    from nanogpt.frontend.presets import CONF_DIR
+    from nanogpt.scenarios.loop import measure
+    from nanogpt.train.distributed import World
+    from nanogpt.validate import check
+
+    overrides = ["perf.loss=chunked", "perf.loss_chunk=8", "perf.compile=true"]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        spec = to_spec(compose("config", overrides=with_micro(overrides)))
+    check(spec)
+    ceilings = Ceilings(Peak(None, "unknown"))
+    record = measure(spec, torch.device("cpu"), World(), ceilings, tmp_path, [])
+    assert record.status == "ok", record.error
+    assert spec.perf.loss.value == "chunked"
+    part = record.compile
+    assert part.graphs >= 1 and part.compile_note is None, part.compile_note
+    found = (torch.__version__, part.graph_break_reasons)
+    assert (part.graph_breaks, part.recompiles) == (0, 0), found
 
 
 def test_a_chunk_of_no_tokens_is_one_line_before_any_point():

@@ -21,7 +21,16 @@ import torch
 from nanogpt.analysis.figures import derive_point
 from nanogpt.analysis.store import read_result
 from nanogpt.config.errors import ConfigError
-from nanogpt.config.spec import Attention, BenchConfig, Dtype, ModelConfig, PerfConfig, RunSpec
+from nanogpt.config.spec import (
+    Ac,
+    Attention,
+    BenchConfig,
+    Dtype,
+    ModelConfig,
+    Offload,
+    PerfConfig,
+    RunSpec,
+)
 from nanogpt.hardware import peaks
 from nanogpt.hardware.calibration import calibrate, ceilings_for_run
 from nanogpt.hardware.device_support import attention_unavailable, precision_unavailable
@@ -157,10 +166,16 @@ POINTS = [
     *({"compile": compile, "dtype": dtype} for compile in (False, True) for dtype in Dtype),
     *({"dtype": Dtype.bf16, "attention": attention} for attention in Attention),
     *(
-        {"dtype": Dtype.bf16, "attention": attention, "activation_checkpointing": True}
+        {"dtype": Dtype.bf16, "attention": attention, "ac": Ac.full}
         for attention in (Attention.flash, Attention.efficient, Attention.math, Attention.manual)
     ),
     {"dtype": Dtype.bf16, "compile": True, "compile_mode": "reduce-overhead"},
+    # the checkpointing policies and offload (train/checkpointing.py)
+    {"dtype": Dtype.bf16, "ac": Ac.selective},
+    {"dtype": Dtype.bf16, "ac": Ac.every},
+    {"dtype": Dtype.bf16, "compile": True, "ac": Ac.selective},
+    {"dtype": Dtype.bf16, "compile": True, "ac": Ac.budget, "ac_budget": 0.3},
+    {"dtype": Dtype.bf16, "offload": Offload.cpu},
 ]
 
 

@@ -111,7 +111,7 @@ def test_kinds_come_from_the_launching_operator_its_callers_or_the_name(name, la
 def torch_event(kind: type, **fields) -> FunctionEvent:
     """kind(**fields), the CUDA attributes its constructor does not take set on the event."""
     takes = inspect.signature(kind).parameters
-    later = {k: fields.pop(k) for k in step_split.CUDA_ATTRIBUTES if k not in takes}
+    later = {k: fields.pop(k) for k in step_split.CUDA_ATTRIBUTES if k in fields and k not in takes}
     made = kind(**fields)
     for name, value in later.items():
         setattr(made, name, value)

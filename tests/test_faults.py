@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -22,7 +24,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from nanogpt.analysis import sweep_lock
 from nanogpt.analysis.store import read_result
+from nanogpt.analysis.sweep_lock import LOCK_FILE
 from nanogpt.analysis.tidy import read_summary
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.compose import hydra_error_line, to_spec
@@ -237,24 +241,87 @@ def test_kill_9_mid_sweep_then_one_rerun_completes_it_with_each_point_once(tmp_p
         interrupt(proc, signal.SIGKILL, group=False, timeout=30)
         _, alive = psutil.wait_procs(children, timeout=30)  # they die with it (test above)
         assert not alive
+    # The killed sweep held the dir's lock (its pid is in the lock file); the kernel released
+    # it with the process: no stale lock after kill -9, and the rerun below takes it.
+    assert f'"pid": {proc.pid},' in (sweep_dir / LOCK_FILE).read_text()
+    assert sweep_lock.holder(sweep_dir) is None
     assert (sweep_dir / "0" / "run-1" / "result.json").is_file()  # a point's run, POINT/run-R
     assert not (sweep_dir / "1" / "run-1" / "result.json").exists()
     # Debris a crash can leave: a half-written record and an atomic write's temp file.
     (sweep_dir / "9").mkdir()
     (sweep_dir / "9" / "result.json").write_text('{"status": "ok", "overrides": ["perf.ba')
     (sweep_dir / "1" / "run-1" / ".result.json.x1y2.tmp").write_text('{"status": "ok"')
+    (sweep_dir / "0" / ".record-k9").mkdir()  # a record being placed when the sweep died
+    (sweep_dir / "0" / ".record-k9" / "result.json").write_text('{"status": "ok", "ov')
 
     again = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
 
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume: kept 1 run(s) of 1 point(s)" in again.stdout
     assert f"skipped unreadable record: {sweep_dir / '9' / 'result.json'}" in again.stderr
+    assert ".record-k9" not in again.stderr  # no record of the sweep's, nor debris to list
     table = read_summary(sweep_dir)
     batch_sizes = sorted(
         dict(o.split("=") for o in row.split())["perf.batch_size"] for row in table["overrides"]
     )
     assert batch_sizes == ["1", "2"] and set(table["status"]) == {"ok"}  # each point once
     assert not list(sweep_dir.glob("*/run-*/measurement.json"))
+
+    # A damaged pooled record (a derived file) is rebuilt from its runs, by the report and by
+    # the rerun, with one line each; the table has both points.
+    pooled = sweep_dir / "1" / "result.json"
+    damaged = '{"status": "ok", "tokens_per'
+    pooled.write_text(damaged)
+    report = report_cli(sweep_dir)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert f"rebuilt unreadable pooled record {pooled} from its runs" in report.stderr
+    assert "(2 points)" in report.stdout and f"unreadable record: {pooled}" not in report.stderr
+    pooled.write_text(damaged)
+    rerun = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.stderr.count("rebuilt unreadable pooled record") == 1
+    assert f"rebuilt unreadable pooled record {pooled}" in rerun.stderr
+    table = read_summary(sweep_dir)
+    assert len(table) == 2 and set(table["status"]) == {"ok"}
+    run = read_result(pooled.parent / "run-1" / "result.json")
+    assert read_result(pooled)["tokens_per_s"] == run["tokens_per_s"]
+
+
+@pytest.mark.slow
+def test_a_second_sweep_into_a_dir_being_written_is_refused_naming_the_first(tmp_path):
+    """Two sweeps into one dir at once: the second exits 2 with one line naming the first
+    (its pid and host) and the fix, touching nothing; the report reads the dir meanwhile and
+    says a sweep is still writing it; the first's table and records agree."""
+    points = ("perf.batch_size=1,2,3",)
+    with sweep_in_terminal(tmp_path, *points) as (proc, sweep_dir):
+        saved_config = sweep_dir / "multirun.yaml"  # written by the sweeper, after the lock
+        wait_until(saved_config.exists, "the first sweep's start", proc)
+        assert sweep_lock.holder(sweep_dir)
+        saved = saved_config.read_text()
+        second = run_cli("-m", *with_micro(points), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+        first_record = sweep_dir / "0" / "run-1" / "result.json"
+        wait_until(first_record.exists, "the first sweep's first record", proc)
+        report = report_cli(sweep_dir)
+        proc.wait(timeout=300)
+    assert second.returncode == CONFIG_EXIT, second.stderr[-3000:]
+    line = second.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"error: hydra.sweep.dir: {sweep_dir} is being written by another")
+    assert f"pid {proc.pid} on host {socket.gethostname()}" in line
+    assert "give this one another hydra.sweep.dir" in line
+    assert saved_config.read_text() == saved  # the second wrote nothing
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert f"note: a sweep is still writing {sweep_dir} (pid {proc.pid}" in report.stderr
+    assert proc.returncode == 0, (tmp_path / "stderr.txt").read_text()[-3000:]
+    # The first's table is its records: each row's figures are its point's one run's.
+    table = read_summary(sweep_dir)
+    assert len(table) == 3 and set(table["status"]) == {"ok"}
+    for row in table.itertuples():
+        run = read_result(Path(row.job_dir) / "run-1" / "result.json")
+        assert run["status"] == "ok" and run["tokens_per_s"] == row.tokens_per_s
+        assert run["overrides"] == row.overrides.split()
+    assert sweep_lock.holder(sweep_dir) is None  # released with the process
+    assert not list(sweep_dir.rglob(".record-*"))  # every record moved into place whole
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from nanogpt import validate
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.protocol import CUDA_GRAPH_MODES
-from nanogpt.config.spec import DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
+from nanogpt.config.spec import Ac, DistConfig, Loss, ModelConfig, PerfConfig, RunSpec, Strategy
 from nanogpt.publish import plots
 from nanogpt.train.distributed import World
 from nanogpt.train.gpt import GPT, Block
@@ -173,10 +173,12 @@ def _train_users_model(world: World, code_dir: str) -> dict:
 PERFS = {
     "plain": {},
     "checkpointed_chunked": {
-        "activation_checkpointing": True,
+        "ac": Ac.full,
         "loss": Loss.chunked,
         "loss_chunk": 8,
     },
+    "selective": {"ac": Ac.selective},  # torch's selective contexts inside a sharded block
+    "every": {"ac": Ac.every},  # block 0 checkpointed, block 1 not
 }
 
 
@@ -240,8 +242,7 @@ def test_fsdp2_refuses_compile_modes_that_capture_cuda_graphs(mode):
 def test_checkpointing_is_inside_the_blocks_own_call():
     """What block.compile() compiles is the block's call: the recompute must be inside it, so a
     block called once runs its forward twice (once more in backward), with no outside wrapper."""
-    config = gpt_config(_spec(activation_checkpointing=True))
-    block = Block(config)
+    block = GPT(gpt_config(_spec(ac=Ac.full))).blocks[0]  # the GPT sets its policy's options
     calls = []
     block.attn.register_forward_hook(lambda *_: calls.append(1))
     block(torch.randn(2, 16, 32, requires_grad=True)).sum().backward()

@@ -48,7 +48,7 @@ def test_attention_paths_agree(attention):
 def test_activation_checkpointing_gives_same_gradients():
     torch.manual_seed(0)
     plain = GPT(TINY)
-    ckpt = GPT(GPTConfig(**{**TINY.__dict__, "activation_checkpointing": True}))
+    ckpt = GPT(GPTConfig(**{**TINY.__dict__, "ac": "full"}))
     ckpt.load_state_dict(plain.state_dict())
     idx = torch.randint(0, 256, (2, 16))
     for m in (plain, ckpt):
@@ -75,7 +75,7 @@ def test_counted_flops_agree_with_formula_within_a_few_percent():
 
 
 def test_activation_checkpointing_adds_recompute_to_hardware_flops_only():
-    cfg = GPTConfig(**{**TINY.__dict__, "activation_checkpointing": True})
+    cfg = GPTConfig(**{**TINY.__dict__, "ac": "full"})
     figures = GPT(cfg).flops_per_token(cfg.block_size)
     assert figures["hardware"] > figures["model"]
     assert figures["model"] == GPT(TINY).flops_per_token(cfg.block_size)["model"]

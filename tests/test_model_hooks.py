@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nanogpt.analysis import derive
-from nanogpt.config.spec import Dtype, ModelConfig, RunSpec, Strategy
+from nanogpt.config.spec import Ac, Dtype, ModelConfig, RunSpec, Strategy
 from nanogpt.record import Record, Setup, Timing
 from nanogpt.record.asked import Asked
 from nanogpt.train import user_model as byo
@@ -31,7 +31,7 @@ def _gpt_spec(**perf) -> RunSpec:
 
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_the_gpts_flops_come_from_its_own_hook_through_the_one_path(checkpointed):
-    spec = _gpt_spec(activation_checkpointing=checkpointed)
+    spec = _gpt_spec(ac=Ac.full if checkpointed else Ac.none)
     model = GPT(gpt_config(spec))
     figures = flops_of(spec, model)
     hook = model.flops_per_token(16)
@@ -75,7 +75,7 @@ def test_the_gpts_estimate_through_its_hook_is_its_formula(world, strategy, perf
         optimizer_state_by_role=by_role,
         dtype=p.dtype.value,
         attention=p.attention.value,
-        activation_checkpointing=p.activation_checkpointing,
+        activation_checkpointing=p.ac is Ac.full,
         loss=p.loss.value,
         loss_chunk=p.loss_chunk,
         world_size=world,
@@ -126,7 +126,7 @@ def _user_spec(tmp_path, source: str, name: str) -> RunSpec:
 
 def test_a_user_models_hooks_give_hardware_flops_and_a_total(tmp_path):
     spec = _user_spec(tmp_path, HOOKED, "hooked_both")
-    spec.perf.activation_checkpointing = True
+    spec.perf.ac = Ac.full
     model = byo.build_user_model(spec)
     figures = flops_of(spec, model)
     assert (figures["flops_per_token"], figures["flops_per_token_hw"]) == (6000, 8000)

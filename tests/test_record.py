@@ -15,6 +15,7 @@ from nanogpt.analysis import derive, store
 from nanogpt.analysis.baseline import BaselineError, choose
 from nanogpt.analysis.derive import Ceilings, Peak
 from nanogpt.config.spec import (
+    Ac,
     Attention,
     BenchConfig,
     Dtype,
@@ -196,7 +197,7 @@ def test_the_fault_knob_is_chosen_when_the_trainer_is_built():
 def test_checkpointing_recomputes_with_the_attention_kernel_asked_for(attention):
     # The recompute in backward runs under the same sdpa_kernel as the forward: outside it, it
     # picked another kernel and torch.utils.checkpoint raised CheckpointError.
-    perf = PerfConfig(batch_size=2, attention=attention, activation_checkpointing=True)
+    perf = PerfConfig(batch_size=2, attention=attention, ac=Ac.full)
     trainer = build_trainer(dataclasses.replace(TINY, perf=perf), CPU, World())
     losses = [trainer.step().item() for _ in range(2)]
     assert all(torch.isfinite(torch.tensor(losses)))

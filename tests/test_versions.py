@@ -185,3 +185,31 @@ def test_compare_across_torch_versions_says_so_in_one_line(tmp_path):
     assert compared.returncode == 0, compared.stderr
     lines = [line for line in compared.stdout.splitlines() if line.startswith("versions differ")]
     assert len(lines) == 1 and f"torch {other_torch} -> {torch.__version__}" in lines[0], lines
+
+
+def _make_dry_run(*targets: str) -> str:
+    """What `make -n TARGETS` would run in a checkout whose venvs are all stale (every stamp
+    older than its inputs: -B): make's own reading of the Makefile."""
+    args = ["make", "-n", "-B", *targets]
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.slow  # make's own processes
+def test_ci_runs_the_suite_then_the_oldest_torch_and_installs_by_the_lock():
+    """.ci/run calls the README's test command and then make test-compat, whose first line names
+    the torch it runs; every pip install make runs is constrained by a lock, and make sweep's
+    environment holds the package and torch alone (no dev or optional extra)."""
+    ci = [line.split("#")[0].strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert ci.index("make test") < ci.index("make test-compat")
+    assert "make test" in (REPO / "README.md").read_text()
+    compat = _make_dry_run("test-compat")
+    assert 'print("test-compat: torch", torch.__version__' in compat
+    installs = [
+        line
+        for target in ("sweep", "test", "test-compat")
+        for line in _make_dry_run(target).splitlines()
+        if "pip install" in line
+    ]
+    assert installs and all("-c requirements/lock" in line for line in installs), installs
+    sweep = [line for line in _make_dry_run("sweep").splitlines() if "pip install" in line]
+    assert not any("[dev" in line or "transformers" in line for line in sweep), sweep

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import socket
 import statistics
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -214,15 +216,47 @@ def refusing_server():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("server", ["no route", "rejected key"])
-def test_online_init_that_fails_logs_offline_and_says_how_to_sync(
-    tmp_path, server, refusing_server
-):
-    """A key makes `auto` go online; the server cannot be reached (a closed loopback port) or
-    refuses the key: the point's run and the sweep's summary run go offline in the same
-    process, each with its `wandb sync` command, and the result is unchanged; the sweep's view
-    is saved to its file without waiting on that server again."""
-    url = refusing_server if server == "rejected key" else f"http://127.0.0.1:{free_port()}"
+def test_an_unreachable_server_is_asked_once_a_sweep_and_costs_seconds(tmp_path):
+    """A key, and W&B's server out of reach (a closed loopback port): the sweep asks once, with
+    one warning, and every run and the summary run log offline from their start, each with its
+    `wandb sync` command; the sweep takes about as long as the same sweep with logger=none
+    (each run used to wait out its own online init: ~33 s a run)."""
+    env = {"WANDB_API_KEY": "k" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}"}
+
+    def timed(name: str, *overrides: str):
+        sweep_dir = tmp_path / name
+        args = [
+            "-m",
+            *with_micro(["perf.batch_size=1,2", *overrides]),
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+        started = time.perf_counter()
+        proc = run_nanogpt(args, tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc, sweep_dir, time.perf_counter() - started
+
+    _, _, none_s = timed("none", *WANDB, "logger=none")  # the same steps, no W&B
+    proc, sweep_dir, wandb_s = timed("wandb", *WANDB)  # logger.init_timeout_s: its 30 s default
+    assert wandb_s < none_s + 15, (wandb_s, none_s)
+    (warning,) = [line for line in proc.stderr.splitlines() if "cannot be reached" in line]
+    assert warning.startswith(f"warning: W&B: {env['WANDB_BASE_URL']} cannot be reached (")
+    assert "every run of this sweep logs offline" in warning
+    assert "online init failed" not in proc.stderr  # no run tried
+    (view,) = [line for line in proc.stderr.splitlines() if "W&B view" in line]
+    assert "not published (W&B unreachable at the sweep's start" in view
+    for directory in (sweep_dir / "0" / "run-1", sweep_dir / "1" / "run-1", sweep_dir):
+        (run_dir,) = offline_runs(directory)
+        assert read_run(run_file(run_dir)).exit_code == 0
+    assert "W&B unreachable at the sweep's start" in proc.stdout  # where the runs' data went
+
+
+@pytest.mark.slow
+def test_online_init_that_fails_logs_offline_and_says_how_to_sync(tmp_path, refusing_server):
+    """A key makes `auto` go online; the server answers but refuses the key: the point's run
+    and the sweep's summary run go offline in the same process, each with its `wandb sync`
+    command, and the result is unchanged; the sweep's view is saved to its file without
+    waiting on that server again."""
+    url = refusing_server
     sweep_dir = tmp_path / "sweep"
     overrides = [*WANDB, "logger.init_timeout_s=2", "bench.isolate=false"]
     args = ["-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}"]
@@ -334,3 +368,40 @@ def test_a_point_measured_again_supersedes_its_earlier_runs(tmp_path, in_process
         )
         assert supersedes == [first.run_id]
         assert (first.config.get("point") or first.config)["supersedes"] == []
+
+
+def test_a_search_asks_once_too_and_hands_offline_to_its_runs(tmp_path, monkeypatch, capsys):
+    """The search (hydra/sweeper=tune) starts as a grid does (the multirun's callback): W&B's
+    server out of reach is decided once, with one warning, and every run it launches (they
+    inherit this process's environment) logs offline; a later sweep in the process asks anew."""
+    from hydra import compose, initialize_config_dir
+
+    from nanogpt.frontend.callback import SweepReport
+    from nanogpt.frontend.presets import CONF_DIR
+    from nanogpt.publish.wandb_mode import SWEEP_OFFLINE_ENV
+
+    url = f"http://127.0.0.1:{free_port()}"
+    for name in ("WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", url)
+    monkeypatch.delenv(SWEEP_OFFLINE_ENV, raising=False)
+    search = ["hydra/sweeper=tune", "logger=wandb", "+sweep=tune_cpu"]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        config = compose(
+            "config", [*search, f"hydra.sweep.dir={tmp_path / 'search'}"], return_hydra_config=True
+        )
+        SweepReport().on_multirun_start(config)
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if "W&B" in x]
+    assert line.startswith(f"warning: W&B: {url} cannot be reached (ConnectionRefusedError")
+    mode, reason = resolve_mode(LoggerMode.auto)  # as each run's process resolves it
+    assert mode == "offline" and reason.startswith("W&B unreachable at the sweep's start")
+    assert resolve_mode(LoggerMode.online)[0] == "offline"  # asked online: the same answer
+    monkeypatch.setenv("WANDB_MODE", "offline")  # now a sweep that would not go online
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        config = compose(
+            "config", [*search, f"hydra.sweep.dir={tmp_path / 'again'}"], return_hydra_config=True
+        )
+        SweepReport().on_multirun_start(config)
+    assert SWEEP_OFFLINE_ENV not in os.environ  # no probe, no stale decision
+    assert "W&B" not in capsys.readouterr().err

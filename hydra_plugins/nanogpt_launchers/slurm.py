@@ -8,15 +8,31 @@ multirun, not before (tests/test_plugins.py). It builds on hydra-submitit-launch
 defines nothing, and hydra/launcher=slurm fails at composition with one line
 (frontend/compose.hydra_error_line)."""
 
+from dataclasses import dataclass
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from hydra.plugins.launcher import Launcher
 
 try:
-    import hydra_plugins.hydra_submitit_launcher  # noqa: F401 - the cluster extra
+    from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf  # the cluster extra
 except ImportError:
     pass
 else:
+
+    @dataclass
+    class NanogptSlurmConf(SlurmQueueConf):
+        """submitit_slurm's keys and this launcher's own (conf/hydra/launcher/slurm.yaml says
+        what each is for)."""
+
+        pending_timeout_s: float = 300.0
+
+    ConfigStore.instance().store(
+        group="hydra/launcher",
+        name="nanogpt_slurm_schema",
+        node=NanogptSlurmConf,
+        provider="nanogpt",
+    )
 
     class SlurmLauncher(Launcher):
         """Every sweep point one SLURM job (an array task)."""

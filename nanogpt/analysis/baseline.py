@@ -12,7 +12,7 @@ is the baseline:
                              fp16: autocast's default 16-bit type, and no loss scaling)
   attention                  manual (the materialised softmax(QK^T)V of the GPT-2 code), then
                              math (SDPA's unfused path), then auto, then the fused kernels
-  activation_checkpointing   off: recomputing is what costs time
+  ac                         none: recomputing is what costs time
   compile_mode               default
   optimizer_impl             for_loop, then foreach, then auto, then fused: the plain loop first
   grad_accum                 the fewest accumulation steps (1: none)
@@ -63,7 +63,8 @@ KNOBS = (
         ("manual", "math", "auto", "efficient", "flash", "cudnn"),
         "the unfused attention the kernels are measured against",
     ),
-    Knob("activation_checkpointing", "perf.activation_checkpointing", (False,), "no recompute"),
+    Knob("ac", "perf.ac", ("none",), "no recompute"),
+    Knob("offload", "perf.offload", ("none",), "kept tensors on the device"),
     Knob("compile_mode", "perf.compile_mode", ("default",), "the default compile mode"),
     Knob(
         "optimizer_impl",

@@ -135,8 +135,10 @@ def rates(record: Record, ceilings: Ceilings) -> Rates:
         mfu=achieved / peak.flops if peak.flops else None,
         ceilings=ceilings.to_dict(),  # what it was divided by, whole (a pool reads it)
     )
-    # (a user's model has no recompute count: its hfu stays null, train/user_model.py)
-    if peak.flops and asked.activation_checkpointing and setup.flops_per_token_hw is not None:
+    # (a user's model has no recompute count: its hfu stays null, train/user_model.py; a
+    # record of before perf.ac says its policy by the switch alone)
+    policy = asked.ac or ("full" if asked.activation_checkpointing else "none")
+    if peak.flops and policy != "none" and setup.flops_per_token_hw is not None:
         out.hfu = achieved_flops(setup, step_ms, setup.flops_per_token_hw) / peak.flops
     if fp8:
         out.mfu = out.hfu = None

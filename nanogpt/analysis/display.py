@@ -79,6 +79,13 @@ def shown(table: pd.DataFrame, names: list[str] | None = None) -> pd.DataFrame:
     for column, label, fmt in SHOWN:
         if column in table and table[column].notna().any():
             out[label] = [fmt(v) if pd.notna(v) else "-" for v in table[column]]
+    # a checkpointing or offload policy against its twin that keeps everything
+    # (analysis/memory_time.py): MiB saved a percent of step time paid
+    if "ac_mib_per_pct" in table and table["ac_memory_saved_bytes"].notna().any():
+        out[MEMORY_FOR_TIME] = [
+            memory_for_time_text(s, r)
+            for s, r in zip(table["ac_memory_saved_bytes"], table["ac_mib_per_pct"], strict=True)
+        ]
     rows = [row for _, row in table.iterrows()]
     steady = [steady_text(row) + contended_text(row) for row in rows]
     if "co_running" in table and table["co_running"].map(lambda v: bool(v)).any():
@@ -89,6 +96,18 @@ def shown(table: pd.DataFrame, names: list[str] | None = None) -> pd.DataFrame:
         if any(cell != "-" for cell in cells):  # a time-to-loss sweep has neither
             out[label] = cells
     return out
+
+
+MEMORY_FOR_TIME = "memory saved ÷ time paid"
+
+
+def memory_for_time_text(saved, ratio) -> str:
+    """MiB a percent of step time, "free" where the saving cost no measured time."""
+    if saved is None or pd.isna(saved):
+        return "-"
+    if ratio is None or pd.isna(ratio):
+        return "free" if saved > 0 else "-"
+    return f"{number(ratio, 3)} MiB/%"
 
 
 def console(table: pd.DataFrame, names: list[str] | None = None) -> str:

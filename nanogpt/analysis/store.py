@@ -7,10 +7,12 @@ never the steps. A run written before that (its record held the measured steps' 
 `read_steps`, by one function (`_steps_of_old`): every reader gets the steps in today's form.
 
 A sweep dir holds a dir per point (its index) and in it a dir per run, POINT/run-R, set by the
-sweeper (nanogpt/frontend/grid_sweeper.py); each run's job writes its own record there, atomically
-(nanogpt/record/files.py), by the job process alone. The point's own result.json beside its runs is
-their pool (`pool_runs`). A sweep written before runs were jobs has one pooled
-result.json a point and no run dirs: it still reads, as all its runs.
+sweeper (nanogpt/frontend/grid_sweeper.py); each run's job writes its own record there, by the
+job process alone: its files written whole into a temporary folder, then moved into place
+(`place_record`; one sweep a dir: analysis/sweep_lock.py). The point's own result.json beside its
+runs is their pool (`pool_runs`), rebuilt where it is older than a run or cannot be read. A sweep
+written before runs were jobs has one pooled result.json a point and no run dirs: it still
+reads, as all its runs.
 
 A sweep dir is found run by run: a point's identity is what it measures (`point_id`,
 record/identity.py), not its job number nor the text of its overrides. Records written before
@@ -24,6 +26,9 @@ import csv
 import io
 import os
 import re
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +62,30 @@ def run_dirs(point_dir: Path) -> list[tuple[int, Path]]:
 
 
 def write_record(job_dir: Path, record: Record) -> None:
-    """steps.csv, then result.json: a readable result.json always has its steps beside it."""
-    write_steps(job_dir, record.steps)
-    write_result(job_dir, record.to_dict())
+    """A run's steps.csv and result.json (place_record)."""
+    place_record(Path(job_dir), record.steps, record.to_dict())
+
+
+def place_record(job_dir: Path, steps: list[dict] | None, result: dict) -> None:
+    """steps.csv (unless `steps` is None) and result.json, each written whole by this process
+    into a temporary folder in job_dir, then moved into place, steps.csv first: a readable
+    result.json always has its steps beside it, and a run dir never holds one process's
+    result.json beside another's half-written steps. An OSError names the file's place."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=job_dir, prefix=".record-"))
+    try:
+        names = [RESULT_FILE]
+        if steps is not None:
+            write_steps(staging, steps)
+            names.insert(0, STEPS_FILE)
+        write_result(staging, result)
+        for name in names:
+            os.replace(staging / name, job_dir / name)
+    except OSError as err:
+        where = job_dir / Path(err.filename).name if err.filename else job_dir
+        raise OSError(err.errno, err.strerror, str(where)) from err
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_steps(job_dir: Path, rows: list[dict]) -> None:
@@ -167,7 +193,9 @@ def pool_runs(
 
 def pool_sweep(sweep_dir: Path) -> dict[Path, Record]:
     """Every point of a sweep dir pooled from its runs (pool_runs), the dirs moved aside too,
-    where a run is newer than the pool; the records pooled now, by point dir (resolved)."""
+    where a run is newer than the pool or the pool cannot be read (a derived file is rebuilt,
+    never trusted when damaged: one line says so); the records pooled now, by point dir
+    (resolved)."""
     runs = list(Path(sweep_dir).rglob(f"{RUN_PREFIX}*/{RESULT_FILE}"))
     newest: dict[Path, float] = {}
     for path in runs:
@@ -178,10 +206,16 @@ def pool_sweep(sweep_dir: Path) -> dict[Path, Record]:
     pooled_now = {}
     for point_dir, ran in sorted(newest.items()):
         pooled = point_dir / RESULT_FILE
-        if not pooled.is_file() or pooled.stat().st_mtime < ran:  # else: pooled since
+        stale = not pooled.is_file() or pooled.stat().st_mtime < ran
+        damaged = not stale and read_result(pooled) is None
+        if stale or damaged:  # else: pooled since its newest run, and readable
             record = pool_runs(point_dir, known, known_steps)
             if record is not None:
                 pooled_now[point_dir.resolve()] = record
+                if damaged:
+                    print(
+                        f"rebuilt unreadable pooled record {pooled} from its runs", file=sys.stderr
+                    )
     return pooled_now
 
 
@@ -203,6 +237,8 @@ def iter_records(
     for path in sorted(Path(sweep_dir).rglob(RESULT_FILE)):
         if not runs and run_number(path.parent) is not None:
             continue
+        if any(part.startswith(".") for part in path.relative_to(sweep_dir).parts):
+            continue  # a record being placed (place_record's temporary folder), or debris of one
         if moved or not path.is_relative_to(aside):
             held = known.get(path.parent.resolve())
             yield path, dict(held) if held is not None else read_result(path)
@@ -310,10 +346,8 @@ def copy_record(source: Path, job_dir: Path, record: dict) -> dict:
     if Path(source).resolve() != Path(job_dir).resolve():
         Path(job_dir).mkdir(parents=True, exist_ok=True)
         steps = read_steps(source, record)
-        if steps:
-            write_steps(Path(job_dir), steps)
         record = {k: v for k, v in record.items() if k != OLD_STEPS} | {"job_dir": str(job_dir)}
-        write_result(Path(job_dir), record)
+        place_record(Path(job_dir), steps or None, record)
     return record
 
 

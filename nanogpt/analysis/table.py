@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from nanogpt.analysis import baseline as baseline_rule
-from nanogpt.analysis import compare, display, store, sweep_steps, tidy, versions
+from nanogpt.analysis import compare, display, memory_time, store, sweep_steps, tidy, versions
 from nanogpt.analysis.labels import point_labels
 from nanogpt.analysis.tidy import SUMMARY_CSV, SUMMARY_MD, read_summary  # noqa: F401 (documented)
 from nanogpt.record import columns, swept
@@ -134,6 +134,7 @@ def build_table(
     reasons = [row.get("graph_break_reasons") for row in rows]  # json-only: from the records
     table["compile_verdict"] = compare.compile_verdict(table, reasons)
     compare.add_costs(table, usd_per_hour, usd_per_kwh)
+    memory_time.add_columns(table)  # a policy's memory saved and step time paid
     if choice.position is None:
         sweep.baseline = f"baseline: none ({choice.reason})"
     else:
@@ -186,6 +187,9 @@ def publish(
         print(footer)
     names = [label or "defaults" for label in point_labels(table)]
     for line in compare.recommend(table, sweep.series(), names, memory_budget_gib):
+        print(line)
+    line = memory_time.best_line(table, names, sweep.series())
+    if line:
         print(line)
     for path in sweep.unreadable:
         print(f"skipped unreadable record: {path}", file=sys.stderr)

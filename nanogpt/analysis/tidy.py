@@ -52,6 +52,11 @@ SUMMARY_MD = "summary.md"
 TABLE_PLACES = {
     "compile_breakeven_steps": 70,
     "compile_verdict": 71,
+    # a checkpointing or offload policy against its twin that keeps everything
+    # (analysis/memory_time.py)
+    "ac_memory_saved_bytes": 72,
+    "ac_time_paid_pct": 73,
+    "ac_mib_per_pct": 74,
     "usd_per_1m_tokens": 82,
 }
 

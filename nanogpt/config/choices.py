@@ -100,3 +100,33 @@ class Objective(enum.Enum):
     j_per_token = "j_per_token"  # minimised; needs an energy counter
     peak_memory_gib = "peak_memory_gib"  # minimised; with another: a Pareto front
     time_to_loss = "time_to_loss"  # minimised: time_to_loss_s; needs bench.target_loss
+
+
+class Ac(enum.Enum):
+    """perf.ac: which activations the backward recomputes instead of keeping
+    (nanogpt/train/checkpoint_rules.py; docs/measurement.md, "Activation checkpointing")."""
+
+    none = "none"  # keep every activation
+    full = "full"  # every block keeps its input alone and recomputes its forward
+    every = "every"  # every perf.ac_every-th block checkpointed as full, the others kept
+    selective = "selective"  # every block keeps what perf.ac_policy saves, recomputes the rest
+    budget = "budget"  # compiled only: Inductor's min-cut hands backward perf.ac_budget of them
+
+
+# Each policy's own key: read under that perf.ac only (the record's asked part and the point's
+# identity leave it out under another)
+AC_KEYS = {"ac_every": Ac.every, "ac_policy": Ac.selective, "ac_budget": Ac.budget}
+
+
+class AcPolicy(enum.Enum):
+    """perf.ac_policy: what a block keeps under perf.ac=selective (the rest is recomputed)."""
+
+    matmuls = "matmuls"  # the matmuls' and attention's outputs: the pointwise ops recomputed
+    attention = "attention"  # attention's outputs alone: the matmuls recomputed too
+
+
+class Offload(enum.Enum):
+    """perf.offload: where the tensors kept for backward wait (CUDA only)."""
+
+    none = "none"  # on the device
+    cpu = "cpu"  # in pinned host memory (torch.autograd.graph.save_on_cpu), copied back in backward

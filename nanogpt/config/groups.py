@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nanogpt.config.choices import (
+    Ac,
+    AcPolicy,
     Attention,
     DataKind,
     Dtype,
@@ -19,6 +21,7 @@ from nanogpt.config.choices import (
     LoggerMode,
     Loss,
     Objective,
+    Offload,
     OptimizerImpl,
     Schedule,
     Strategy,
@@ -123,6 +126,14 @@ class PerfConfig:
     compile_mode: str = "default"
     dtype: Dtype = Dtype.fp32
     attention: Attention = Attention.auto
+    # Activation checkpointing as a policy (nanogpt/train/checkpoint_rules.py, docs/config.md)
+    ac: Ac = key(Ac.none, point=LATER)
+    ac_every: int = key(2, point=LATER)  # ac=every: every n-th block checkpointed
+    ac_policy: AcPolicy = key(AcPolicy.matmuls, point=LATER)  # ac=selective: what a block keeps
+    ac_budget: float = key(0.5, point=LATER)  # ac=budget: the share of activations kept (0-1)
+    offload: Offload = key(Offload.none, point=LATER)  # cpu: kept tensors in pinned host memory
+    # The old switch, still read: true is perf.ac=full (said once, in one line). After
+    # composition it mirrors perf.ac=full, so a point keeps the point_id it had under it.
     activation_checkpointing: bool = False
     batch_size: int = 8  # micro-batch, sequences (conf/: 12 on CUDA, 8 elsewhere)
     grad_accum: int = 1  # micro-batches per optimizer step

@@ -16,6 +16,8 @@ from typing import Any
 
 from nanogpt.config.choices import (
     COMPILE_MODES,
+    Ac,
+    AcPolicy,
     Attention,
     DataKind,
     Dtype,
@@ -24,6 +26,7 @@ from nanogpt.config.choices import (
     LoggerMode,
     Loss,
     Objective,
+    Offload,
     OptimizerImpl,
     Schedule,
     Strategy,
@@ -47,6 +50,8 @@ from nanogpt.config.groups import (
 
 __all__ = [
     "COMPILE_MODES",
+    "Ac",
+    "AcPolicy",
     "Attention",
     "BenchConfig",
     "CostConfig",
@@ -62,6 +67,7 @@ __all__ = [
     "Loss",
     "ModelConfig",
     "Objective",
+    "Offload",
     "OptimizerConfig",
     "OptimizerImpl",
     "PerfConfig",

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
+from nanogpt.analysis import sweep_lock
 from nanogpt.analysis import table as sweep_table
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.compose import check_points
@@ -35,9 +36,15 @@ from nanogpt.frontend.presets import (
     runs_here,
     sweep_points,
 )
-from nanogpt.publish import wandb_sink, wandb_view
+from nanogpt.publish import wandb_mode, wandb_sink, wandb_view
 from nanogpt.publish.sweep_outputs import publish, settings_of
-from nanogpt.record.faults import CONFIG_EXIT, exit_code, interrupted_exit, signal_hook
+from nanogpt.record.faults import (
+    CONFIG_EXIT,
+    exit_code,
+    finishing,
+    interrupted_exit,
+    signal_hook,
+)
 from nanogpt.runner.job import Outcome, point_status
 
 
@@ -126,9 +133,11 @@ class SweepReport(Callback):
     started: float | None = None  # when this multirun started (epoch s)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        """Before anything is measured, every point of the sweep is composed and validated."""
+        """Before anything is measured: every point of the sweep is composed and validated
+        (nothing written yet), then the sweep dir becomes this process's alone
+        (analysis/sweep_lock.py), then W&B's server is asked once for the whole sweep."""
         self.started = time.time()
-        logs.forget_said(Path(config.hydra.sweep.dir))
+        sweep_dir = Path(config.hydra.sweep.dir)
         try:
             points = sweep_points(config)
             compose = compose_point(config)
@@ -138,6 +147,23 @@ class SweepReport(Callback):
         except ConfigError as err:
             print(f"error: {err} (nothing was measured)", file=sys.stderr)
             sys.exit(CONFIG_EXIT)
+        try:
+            sweep_lock.take(sweep_dir)
+        except sweep_lock.SweepBusy as holder:
+            print(
+                f"error: hydra.sweep.dir: {sweep_dir} is being written by another sweep "
+                f"({holder}); wait for it to end (`python -m nanogpt.report {sweep_dir}` shows "
+                "its table so far), or give this one another hydra.sweep.dir (nothing was "
+                "measured)",
+                file=sys.stderr,
+            )
+            sys.exit(CONFIG_EXIT)
+        logs.forget_said(sweep_dir)
+        # W&B's server asked once for the whole sweep (every run inherits the answer)
+        logger = OmegaConf.to_object(config.logger)
+        warning = wandb_mode.decide_for_sweep(logger.backend, logger.mode)
+        if warning:
+            print(warning, file=sys.stderr)
 
     def on_job_start(self, config: DictConfig, **kwargs) -> None:
         signal_hook("job-start")  # TESTING ONLY: a test's signal here (Hydra composed the job)
@@ -183,9 +209,18 @@ class SweepReport(Callback):
 
     def _end(self, config: DictConfig) -> None:
         logs.sweep_console()  # the sweep's own lines (its W&B summary run) as a job's are
-        sweep_dir, sweep = self._table(config)
-        table = sweep.table
+        with finishing("the table") as came:  # a Ctrl-C now: the table first, then the stop
+            sweep_dir, sweep = self._table(config)
         logger = OmegaConf.to_object(config.logger)
+        if came:
+            skipped = "; its W&B summary run is not sent" if logger.backend == "wandb" else ""
+            print(
+                f"interrupted while writing the table: it is finished "
+                f"({sweep_dir / sweep_table.SUMMARY_CSV}){skipped}",
+                file=sys.stderr,
+            )
+            sys.exit(interrupted_exit())
+        table = sweep.table
         summary_csv = sweep_dir / sweep_table.SUMMARY_CSV
         unreachable = wandb_sink.log_sweep_table(logger, sweep_dir, sweep, summary_csv)
         wandb_view.save_and_publish(logger, sweep_dir, sweep, unreachable)  # its ready view
@@ -201,8 +236,9 @@ class SweepReport(Callback):
             sys.exit(1)
 
     def _table(self, config: DictConfig):
-        """The table, once; a second Ctrl-C or SIGTERM while it is written stops with one line
-        that says how to build it from the records (they are all written by then)."""
+        """The table, once; a Ctrl-C that stops it (the sweep's second: the first stopped a run,
+        or was noted by `finishing`) ends with one line that says how to build it from the
+        records (they are all written by then)."""
         try:
             return self._publish(config)
         except KeyboardInterrupt:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,10 @@ from nanogpt.config.spec import RunSpec
 from nanogpt.frontend.presets import CONF_DIR, register_presets
 from nanogpt.hardware.device_support import parse_device
 from nanogpt.hardware.slots import visible_gpus
+from nanogpt.train.checkpoint_rules import normalized
 from nanogpt.validate import check, check_nodes
+
+log = logging.getLogger(__name__)
 
 OVERRIDE_GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
@@ -104,12 +108,27 @@ OmegaConf.register_new_resolver(
 )
 
 
-def to_spec(cfg: DictConfig, here: bool = True) -> RunSpec:
+def to_spec(cfg: DictConfig, here: bool = True, say: bool = True) -> RunSpec:
     """The plain, validated spec of a composed config (raises ConfigError). here=False: it runs
-    on another machine, so this one's devices are not asked (validate.check)."""
-    spec = with_code_dir(fixed_global_batch(OmegaConf.to_object(cfg)))
+    on another machine, so this one's devices are not asked (validate.check). say=False: a
+    multirun's job, whose sweep said at its start what composing says (`with_ac_policy`)."""
+    spec = with_code_dir(fixed_global_batch(with_ac_policy(OmegaConf.to_object(cfg), say)))
     check(spec, here)
     return spec
+
+
+def with_ac_policy(spec: RunSpec, say: bool = True) -> RunSpec:
+    """perf.ac as the keys ask for it, the old switch read (checkpoint_rules.normalized): one
+    line names the new key, once a process (a sweep's: at its start, as its points are checked;
+    its jobs, say=False, say nothing)."""
+    perf, note = normalized(spec.perf)
+    if note is not None and say and note not in _SAID:
+        _SAID.add(note)
+        log.warning(note)
+    return dataclasses.replace(spec, perf=perf)
+
+
+_SAID: set[str] = set()  # the lines with_ac_policy has said in this process
 
 
 def with_code_dir(spec: RunSpec) -> RunSpec:

@@ -64,6 +64,7 @@ class MemoryProbe:
         self.warmup: dict[str, int | None] = {}  # warmup's peaks, once split() has run
         self._counts_at_start: dict[str, int] | None = None  # the allocator's, at split()
         self._counts: dict[str, int] | None = None  # over the measured steps, at window_end()
+        self._rss_at_split: int | None = None  # the RSS the measured steps started at (vmhwm)
 
     def start(self) -> None:
         self.rss_method = reset_peak_rss()
@@ -107,6 +108,8 @@ class MemoryProbe:
         # Only a resettable peak (VmHWM) can be the measured steps' own; ru_maxrss stays the
         # process's whole life, warmup included (mem_peak_rss_method says which).
         self.rss_method = reset_peak_rss() if self.rss_method == "vmhwm" else self.rss_method
+        if self.rss_method == "vmhwm":  # the peak was reset to the RSS of now: the steps' floor
+            self._rss_at_split = peak_rss_bytes(self.rss_method)
 
     def window_end(self) -> None:
         """The measured steps are done: the allocator's counters over them (the profiled and
@@ -145,8 +148,11 @@ class MemoryProbe:
             "mem_nvml_device": self._nvml_device,
             "mem_peak_rss_bytes": peak_rss_bytes(self.rss_method),
             "mem_peak_rss_method": self.rss_method,
+            "mem_step_rss_bytes": None,
             **self.alloc_figures(),
         }
+        if self._rss_at_split is not None and self.rss_method == "vmhwm":
+            out["mem_step_rss_bytes"] = out["mem_peak_rss_bytes"] - self._rss_at_split
         if self.cuda:
             pool = None
             if self.cuda_graphs:

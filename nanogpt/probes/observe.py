@@ -30,19 +30,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nanogpt.config.spec import Attention, Dtype, RunSpec
+from nanogpt.train.checkpointing import ATTENTION_OPS, MATMUL_OPS
 
 log = logging.getLogger(__name__)
-aten = torch.ops.aten
-MATMULS = {
-    aten.mm.default,
-    aten.addmm.default,
-    aten.bmm.default,
-    aten.baddbmm.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
-    aten._scaled_dot_product_efficient_attention.default,
-    aten._scaled_dot_product_flash_attention.default,
-    aten._scaled_dot_product_cudnn_attention.default,
-}
+MATMULS = MATMUL_OPS | ATTENTION_OPS  # the ops selective checkpointing keeps too
 # torch dtypes to perf.dtype's names; float32 under perf.dtype=tf32 stays tf32 (TF32 is how an
 # fp32 matmul runs, not a dtype of its tensors)
 NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

@@ -12,6 +12,8 @@ again):
                       beside the measured peak
 - bottleneck.png      each point's step split into device, communication, data and host time,
                       and its device time by kind (the diagnosis, analysis/bottleneck.py)
+- memory_time.png     a step's memory against tokens/s, a marker a checkpointing policy
+                      (perf.ac, perf.offload), the frontier joined (+sweep=memory_time)
 - val_loss.png        validation loss against training time, a line per run (a sweep with
                       bench.target_loss: scenarios/time_to_loss/plot.py)
 A plot that has nothing to show (batch size does not vary, no MFU without a peak) is skipped
@@ -23,6 +25,7 @@ Drawn with matplotlib's object API on the Agg canvas: no pyplot state, no displa
 from __future__ import annotations
 
 import io
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +36,7 @@ from matplotlib.figure import Figure
 
 from nanogpt.analysis.compare import measured_peak
 from nanogpt.analysis.labels import parse_overrides, point_labels
+from nanogpt.analysis.memory_time import step_memory
 from nanogpt.publish.plot_parts import NoData, new_figure, tagged_labels
 from nanogpt.record.files import write_atomic
 from nanogpt.scenarios import base as scenarios
@@ -225,26 +229,73 @@ def pareto(table: pd.DataFrame) -> Figure:
     """tokens/s against peak memory; the Pareto front (no other point is both faster and
     smaller) is joined by a line."""
     peak, source = measured_peak(table)
-    ok = table.assign(peak=peak / GIB)[(table["status"] == "ok") & peak.notna()]
-    if ok.empty:
-        raise NoData("no ok point with a memory peak")
+    ok = _ok_with(table, peak / GIB, "peak")
     fig = new_figure(8, width=7.0)
     ax = fig.add_subplot()
     ax.scatter(ok["peak"], ok["tokens_per_s"])
     for label, (_, point) in zip(point_labels(ok), ok.iterrows(), strict=True):
         ax.annotate(label or "defaults", (point["peak"], point["tokens_per_s"]), fontsize=7)
-    front, best = [], -1.0
-    for _, point in ok.sort_values(["peak", "tokens_per_s"], ascending=[True, False]).iterrows():
-        if point["tokens_per_s"] > best:  # faster than every smaller point
-            front.append(point)
-            best = point["tokens_per_s"]
-    front = pd.DataFrame(front)
+    front = pareto_front(ok, "peak")
     ax.plot(front["peak"], front["tokens_per_s"], color="tab:orange", label="Pareto front")
     ax.set_xlabel(f"peak memory, GiB ({source})")
     ax.set_ylabel("tokens/s")
     ax.set_title("throughput against memory")
     ax.legend()
     return fig
+
+
+def _ok_with(table: pd.DataFrame, memory: pd.Series, name: str) -> pd.DataFrame:
+    """The ok rows that have `memory`, with it as column `name`."""
+    ok = table.assign(**{name: memory})[(table["status"] == "ok") & memory.notna()]
+    if ok.empty:
+        raise NoData(f"no ok point with a memory {name}")
+    return ok
+
+
+def pareto_front(ok: pd.DataFrame, memory: str) -> pd.DataFrame:
+    """The rows no other row is both faster (tokens_per_s) and smaller (`memory`) than, from the
+    smallest up: each faster than every smaller one."""
+    front, best = [], -math.inf
+    for _, point in ok.sort_values([memory, "tokens_per_s"], ascending=[True, False]).iterrows():
+        if point["tokens_per_s"] > best:  # faster than every smaller point
+            front.append(point)
+            best = point["tokens_per_s"]
+    return pd.DataFrame(front)
+
+
+def memory_time(table: pd.DataFrame) -> Figure:
+    """Each point's step memory (analysis/memory_time.step_memory) against its tokens/s, a
+    marker a checkpointing or offload policy; the frontier (no other point both faster and
+    holding less) joined by a line: what each policy's memory costs in speed."""
+    if table[["ac", "offload"]].astype(str).drop_duplicates().shape[0] < 2:
+        raise NoData("perf.ac and perf.offload do not vary across the points")
+    memory, source = step_memory(table)
+    ok = _ok_with(table, memory / MIB, "memory")
+    fig = new_figure(8, width=7.5)
+    ax = fig.add_subplot()
+    policy = [_policy_name(row) for _, row in ok.iterrows()]
+    for name in dict.fromkeys(policy):
+        mine = ok[[p == name for p in policy]]
+        ax.scatter(mine["tokens_per_s"], mine["memory"], label=name)
+    for label, (_, point) in zip(point_labels(ok), ok.iterrows(), strict=True):
+        ax.annotate(label or "defaults", (point["tokens_per_s"], point["memory"]), fontsize=7)
+    front = pareto_front(ok, "memory")
+    ax.plot(front["tokens_per_s"], front["memory"], color="black", linewidth=1, label="frontier")
+    ax.set_xlabel("tokens/s")
+    ax.set_ylabel(f"memory, MiB ({source})")
+    ax.set_title("memory against speed, by checkpointing policy")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _policy_name(row: pd.Series) -> str:
+    """A point's policy as the legend names it: perf.ac (its key), + offload."""
+    name = str(row.get("ac"))
+    for key in ("ac_every", "ac_policy", "ac_budget"):
+        value = row.get(key)
+        if pd.notna(value):  # a float column where other rows are null: 2.0 is every 2
+            name += f" {int(value) if key == 'ac_every' else value}"
+    return name + (" + offload" if row.get("offload") == "cpu" else "")
 
 
 def of_table(draw: Callable[[pd.DataFrame], Figure]) -> Callable[[Sweep], Figure]:

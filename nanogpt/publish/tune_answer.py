@@ -272,7 +272,7 @@ def none_feasible(probes: list, sweep_dir: Path) -> ConfigError:
     return ConfigError(
         "hydra.sweeper.params",
         f"no candidate of {len(probes)} fits or runs ({'; '.join(reasons)[:300]})",
-        "widen the space (smaller perf.batch_size, perf.activation_checkpointing=true, "
+        "widen the space (smaller perf.batch_size, perf.ac=selective or full, "
         "perf.loss=chunked) or raise bench.max_batch_memory_gib; every trial is in "
         f"{sweep_dir / TUNE_MD}",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanogpt.config.choices import AC_KEYS
 from nanogpt.config.spec import RunSpec
 from nanogpt.record.fields import JSON_ONLY, config_key, json_only, marked
 from nanogpt.record.identity import measured_config
@@ -25,6 +26,13 @@ class Asked:
     compile: bool | None = config_key("perf.compile")
     compile_mode: str | None = config_key("perf.compile_mode")
     attention: str | None = config_key("perf.attention")
+    # activation checkpointing's policy (train/checkpoint_rules.py) and its keys where it
+    # reads them; activation_checkpointing: ac=full (a record of before: the switch alone)
+    ac: str | None = config_key("perf.ac")
+    ac_every: int | None = config_key("perf.ac_every")
+    ac_policy: str | None = config_key("perf.ac_policy")
+    ac_budget: float | None = config_key("perf.ac_budget")
+    offload: str | None = config_key("perf.offload")
     activation_checkpointing: bool | None = config_key("perf.activation_checkpointing")
     fp8: str | None = config_key("perf.fp8")  # torchao float8 recipe, or none
     # full | chunked (perf.loss); loss_first/loss_last: values
@@ -58,6 +66,12 @@ class Asked:
             compile=perf.compile,
             compile_mode=perf.compile_mode,
             attention=perf.attention.value,
+            ac=perf.ac.value,
+            **{  # a policy's own key where the policy reads it (AC_KEYS), else null
+                key: _plain(getattr(perf, key)) if perf.ac is policy else None
+                for key, policy in AC_KEYS.items()
+            },
+            offload=perf.offload.value,
             activation_checkpointing=perf.activation_checkpointing,
             fp8=perf.fp8.value,
             loss_kind=perf.loss.value,
@@ -79,3 +93,8 @@ class Asked:
             point_id=point_id,
             measured_config=measured,
         )
+
+
+def _plain(value):
+    """An Enum's value, any other value as it is."""
+    return getattr(value, "value", value)

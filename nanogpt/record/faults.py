@@ -24,9 +24,11 @@ interrupted point records it too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,6 +66,36 @@ def _on_sigterm(signum, frame) -> None:
     if _stop_signal is None:
         _stop_signal = signum
         raise Stopped("SIGTERM")
+
+
+@contextlib.contextmanager
+def finishing(what: str) -> Iterator[list[int]]:
+    """While `what` is written (a sweep's table: a second or so), a Ctrl-C or SIGTERM does not
+    cost it: the first is noted with one line and the work goes on; a second Ctrl-C stops it at
+    once (KeyboardInterrupt, as ever); a further SIGTERM is ignored (a scheduler that signals a
+    job's processes sends several: one request; its SIGKILL follows if it must). Yields the
+    list that holds the signal once one came: the caller then stops (interrupted_exit(): 130,
+    or 143 for SIGTERM). Main thread only, as signal handlers are."""
+    came: list[int] = []
+
+    def on_signal(signum, frame) -> None:
+        global _stop_signal
+        if came and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if came:
+            return
+        came.append(signum)
+        if signum == signal.SIGTERM:
+            _stop_signal = _stop_signal or signum  # the exit says which signal stopped it
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(f"{name}: finishing {what} first (Ctrl-C again stops at once)", file=sys.stderr)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield came
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def interrupted_exit() -> int:

@@ -38,6 +38,7 @@ import hashlib
 import json
 
 from nanogpt import optimizers
+from nanogpt.config.choices import AC_KEYS
 from nanogpt.config.groups import LATER, NOT_A_POINT, POINT
 from nanogpt.config.spec import RunSpec, spec_to_dict
 from nanogpt.config.target_nodes import source_digest
@@ -70,6 +71,14 @@ def measured_config(spec: RunSpec) -> dict:
         for key in keys_marked(group, LATER):
             if measured[group].get(key) == defaults[group][key]:
                 del measured[group][key]
+    # perf.ac=full is what the old switch perf.activation_checkpointing=true said, which mirrors
+    # it (train/checkpoint_rules.normalized): the switch alone names the point, as before perf.ac
+    perf = measured["perf"]
+    if perf.get("ac") == "full" and perf.get("activation_checkpointing"):
+        del perf["ac"]
+    for key, policy in AC_KEYS.items():  # a policy's own key, under another policy: unread
+        if spec.perf.ac is not policy:
+            perf.pop(key, None)
     # optimizer.* keys the optimizer never receives (from_model's method gets its args alone)
     recipe = optimizers.registry().get(spec.optimizer.name)
     for key in recipe.unused_keys if recipe else ():

@@ -153,6 +153,12 @@ class Memory:
         shown=(60, "rss_MiB", "mebibytes"), pool=LARGEST, peak=("rss", "measured")
     )
     mem_peak_rss_method: str | None = json_only()  # vmhwm | ru_maxrss
+    # The measured steps' peak RSS above the RSS they started at (vmhwm only): what a step holds
+    # at once beyond what stays, a CPU's view of its activations; tells apart points whose
+    # processes start a few MiB apart. Exact where freed blocks leave the process (glibc keeps
+    # them below its mmap threshold, which it raises as they are freed, unless
+    # MALLOC_MMAP_THRESHOLD_ fixes it: docs/measurement.md)
+    mem_step_rss_bytes: int | None = marked(pool=LARGEST)
     memory_snapshot: str | None = json_only()  # file name, written on a CUDA OOM when asked
     # The peaks above are the measured steps' (probes/memory.py, MemoryProbe.split); warmup's,
     # first-step compilation and autotuning included, apart:

@@ -94,7 +94,7 @@ def counted_head_share(config: GPTConfig) -> float:
 def _counted(config: GPTConfig) -> FlopCounterMode:
     """One forward+backward of a sequence, counted on a copy of the GPT on the meta device."""
     # Count model FLOPs: the recompute of activation checkpointing is not model work.
-    config = dataclasses.replace(config, activation_checkpointing=False)
+    config = dataclasses.replace(config, ac="none")
     with torch.device("meta"):
         model = GPT(config)
         idx = torch.zeros(1, config.block_size, dtype=torch.long)

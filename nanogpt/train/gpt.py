@@ -7,7 +7,7 @@ Interface as nanoGPT: `GPTConfig`, `GPT(config)`, `forward(idx, targets) -> (log
 `get_num_params(non_embedding=True)`.
 
 Performance knobs the sweep varies live here too: which attention kernel runs (`attention`)
-and whether block activations are recomputed in the backward pass (`activation_checkpointing`).
+and which block activations are recomputed in the backward pass (`ac`: train/checkpointing.py).
 
 The GPT keeps the contract the runner asks of a user's model (docs/models.md): its FLOPs and its
 activation memory are its own hooks, `flops_per_token(seq_len)` and `activation_memory(...)`,
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from nanogpt.train.checkpoint_rules import recomputed_share
+from nanogpt.train.checkpointing import block_options, run_checkpointed
 from nanogpt.train.chunked_loss import chunked_cross_entropy
 
 FLOPS_FORMULA = "6N + 12*L*H*Q*T (PaLM appendix B); N = params excluding position embedding"
@@ -198,7 +199,11 @@ class GPTConfig:
     # "manual" materialises softmax(QK^T/sqrt(d))V; anything else calls
     # F.scaled_dot_product_attention and leaves the kernel choice to sdpa_kernel().
     attention: str = "auto"
-    activation_checkpointing: bool = False
+    # Activation checkpointing's policy (perf.ac: none | full | every | selective; budget acts
+    # on the compiled graph, not here) and its keys (nanogpt/train/checkpoint_rules.py)
+    ac: str = "none"
+    ac_every: int = 2
+    ac_policy: str = "matmuls"
     # "full": the [B*T, vocab] logits, then F.cross_entropy (nanoGPT). "chunked": the head and
     # the loss over `loss_chunk` tokens at a time (nanogpt/train/chunked_loss.py); no logits
     # returned.
@@ -280,12 +285,14 @@ class Block(nn.Module):
         # Activation checkpointing inside the block's own call: `block.compile()` (FSDP2,
         # nanogpt/train/sharding.py) then compiles the checkpointed block, as torchtitan wraps, then
         # compiles; a checkpoint around the compiled block would recompute a compiled call.
-        self.checkpointed = config.activation_checkpointing
+        # None: not checkpointed; else the checkpoint's options (GPT sets them by the policy).
+        self.checkpoint_options: dict | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.checkpointed and self.training:
-            # Keep only the block's input; recompute its activations in backward.
-            return checkpoint(self._forward, x, use_reentrant=False)
+        if self.checkpoint_options is not None and self.training:
+            # Keep the block's input (and, selective, what the policy saves); recompute the
+            # rest of its activations in backward.
+            return run_checkpointed(self._forward, x, self.checkpoint_options)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -301,6 +308,8 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        for block, options in zip(self.blocks, block_options(config.n_layer, config), strict=True):
+            block.checkpoint_options = options
         self.ln_f = LayerNorm(config.n_embd, config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
@@ -333,15 +342,25 @@ class GPT(nn.Module):
         parameters that take part in matmuls (all but the position embedding; the tied head
         once), 6N = 2N forward + 4N backward, the second term attention's QK^T and AV over the
         full T x T square, as dense kernels compute it. "hardware" adds the recompute of
-        activation checkpointing, each block's forward again in backward (2 N_blocks +
-        4 L H Q T): real work that does not advance the model, so MFU leaves it out and HFU
-        (Korthikanti et al., 2022) counts it."""
+        activation checkpointing, the share of the blocks' forward run again in backward
+        (2 N_blocks + 4 L H Q T whole, less the MLP's output projection, which torch's
+        checkpoint never reruns; checkpoint_rules.recomputed_share: full all of it, every its
+        blocks' share, selective what its policy does not save): real work that does not
+        advance the model, so MFU leaves it out and HFU (Korthikanti et al., 2022) counts it.
+        perf.ac=budget: null, Inductor's min-cut chooses what it recomputes."""
         cfg = self.config
         attention = cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * seq_len
         model = 6 * self.get_num_params(non_embedding=True) + 12 * attention
-        hardware = model
-        if cfg.activation_checkpointing:
-            hardware += 2 * sum(p.numel() for p in self.blocks.parameters()) + 4 * attention
+        share = recomputed_share(cfg.n_layer, cfg)
+        hardware = None
+        if share is not None:
+            matmuls, attended = share
+            # torch's checkpoint stops recomputing once the last tensor backward needs is back
+            # (early stop): the MLP's output projection, whose output no backward reads, never
+            # runs again (tests/test_checkpointing.py counts it on meta)
+            last = sum(p.numel() for block in self.blocks for p in block.mlp.proj.parameters())
+            block_matmuls = 2 * (sum(p.numel() for p in self.blocks.parameters()) - last)
+            hardware = model + matmuls * block_matmuls + attended * 4 * attention
         return {"model": model, "hardware": hardware, "formula": FLOPS_FORMULA}
 
     def activation_memory(
@@ -380,7 +399,7 @@ class GPT(nn.Module):
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
-            x = block(x)  # checkpointed inside, with perf.activation_checkpointing
+            x = block(x)  # checkpointed inside, as perf.ac chose
         x = self.ln_f(x)
         if targets is None:
             # Inference: only the last position's logits are needed.

@@ -9,10 +9,12 @@ Two halves:
   while accumulating;
 - what only the model knows, the bytes one micro-batch keeps for backward, from the model's hook
   `activation_memory(batch_size, seq_len, dtype, activation_checkpointing, compiled)`
-  (docs/models.md). The built-in GPT has one (nanogpt/train/gpt.py: Korthikanti's formula, fitted to
-  an H100's peaks; a compiled point away from the fitted depth says so in the estimate's note,
-  gpt.away_from_fit); a model without one has its activations null with the reason, and so no
-  total. The GPT's formula is never applied to another model.
+  (docs/models.md), asked without and with checkpointing, the point's policy (perf.ac) made of
+  the two by train/checkpoint_rules.py (`policy_activations`, its source in
+  "activations_rule"). The built-in GPT has one (nanogpt/train/gpt.py: Korthikanti's formula,
+  fitted to an H100's peaks; a compiled point away from the fitted depth says so in the
+  estimate's note, gpt.away_from_fit); a model without one has its activations null with the
+  reason, and so no total. The GPT's formula is never applied to another model.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 import torch
 
 from nanogpt.config.protocol import CUDA_GRAPH_MODES
-from nanogpt.config.spec import RunSpec
+from nanogpt.config.spec import Ac, RunSpec
 from nanogpt.hardware.devices import AUTOCAST_DTYPES
+from nanogpt.train.checkpoint_rules import activations
 from nanogpt.train.gpt import GPT, activation_memory_of, away_from_fit
 from nanogpt.train.optim import role_counts
 from nanogpt.train.optim_rules import STATE_SLOTS, estimated_state
@@ -67,14 +70,10 @@ def estimate_of(
     )
     inner = getattr(model, "inner", model)  # a user's model inside byo.UserModel
     note = None
+    activations_rule = None
     if callable(getattr(inner, "activation_memory", None)):
-        parts |= inner.activation_memory(
-            perf.batch_size,
-            spec.model.block_size,
-            dtype=dtype,
-            activation_checkpointing=perf.activation_checkpointing,
-            compiled=perf.compile,
-        )
+        parts |= policy_activations(inner, perf, spec.model.block_size, dtype, len(model.blocks))
+        activations_rule = parts.pop("activations_rule")
         if isinstance(inner, GPT):  # the built-in GPT's fit: is this point where it was fitted?
             off = away_from_fit(inner.config.n_layer, perf.compile, graph_mode(spec))
             note = off[1] if off else None
@@ -85,7 +84,30 @@ def estimate_of(
             f"no hook {HOOK} (docs/models.md); the total is unknown (the measured peak is in the "
             "record's memory)"
         )
-    return _whole(parts, by_role, shards(world_size, strategy), rule, note)
+    whole = _whole(parts, by_role, shards(world_size, strategy), rule, note)
+    if activations_rule is not None:
+        whole["activations_rule"] = activations_rule
+    return whole
+
+
+def policy_activations(inner, perf, seq_len: int, dtype, n_blocks: int) -> dict:
+    """The model's hook asked twice, without checkpointing and with every block checkpointed,
+    and the activation term of the point's policy made of the two (perf.ac, perf.offload:
+    checkpoint_rules.activations, which says its source in "activations_rule")."""
+
+    def hook(checkpointed: bool) -> dict:
+        return inner.activation_memory(
+            perf.batch_size,
+            seq_len,
+            dtype=dtype,
+            activation_checkpointing=checkpointed,
+            compiled=perf.compile,
+        )
+
+    parts = hook(False)
+    full = hook(True)["activations"] if perf.ac is not Ac.none else parts["activations"]
+    kept, source = activations(n_blocks, parts["activations"], full, perf)
+    return parts | {"activations": kept, "activations_rule": source}
 
 
 def graph_mode(spec: RunSpec) -> bool:

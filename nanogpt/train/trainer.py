@@ -20,6 +20,7 @@ from nanogpt.config.spec import Attention, Dtype, Fp8, RunSpec, Schedule, Strate
 from nanogpt.hardware.devices import AUTOCAST_DTYPES, set_matmul_precision
 from nanogpt.record.faults import Fault
 from nanogpt.train import float8
+from nanogpt.train.checkpointing import step_context
 from nanogpt.train.data import open_source
 from nanogpt.train.distributed import World
 from nanogpt.train.gpt import GPT, GPTConfig
@@ -47,7 +48,9 @@ def gpt_config(spec: RunSpec) -> GPTConfig:
         dropout=m.dropout,
         bias=m.bias,
         attention=spec.perf.attention.value,
-        activation_checkpointing=spec.perf.activation_checkpointing,
+        ac=spec.perf.ac.value,
+        ac_every=spec.perf.ac_every,
+        ac_policy=spec.perf.ac_policy.value,
         loss=spec.perf.loss.value,
         loss_chunk=spec.perf.loss_chunk,
     )
@@ -158,6 +161,7 @@ class Trainer:
         self.grad_accum = perf.grad_accum
         self.tokens_per_step = tokens_per_step(spec, world.size)
         self.grad_clip = spec.optimizer.grad_clip
+        self.perf = perf  # the checkpointing policy's step context (train/checkpointing.py)
         self.source = data_source(spec, device, world, perf.batch_size)
         self.steps_done = 0
         self.last_data_ms = 0.0
@@ -228,7 +232,7 @@ class Trainer:
             data_s += time.perf_counter() - t0
             # DDP all-reduces gradients only on the last micro-step of accumulation.
             last = micro == self.grad_accum - 1
-            with self._grad_sync(last), self._kernel():
+            with self._grad_sync(last), self._kernel(), step_context(self.perf):
                 loss = self.loss(x, y)
                 self.scaler.scale(loss).backward()
             total += loss.detach()

@@ -26,10 +26,13 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     _CHECKPOINT_WRAPPED_MODULE,
     checkpoint_wrapper,
 )
+from torch.utils.checkpoint import checkpoint
 
 from nanogpt.config.errors import ConfigError
 from nanogpt.config.spec import Attention, Dtype, Loss, RunSpec, Strategy
 from nanogpt.config.target_nodes import TargetError, instantiate
+from nanogpt.train.checkpoint_rules import needs_blocks
+from nanogpt.train.checkpointing import block_options
 
 PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # nanogpt/
 BLOCK_NAMES = ("transformer.h", "h", "blocks", "layers", "model.layers", "transformer.layers")
@@ -201,7 +204,7 @@ def refuse_knobs(spec: RunSpec, model: UserModel) -> None:
         )
     fsdp = spec.dist.strategy is Strategy.fsdp2 and spec.dist.nproc > 1
     for asked, key in (
-        (perf.activation_checkpointing, "perf.activation_checkpointing"),
+        (needs_blocks(perf), "perf.ac"),
         (fsdp, "dist.strategy"),
     ):
         if asked and model.blocks_name is None:
@@ -211,12 +214,15 @@ def refuse_knobs(spec: RunSpec, model: UserModel) -> None:
                 f"(looked for {', '.join(BLOCK_NAMES)})",
                 "name it transformer.h or layers",
             )
-    if perf.activation_checkpointing:
-        # each block wrapped as a module (torch's checkpoint_wrapper, as torchtitan wraps its
-        # blocks), never its forward reassigned: FSDP2 shards the wrapper, the roles sort the same
-        # tensors, and names are the user's (`user_name` drops the wrapper's part)
-        for i, block in enumerate(model.blocks):
-            model.blocks[i] = checkpoint_wrapper(block)
+    # the blocks the policy checkpoints (perf.ac, train/checkpoint_rules.py), each wrapped as a
+    # module (torch's checkpoint_wrapper, as torchtitan wraps its blocks), never its forward
+    # reassigned: FSDP2 shards the wrapper, the roles sort the same tensors, and names are the
+    # user's (`user_name` drops the wrapper's part); selective's policy rides in its options
+    for i, options in enumerate(block_options(len(model.blocks), perf)):
+        if options is not None:
+            model.blocks[i] = checkpoint_wrapper(
+                model.blocks[i], checkpoint_fn=checkpoint, **options
+            )
     config = getattr(model.inner, "config", None)
     longest = getattr(config, "block_size", None) or getattr(config, "max_position_embeddings", 0)
     if isinstance(longest, int) and 0 < longest < spec.model.block_size:

@@ -22,6 +22,8 @@ from nanogpt.config.spec import COMPILE_MODES, Dtype, RunSpec, Strategy
 from nanogpt.config.target_nodes import check_node, require_target
 from nanogpt.record.faults import Fault
 from nanogpt.scenarios import base as scenarios
+from nanogpt.train.checkpoint_rules import check as check_ac
+from nanogpt.train.checkpoint_rules import check_offload
 from nanogpt.train.data import check_data
 from nanogpt.train.lr_schedule import check_schedule
 from nanogpt.train.optim_rules import check_optimizer
@@ -43,8 +45,10 @@ def check(spec: RunSpec, here: bool = True) -> None:
     check_choices(spec)
     check_strategy(spec)
     check_fp8(spec, None)
+    check_ac(spec.perf)
     if here:
         device = check_device(spec.bench.device)
+        check_offload(spec.perf, device.type)
         check_precision(spec, device)
         check_fp8(spec, device)
         check_cuda_graph_warmup(spec, device)

@@ -45,8 +45,7 @@ def start_cluster(nodes: int):
     """Start a cluster of `nodes` nodes; yield the environment its clients need (SLURM_CONF)."""
     if shutil.which("bash") is None:
         pytest.skip("no bash to run scripts/slurm_cluster.sh")
-    state = Path(tempfile.mkdtemp(prefix="nanogpt-slurm-"))
-    os.chmod(state, 0o755)
+    state = Path(tempfile.mkdtemp(prefix="nanogpt-slurm-"))  # 0700: the script opens it
     started = subprocess.run(
         ["bash", str(SCRIPT), "start", str(state), str(nodes)],
         capture_output=True,

@@ -6,17 +6,21 @@ a rank killed on the second node fails its point, naming that node, and the swee
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from nanogpt.analysis import sweep_lock
 from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
-from tests.slurm.conftest import node_names, wait_for
+from nanogpt.frontend.launchers.slurm_queue import unresolvable
+from tests.slurm.conftest import SCRIPT, node_names, squeue, wait_for
 from tests.slurm.test_slurm_sweeps import job_of, measuring, records, run_dir
 
 KILLED_WITHIN_S = 120  # a lost rank ends its point within this (the issue's bound)
@@ -157,3 +161,96 @@ def test_a_sweep_of_one_node_points_spreads_over_both_nodes(slurm2_sweep, slurm2
     table = read_summary(sweep_dir)
     assert sorted(table["batch_size"]) == [1, 2, 3, 4] and set(table["status"]) == {"ok"}
     assert read_result(run_dir(sweep_dir, 0) / "result.json")["world_size"] == 1
+
+
+def test_the_test_cluster_starts_under_a_private_folder(tmp_path):
+    """`scripts/slurm_cluster.sh start "$(mktemp -d)/c" 2`: a folder above DIR is private
+    (0700), which munge's own user cannot pass; its files live where it reaches them, the two
+    nodes come up and run a job, and `stop` leaves no munge folder behind."""
+    private = Path(tempfile.mkdtemp())  # 0700, as mktemp -d makes it
+    assert private.stat().st_mode & 0o777 == 0o700
+    cluster = private / "c"
+    try:
+        started = subprocess.run(
+            ["bash", str(SCRIPT), "start", str(cluster), "2"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == f"export SLURM_CONF={cluster / 'slurm.conf'}"
+        env = {**os.environ, "SLURM_CONF": str(cluster / "slurm.conf")}
+        munge = (cluster / "munge").resolve()
+        assert munge != cluster / "munge" and (munge / "munge.socket").exists()
+        ran = subprocess.run(["srun", "-N", "2", "-n", "2", "printenv", "SLURMD_NODENAME"],
+                             capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        assert len(set(ran.stdout.split())) == 2  # a task on each node
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(cluster)], timeout=120)
+    assert not munge.exists() and not (cluster / "munge").exists()
+    shutil.rmtree(private, ignore_errors=True)
+
+
+PENDING_TIMEOUT_S = 30  # hydra.launcher.pending_timeout_s of the test below
+
+
+def test_a_point_pending_on_a_lost_node_is_cancelled_naming_it_and_the_sweep_goes_on(
+    slurm2_start, slurm2_env, tmp_path
+):
+    """kill -9 of the second node's slurmd under a 2-node point: SLURM requeues its job, which
+    can then only wait on the DOWN node. The sweep cancels it once that has lasted
+    hydra.launcher.pending_timeout_s, records its point `error` naming SLURM's reason and the
+    node, runs the other point (which waited for resources meanwhile: no such reason), writes
+    the table and exits 1."""
+    proc, sweep_dir = slurm2_start(
+        "dist.nproc=2",
+        "dist.nodes=2,1",  # the 1-node point's 2 ranks fit no node beside the 2-node point's
+        "bench.measure_steps=100000",
+        "bench.time_budget_s=120",  # the lost point still runs when SLURM marks its node down
+        f"hydra.launcher.pending_timeout_s={PENDING_TIMEOUT_S}",
+    )
+    first, second = node_names(slurm2_env)
+    conf = Path(slurm2_env["SLURM_CONF"])
+    env = {**os.environ, **slurm2_env}
+    wait_for(lambda: measuring(sweep_dir, 0), 300, "the 2-node point's measured window")
+    job = job_of(sweep_dir, 0)
+    assert f"pid {proc.pid} " in sweep_lock.holder(sweep_dir)  # the submitting process's dir
+    slurmd = int((conf.parent / f"slurmd-{second}.pid").read_text())
+    os.kill(slurmd, signal.SIGKILL)
+    try:
+
+        def stuck() -> bool:  # as SLURM says it: pending for a reason it cannot resolve
+            state = squeue(slurm2_env, "-j", job.split("_")[0], "-o", "%i|%T|%r")
+            line = next((x for x in state.splitlines() if x.startswith(f"{job}|")), "||")
+            return unresolvable(*line.split("|", 2)[1:])
+
+        wait_for(stuck, 400, "the requeued job pending on the lost node")
+        stuck_at = time.time()
+        assert proc.wait(timeout=600) == 1  # the sweep went on, then failed with its table
+    finally:  # the node back for the worker's other tests: its slurmd again, idle
+        subprocess.run(["slurmd", "-f", str(conf), "-N", second], env=env, check=True)
+        wait_for(
+            lambda: sorted(squeue_nodes(env)) == [f"{first} idle", f"{second} idle"],
+            120,
+            "both nodes idle again",
+        )
+    found = records(sweep_dir)
+    lost, other = found["0"], found["1"]
+    assert other["status"] == "ok" and other["nodes"] == 1 and other["slurm_node"] == first
+    assert lost["status"] == "error" and lost["nodes"] == 2, lost
+    assert lost["error"].startswith(
+        f"SlurmJob: job {job} pending over hydra.launcher.pending_timeout_s={PENDING_TIMEOUT_S} s"
+    ), lost["error"]
+    assert "DOWN" in lost["error"] or "ReqNodeNotAvail" in lost["error"]  # SLURM's reason
+    assert f"nodes out: {second} (down" in lost["error"]
+    recorded = (run_dir(sweep_dir, 0) / "result.json").stat().st_mtime
+    assert recorded - stuck_at < PENDING_TIMEOUT_S + 60
+    assert sorted(read_summary(sweep_dir)["status"]) == ["error", "ok"]
+    out = (tmp_path / "sweep.out").read_text()
+    assert "1 point(s) failed" in out and f"[error] SLURM job {job}: pending over" in out
+
+
+def squeue_nodes(env: dict) -> list[str]:
+    states = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env
+    )
+    return states.stdout.splitlines()

@@ -9,6 +9,10 @@ SLURM job. What this class adds, from the submitting side:
   unless set; set to fewer, refused at submit); the first node is the ranks' rendezvous;
 - it waits on the scheduler's own state of each job (squeue keeps ended jobs for MinJobAge),
   not on accounting (sacct), which a cluster may not run; a requeued job is waited for again;
+- a job pending for a reason the cluster cannot resolve by itself (squeue's %r: its nodes DOWN
+  or DRAINED, e.g. requeued after a node was lost under it; its partition down; a hold) for
+  longer than hydra.launcher.pending_timeout_s is cancelled and its run recorded `error`,
+  naming the reason and the nodes out; the sweep goes on (a job waiting for resources waits);
 - a job that ended without a result (scancel, its time limit, a node failure, a rank lost) is
   recorded in its job dir with a status that says so (`cancelled`, `timeout`, `error`), keeping
   what the job measured before SLURM's SIGTERM, and naming the node of a task that died (srun's
@@ -50,10 +54,12 @@ from nanogpt.frontend.launchers.slurm_queue import (
     cancel,
     check_slurm,
     job_log,
+    nodes_out,
     requeues_logged,
     scheduler_states,
     squeue_jobs,
     tasks_lost,
+    unresolvable,
     wait_ended,
 )
 from nanogpt.record.faults import CONFIG_EXIT, describe
@@ -70,6 +76,14 @@ class SlurmLauncher(SubmititSlurmLauncher):
     def setup(self, *, hydra_context, task_function, config) -> None:
         check_slurm()  # before the sweeper writes multirun.yaml
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.stuck: dict[str, str] = {}  # job id -> why the sweep cancelled it (pending)
+        if not self.params["pending_timeout_s"] > 0:
+            print(
+                "error: hydra.launcher.pending_timeout_s: must be positive; give the seconds a "
+                "job may wait on nodes that are down before it is cancelled, e.g. 300",
+                file=sys.stderr,
+            )
+            sys.exit(CONFIG_EXIT)
         limit_s, delay_s = 60 * self.params["timeout_min"], self.params["signal_delay_s"]
         if delay_s + SIGNAL_EARLY_S >= limit_s:
             print(
@@ -135,6 +149,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         params["nodes"], params["tasks_per_node"] = shape
         params["gpus_per_node"] = gpus
         del params["submitit_folder"], params["max_num_timeout"]  # the executor's own
+        del params["pending_timeout_s"]  # this launcher's own
         generic = set(OmegaConf.structured(BaseQueueConf).keys())
         return {key if key in generic else f"slurm_{key}": v for key, v in params.items()}
 
@@ -168,6 +183,8 @@ class SlurmLauncher(SubmititSlurmLauncher):
         failed_since: dict[str, float] = {}  # when a job was first seen ended but not COMPLETED
         followed = dict.fromkeys((job.job_id for job in jobs), 0)  # requeues waited out
         seen: dict[str, str] = {}  # each job's state at the last poll
+        stuck_since: dict[str, float] = {}  # when a job was first seen pending unresolvably
+        ran_on: dict[str, str] = {}  # the nodes a job last ran on
         while True:
             pending = [job for job in jobs if states.get(job.job_id, ("",))[0] not in ENDED]
             if not pending:
@@ -175,7 +192,14 @@ class SlurmLauncher(SubmititSlurmLauncher):
             now = squeue_jobs([job.job_id for job in pending])
             for job in pending:
                 if job.job_id in now:
-                    state, node, started = now[job.job_id]
+                    state, node, started, reason = now[job.job_id]
+                    if node and state == "RUNNING":
+                        ran_on[job.job_id] = node
+                    if not unresolvable(state, reason):
+                        stuck_since.pop(job.job_id, None)
+                    elif self._cancel_stuck(job, reason, stuck_since, ran_on):
+                        states[job.job_id] = ("CANCELLED", ran_on.get(job.job_id, ""))
+                        continue
                     alive_again = state not in ENDED and seen.get(job.job_id) != state
                     seen[job.job_id] = state
                     # A job that submitit requeues (its time limit, a preemption) may read
@@ -210,8 +234,33 @@ class SlurmLauncher(SubmititSlurmLauncher):
                     )
             time.sleep(POLL_S)
 
+    def _cancel_stuck(self, job, reason: str, since: dict[str, float], ran_on: dict) -> bool:
+        """A job pending for `reason`, which the cluster cannot resolve by itself: once that
+        has lasted hydra.launcher.pending_timeout_s, cancel it (say so, one line) and keep why
+        for its record (self.stuck); whether it was cancelled."""
+        bound = float(self.params["pending_timeout_s"])
+        first = since.setdefault(job.job_id, time.time())
+        if time.time() - first < bound:
+            return False
+        cancel([job.job_id])
+        out = nodes_out()
+        why = (
+            f"pending over hydra.launcher.pending_timeout_s={bound:g} s for a reason the "
+            f"cluster cannot resolve by itself ({reason}); nodes out: "
+            + (", ".join(out) or "none listed")
+            + (f"; it ran on {ran_on[job.job_id]} before" if job.job_id in ran_on else "")
+            + "; cancelled by the sweep"
+        )
+        self.stuck[job.job_id] = why
+        print(f"[error] SLURM job {job.job_id}: {why}", file=sys.stderr)
+        return True
+
     def _outcome(self, job, overrides, number: int, state: tuple[str, str]) -> JobReturn:
         """The point's JobReturn; a job that ended without an ok record is recorded here."""
+        if job.job_id in self.stuck:  # cancelled by the sweep: it could never run
+            config = self._job_config(overrides, number, job)
+            error = f"SlurmJob: job {job.job_id} {self.stuck[job.job_id]}"
+            return self._record_outside(config, overrides, job, "error", error, state[1])
         try:  # rank 0's (task 0's): submitit's job.results() would wait for every task's,
             # and for a task that died without one, on accounting (sacct) a cluster may not run
             returned = job.task(0).result() if job.paths.result_pickle.exists() else None

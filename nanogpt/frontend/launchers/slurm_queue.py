@@ -1,9 +1,11 @@
 """What SLURM and submitit say about a sweep's jobs, for `hydra/launcher=slurm`
 (frontend/launchers/slurm.py): whether SLURM is here and answers, each job's state from the
 scheduler
-(squeue keeps ended jobs for MinJobAge; accounting, sacct, may not run), how often a job's
-runs asked to be requeued (submitit's log), and which of its tasks died where (srun's own
-lines in that log). One line and exit 2 where SLURM is missing.
+(squeue keeps ended jobs for MinJobAge; accounting, sacct, may not run), why a pending job
+waits (squeue's %r) and whether the cluster can resolve that by itself (`unresolvable`), which
+nodes are down or drained, how often a job's runs asked to be requeued (submitit's log), and
+which of its tasks died where (srun's own lines in that log). One line and exit 2 where SLURM
+is missing.
 """
 
 from __future__ import annotations
@@ -64,28 +66,63 @@ def check_slurm() -> None:
 
 def scheduler_states(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     """job id -> (state, node) for the jobs the controller still knows (array tasks one each)."""
-    return {jid: (state, node) for jid, (state, node, _) in squeue_jobs(job_ids).items()}
+    return {jid: (state, node) for jid, (state, node, _, _) in squeue_jobs(job_ids).items()}
 
 
-def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str, str, float | None]]:
-    """job id -> (state, node, start time in epoch seconds or None) from squeue."""
+def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str, str, float | None, str]]:
+    """job id -> (state, node, start time in epoch seconds or None, the reason it waits or
+    ended: squeue's %r, "None" when there is none) from squeue."""
     if not job_ids:
         return {}
     arrays = sorted({jid.split("_")[0] for jid in job_ids})
-    command = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S", "-j", ",".join(arrays)]
+    command = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T|%N|%S|%r", "-j", ",".join(arrays)]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     states = {}
     for line in out.splitlines():
-        jid, state, node, start = (line.split("|") + ["", "", ""])[:4]
+        jid, state, node, start, reason = (line.split("|", 4) + ["", "", "", ""])[:5]
         try:  # squeue prints local time, e.g. 2026-11-24T02:49:54 (N/A when unknown)
             started = datetime.fromisoformat(start.strip()).timestamp()
         except ValueError:
             started = None
-        states[jid.strip()] = (state.strip(), node.strip(), started)
+        states[jid.strip()] = (state.strip(), node.strip(), started, reason.strip())
     return states
+
+
+# Why a pending job may wait for ever: what squeue's %r says when the job's nodes are gone
+# (DOWN, DRAINED: e.g. "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher
+# priority partitions", "ReqNodeNotAvail, UnavailableNodes:n2"), its partition cannot run it,
+# it is held, or its dependency can never be met. Waiting for resources, for its priority, for
+# its begin time (a requeued job waits ~2 minutes) or a limit of the user's is no such reason:
+# the cluster resolves those by itself.
+UNRESOLVABLE = (
+    "DOWN", "DRAINED", "ReqNodeNotAvail", "NodeDown", "PartitionDown", "PartitionInactive",
+    "PartitionNodeLimit", "PartitionConfig", "BadConstraints", "DependencyNeverSatisfied",
+    "JobHeld", "held", "InvalidAccount", "InvalidQOS",
+)  # fmt: skip
+
+
+def unresolvable(state: str, reason: str) -> bool:
+    """Whether a job in `state` waits for a reason the cluster cannot resolve by itself."""
+    return state == "PENDING" and any(word in reason for word in UNRESOLVABLE)
+
+
+def nodes_out() -> list[str]:
+    """The cluster's nodes that cannot run jobs, each as 'NODE (down*: Not responding)' (its
+    state and SLURM's reason for it), from sinfo."""
+    command = ["sinfo", "-h", "-N", "-t", "down,drain,fail", "-o", "%N|%T|%E"]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in out.splitlines():
+        node, state, why = (line.split("|", 2) + ["", ""])[:3]
+        why = "" if why.strip() in ("", "none") else f": {why.strip()}"
+        found.append(f"{node.strip()} ({state.strip()}{why})")
+    return list(dict.fromkeys(found))
 
 
 def job_log(job) -> str:

@@ -19,5 +19,6 @@ PLOTS: dict[str, Callable[[Sweep], Figure]] = {
     "memory_anatomy.png": plots.memory_anatomy,
     "speedup.png": plots.of_table(plots.speedup),
     "pareto.png": plots.of_table(plots.pareto),
+    "memory_time.png": plots.of_table(plots.memory_time),
     "bottleneck.png": plots.of_table(bottleneck),
 }
