@@ -123,7 +123,7 @@ $(FLOORS_STAMP): pyproject.toml $(FLOORS)
 	touch $(FLOORS_STAMP)
 
 lock-floors: $(DEV_STAMP)
-	$(BIN)/uv pip compile --quiet --resolution lowest-direct pyproject.toml --extra transformers requirements/floors.in $(LOCK_FOR) -o $(FLOORS)
+	$(BIN)/uv pip compile --quiet --upgrade --resolution lowest-direct pyproject.toml --extra transformers requirements/floors.in $(LOCK_FOR) -o $(FLOORS)
 
 # Resolve both locks again from pyproject.toml's ranges (every extra) and requirements/*.in,
 # taking the newest each allows (uv, pinned in the lock itself). Then `make test test-compat`
