@@ -24,10 +24,14 @@ DEV_STAMP := $(VENV)/.installed-dev
 COMPAT_VENV := .venv-compat
 COMPAT_LOCK := requirements/lock-compat.txt
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
-# the platform both locks are resolved for: CI's (CPython 3.11, x86-64 Linux)
+# the third, of make test-floors: pyproject's lower bounds (requirements/floors.txt)
+FLOORS_VENV := .venv-floors
+FLOORS := requirements/floors.txt
+FLOORS_STAMP := $(FLOORS_VENV)/.installed
+# the platform the locks are resolved for: CI's (CPython 3.11, x86-64 Linux)
 LOCK_FOR := --python-version 3.11 --python-platform x86_64-manylinux_2_28
 
-.PHONY: setup setup-dev sweep test test-fast test-compat test-gpu test-slurm lint bench lock clean
+.PHONY: setup setup-dev sweep test test-fast test-compat test-floors test-gpu test-slurm lint bench lock lock-floors clean
 
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
@@ -98,6 +102,29 @@ $(COMPAT_STAMP): pyproject.toml $(COMPAT_LOCK)
 	$(COMPAT_VENV)/bin/pip install --quiet -c $(COMPAT_LOCK) torch -e ".[dev,transformers]"
 	touch $(COMPAT_STAMP)
 
+# The floors: pyproject.toml's lower bounds, each direct dependency at the oldest release its
+# range allows, on the oldest torch (requirements/floors.txt; `make lock-floors` resolves it
+# again), in a third venv with pytest alone beside them. It runs the `compat` tests and a slice
+# that reaches every floor: Hydra's sweeps and the record (test_config, test_runs), the table
+# and its parquet and plots (pandas, pyarrow, matplotlib: test_table, test_analysis, test_compare),
+# W&B offline, the tune sweeper (optuna), time to loss (scipy). The first line names its versions.
+FLOORS_SLICE := tests/test_config.py tests/test_runs.py tests/test_table.py tests/test_compare.py \
+	tests/test_wandb.py tests/test_tune.py tests/test_time_to_loss.py
+
+test-floors: $(FLOORS_STAMP)
+	$(FLOORS_VENV)/bin/python -c 'from importlib.metadata import version as v; print("test-floors:", *(f"{p} {v(p)}" for p in ("torch", "pandas", "numpy", "hydra-core", "matplotlib", "pyarrow", "wandb", "optuna", "scipy", "transformers")))'
+	$(FLOORS_VENV)/bin/python -m pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "compat and not alone and not slurm" --durations=10
+	$(FLOORS_VENV)/bin/python -m pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder $(FLOORS_SLICE) --durations=10
+	$(FLOORS_VENV)/bin/python -m pytest -q -m "not slow" tests/test_analysis.py
+
+$(FLOORS_STAMP): pyproject.toml $(FLOORS)
+	test -x $(FLOORS_VENV)/bin/python || $(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/pip install --quiet -c $(FLOORS) torch -e ".[transformers]" pytest pytest-xdist
+	touch $(FLOORS_STAMP)
+
+lock-floors: $(DEV_STAMP)
+	$(BIN)/uv pip compile --quiet --upgrade --resolution lowest-direct pyproject.toml --extra transformers requirements/floors.in $(LOCK_FOR) -o $(FLOORS)
+
 # Resolve both locks again from pyproject.toml's ranges (every extra) and requirements/*.in,
 # taking the newest each allows (uv, pinned in the lock itself). Then `make test test-compat`
 # on the new lock, and commit it with what it changed (docs/install.md).
@@ -106,4 +133,4 @@ lock: $(DEV_STAMP)
 	$(BIN)/uv pip compile --quiet --upgrade pyproject.toml --all-extras requirements/compat.in $(LOCK_FOR) -o $(COMPAT_LOCK)
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) multirun outputs build dist *.egg-info
+	rm -rf $(VENV) $(COMPAT_VENV) $(FLOORS_VENV) multirun outputs build dist *.egg-info

@@ -18,6 +18,7 @@ import pytest
 import torch
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from nanogpt.analysis import versions
 
@@ -82,6 +83,23 @@ def test_both_locks_differ_in_torch_and_what_torch_pins_alone():
         and not name.startswith("nvidia-")
     }
     assert not differ, differ
+
+
+def test_the_floors_file_pins_pyprojects_lower_bounds():
+    """requirements/floors.txt (make lock-floors, run by make test-floors) holds each direct
+    dependency at its pyproject.toml floor: a floor raised without resolving the file again
+    would leave the old release as the one tested (2.1 pins 2.1.x; 12.535, 12.535.77)."""
+    toml = pytest.importorskip("tomllib")  # Python 3.11+
+    project = toml.loads((REPO / "pyproject.toml").read_text())["project"]
+    floors = _pins(REPO / "requirements" / "floors.txt")
+    off = []
+    for line in [*project["dependencies"], *project["optional-dependencies"]["transformers"]]:
+        req = Requirement(line)
+        (bound,) = [Version(s.version) for s in req.specifier if s.operator == ">="]
+        (pin,) = [Version(s.version) for s in floors[canonicalize_name(req.name)].specifier]
+        if pin.release[: len(bound.release)] != bound.release or pin not in req.specifier:
+            off.append(f"{req.name}: pyproject {req.specifier}, floors.txt {pin}")
+    assert not off, f"{off}; resolve it again: make lock-floors, then make test-floors"
 
 
 POINTS = [
