@@ -31,7 +31,7 @@ FLOORS_STAMP := $(FLOORS_VENV)/.installed
 # the platform the locks are resolved for: CI's (CPython 3.11, x86-64 Linux)
 LOCK_FOR := --python-version 3.11 --python-platform x86_64-manylinux_2_28
 
-.PHONY: setup setup-dev sweep test test-fast test-compat test-floors test-gpu test-slurm lint bench lock lock-floors clean
+.PHONY: setup setup-dev sweep test test-heavy test-fast test-compat test-floors test-gpu test-slurm lint bench lock lock-floors clean
 
 setup: $(STAMP)
 setup-dev: $(DEV_STAMP)
@@ -63,8 +63,15 @@ sweep: $(STAMP)
 JOBS ?= 3
 
 test: $(DEV_STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "not alone and not slurm" --durations=20
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "not alone and not slurm and not heavy" --durations=20
 	$(BIN)/python -m pytest -q -m "alone and not slurm" tests/test_alone.py --durations=5
+
+# The tests marked `heavy` (tests/test_compile_economics.py: each way of compiling a model, from
+# cold, warm and artifact caches, Inductor's g++ each time): minutes of compiling on 2 cores, so
+# they are not in make test; .ci/run runs them after it (a file to a worker, its module's
+# sweeps once).
+test-heavy: $(DEV_STAMP)
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "heavy and not slurm" --durations=10
 
 test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "not slow" --durations=10

@@ -71,6 +71,7 @@ def _scope_sweep(root: Path, overrides: list[str]) -> dict[str, dict]:
 
 
 @pytest.mark.slow  # Inductor compiles (g++), twice a model
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", MODELS)
 def test_compiling_each_block_matches_the_whole_model(name, tmp_path):
     overrides, blocks = MODELS[name]
@@ -121,6 +122,7 @@ def preset_sweep(tmp_path_factory):
 
 
 @pytest.mark.slow  # Inductor compiles (g++): the cold points, the priming runs
+@pytest.mark.heavy
 def test_each_cache_is_named_and_orders_the_time_to_first_step(preset_sweep):
     _, records, _, sweep_dir = preset_sweep
     assert set(records) == {
@@ -158,6 +160,7 @@ def test_each_cache_is_named_and_orders_the_time_to_first_step(preset_sweep):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_users_own_inductor_cache_is_untouched(preset_sweep):
     _, _, users, _ = preset_sweep
     # torch's import may create the dir it names; nothing is written in it
@@ -165,6 +168,7 @@ def test_the_users_own_inductor_cache_is_untouched(preset_sweep):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_time_to_first_steps_parts_sum_to_it(preset_sweep):
     _, records, _, _ = preset_sweep
     parts = [f"ttfs_{p}_s" for p in ("process", "build", "setup", "dynamo", "inductor")]
@@ -184,6 +188,7 @@ def test_time_to_first_steps_parts_sum_to_it(preset_sweep):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_preset_says_where_each_way_of_compiling_pays_off(preset_sweep):
     import pandas as pd
 
