@@ -208,7 +208,8 @@ def test_the_preset_says_where_each_way_of_compiling_pays_off(preset_sweep):
         saving = first[1] + 1999 * step[1] - (first[0] + 1999 * step[0])
         assert row["planned_saving_s"] == pytest.approx(saving, rel=1e-6)
         if said.startswith("never pays"):
-            assert step[0] >= step[1] and pd.isna(row["compile_breakeven_steps"])
+            # (summary.csv leaves out a column empty in every row: all ways may never pay)
+            assert step[0] >= step[1] and pd.isna(row.get("compile_breakeven_steps"))
         else:
             assert row["compile_breakeven_steps"] == pytest.approx(
                 max(0.0, first[0] - first[1]) / (step[1] - step[0]), rel=1e-6
