@@ -272,7 +272,7 @@ def cli() -> None:
     # exits non-zero instead, and torchrun stops them.
     world = World.from_env()
     if not world.is_main:
-        sys.exit(_follow())
+        world.exit(_follow())
     from nanogpt.frontend.presets import expose_checkout_plugins
 
     # Registered first, so run last of the exit's handlers (files, logs and the launcher's
@@ -287,7 +287,9 @@ def cli() -> None:
     except SystemExit as stop:
         if stop.code:
             raise
-    _release_followers(world)
+    if world.size > 1:
+        _release_followers(world)
+        world.exit(0)
 
 
 if __name__ == "__main__":

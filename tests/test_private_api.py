@@ -23,6 +23,7 @@ USES = [  # (pattern, the name it is listed by; None: the match itself)
     (re.compile(r"\bos\.dup2\([^)]*,\s*2\)"), "fd 2"),
     (re.compile(r"\bscaler\._[a-z]\w*"), "GradScaler._scale"),
     (re.compile(r"\bsetattr\(event\b"), "FunctionEvent attributes"),
+    (re.compile(r"\batexit\._\w+"), None),
 ]
 
 

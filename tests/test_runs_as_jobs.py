@@ -107,8 +107,9 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     sends it) under hydra/launcher=parallel, then the same command: it completes, where every
     rerun used to stop at once on the earlier attempt's `interrupted` record."""
     sweep_dir = tmp_path / "sweep"
-    # each evaluation reads 200 batches: a run lasts seconds, the signal lands inside it
-    args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=200", *PARALLEL)
+    # each evaluation reads 4000 batches, half a second of a fast core (a Zen 5's), a run
+    # twice that: the signal, 0.3 s after the run's start, lands inside it
+    args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=4000", *PARALLEL)
     args = [a.replace("optimizer.lr=1e-2,2e-2", "optimizer.lr=1e-2") for a in args]  # 1 point
     command = [sys.executable, "-m", "nanogpt.run", *args]
     with in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
@@ -119,7 +120,7 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
             proc,
             every=0.02,
         )
-        time.sleep(0.5)
+        time.sleep(0.3)
         _, err = interrupt(proc)
         assert proc.returncode == 130, err.decode()[-3000:]
     assert read_result(sweep_dir / "0" / "run-1" / "result.json")["status"] == "interrupted"

@@ -231,4 +231,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main_or_disk_error(sys.argv[1:]))
+    # a rank of a data-parallel world ends by World.exit: no interpreter teardown to abort it
+    World.from_env().exit(main_or_disk_error(sys.argv[1:]))
