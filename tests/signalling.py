@@ -51,17 +51,24 @@ def wait_until(
 
 
 def interrupt(
-    proc: subprocess.Popen, sig: int = signal.SIGINT, group: bool = True, timeout: float = 120.0
+    proc: subprocess.Popen,
+    sig: int = signal.SIGINT,
+    group: bool = True,
+    timeout: float = 120.0,
+    held: list[psutil.Process] = (),
 ) -> tuple:
     """One signal, as a terminal sends Ctrl-C (SIGINT to the process group) or a scheduler
     SIGTERM (to the group, or with group=False to the process alone), then wait for the exit
     (proc.returncode): what it wrote to the pipes it has, as `communicate` gives it, or a
-    failure naming every process's SIGINT state (ignored, blocked, caught)."""
+    failure naming every process's SIGINT state (ignored, blocked, caught). `held`: processes
+    the test stopped (SIGSTOP) to pin where the signal lands, resumed once it is sent."""
     try:
         pids = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
     except psutil.NoSuchProcess:
         pids = [proc.pid]
     (os.killpg if group else os.kill)(proc.pid, sig)
+    for stopped in held:
+        stopped.resume()
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

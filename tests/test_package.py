@@ -50,7 +50,7 @@ def installed(tmp_path_factory):
     """(the wheel, the fresh venv's bin dir, an env without this checkout on PYTHONPATH)."""
     root = tmp_path_factory.mktemp("package")
     source = root / "source"  # a copy: the build writes build/ and *.egg-info beside its input
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*SKIP_DIRS, "*.egg-info"))
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*SKIP_DIRS, ".venv*", "*.egg-info"))
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), ".", cwd=source)
     [wheel] = (root / "dist").glob("nanogpt_sweep-*.whl")
 

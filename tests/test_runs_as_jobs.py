@@ -5,14 +5,15 @@ sweeps of micro time-to-loss points on tinyshakespeare."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from nanogpt.analysis.store import read_result
@@ -100,6 +101,20 @@ def test_a_killed_sweep_rerun_measures_only_its_missing_runs(tmp_path, launcher)
     assert table["ttl_run_order"].iloc[1] == ttl.ALTERNATED
 
 
+def measuring(proc: subprocess.Popen, run_log: Path) -> list[psutil.Process]:
+    """The process that measures a run, once it runs: in proc's tree, the child of the run's
+    job process (a fork of the slot's fork server) with the run's log open, as its parent has."""
+
+    def logs_the_run(process: psutil.Process) -> bool:
+        return str(run_log) in {f.path for f in process.open_files()}
+
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if logs_the_run(child) and logs_the_run(child.parent()) and not child.children():
+                return [child]
+    return []
+
+
 @needs_shared
 @pytest.mark.slow
 def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_resumes(tmp_path):
@@ -107,21 +122,22 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     sends it) under hydra/launcher=parallel, then the same command: it completes, where every
     rerun used to stop at once on the earlier attempt's `interrupted` record."""
     sweep_dir = tmp_path / "sweep"
-    # each evaluation reads 4000 batches, half a second of a fast core (a Zen 5's), a run
-    # twice that: the signal, 0.3 s after the run's start, lands inside it
-    args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=4000", *PARALLEL)
+    # each evaluation reads 1000 batches: a run lasts a few tenths of a second on a fast core
+    args = ttl_args(sweep_dir, "bench.repeats=2", "bench.eval_batches=1000", *PARALLEL)
     args = [a.replace("optimizer.lr=1e-2,2e-2", "optimizer.lr=1e-2") for a in args]  # 1 point
     command = [sys.executable, "-m", "nanogpt.run", *args]
+    run_log = sweep_dir / "0" / "run-1" / "run.log"
     with in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
-        # the run has started
+        found = []
         wait_until(
-            lambda: (sweep_dir / "0" / "run-1" / "job.json").is_file(),
-            "run 1 never started",
-            proc,
-            every=0.02,
+            lambda: found.extend(measuring(proc, run_log)) or found, "run 1", proc, every=0.01
         )
-        time.sleep(0.3)
-        _, err = interrupt(proc)
+        # The process measuring run 1 is held (SIGSTOP) while the terminal's Ctrl-C goes to the
+        # whole group, so the signal lands inside the run however fast the machine; the other
+        # processes take it wherever they are, as a user's Ctrl-C finds them.
+        found[0].suspend()
+        assert not (run_log.parent / "result.json").exists(), "run 1 ended before it was held"
+        _, err = interrupt(proc, held=found)
         assert proc.returncode == 130, err.decode()[-3000:]
     assert read_result(sweep_dir / "0" / "run-1" / "result.json")["status"] == "interrupted"
     again = run_cli(*args, cwd=tmp_path)  # the same command
