@@ -105,18 +105,21 @@ class World:
     def exit(self, code: int) -> NoReturn:
         """End this rank's process with `code`, its work done and recorded.
 
-        In a world of one: sys.exit. Otherwise the process group is destroyed, the exit's
-        handlers run (logging's flush, W&B's, the files' and the launcher's) and the process
-        ends without the interpreter's teardown. That teardown can abort a rank that did all its
-        work: gloo's worker threads outlive destroy_process_group (DDP's reducer keeps the group
-        alive from C++), and one that releases a finished collective's tensor while Python
-        finalizes asks for the GIL, is ended by the interpreter and calls std::terminate
-        ("terminate called without an active exception", SIGABRT; PyTorch issue 190489). On
-        a loaded machine it took one torchrun run in about ten (torch 2.11, 2 ranks, 2 cores).
+        In a world of one: sys.exit. Otherwise the process group is destroyed (after success
+        alone: after a failure a peer may still be stuck in a collective, which gloo's
+        destructor would wait for), the exit's handlers run (logging's flush, W&B's, the
+        files' and the launcher's) and the process ends without the interpreter's teardown.
+        That teardown can abort a rank that did all its work: gloo's worker threads outlive
+        destroy_process_group (DDP's reducer keeps the group alive from C++), and one that
+        releases a finished collective's tensor while Python finalizes asks for the GIL, is
+        ended by the interpreter and calls std::terminate ("terminate called without an active
+        exception", SIGABRT; PyTorch issue 190489). On a loaded machine it took one torchrun
+        run in about ten (torch 2.11, 2 ranks, 2 cores).
         """
         if self.size == 1:
             sys.exit(code)
-        self.shutdown()
+        if code == 0:
+            self.shutdown()
         atexit._run_exitfuncs()  # what a normal exit would run first (CPython's own hook)
         sys.stdout.flush()
         sys.stderr.flush()
