@@ -37,17 +37,19 @@ def wait_until(
     proc: subprocess.Popen | None = None,
     timeout: float = 240.0,
     every: float = 0.1,
-) -> None:
-    """Poll `ready()` until it holds; fail naming `what` when `timeout` passes first, or when
-    `proc` exits before it (with the tail of its stderr, where it was piped)."""
+) -> object:
+    """Poll `ready()` until it holds and return what it gave; fail naming `what` when `timeout`
+    passes first, or when `proc` exits before it (with the tail of its stderr, where it was
+    piped)."""
     deadline = time.monotonic() + timeout
-    while not ready():
+    while not (found := ready()):
         if proc is not None and proc.poll() is not None:
             err = proc.stderr.read() if proc.stderr else ""
             err = err.decode(errors="replace") if isinstance(err, bytes) else err
             raise AssertionError(f"exited ({proc.returncode}) before {what}: {err[-3000:]}")
         assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
         time.sleep(every)
+    return found
 
 
 def interrupt(
@@ -55,7 +57,7 @@ def interrupt(
     sig: int = signal.SIGINT,
     group: bool = True,
     timeout: float = 120.0,
-    held: list[psutil.Process] = (),
+    held: tuple[psutil.Process, ...] = (),
 ) -> tuple:
     """One signal, as a terminal sends Ctrl-C (SIGINT to the process group) or a scheduler
     SIGTERM (to the group, or with group=False to the process alone), then wait for the exit

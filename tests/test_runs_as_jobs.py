@@ -101,7 +101,7 @@ def test_a_killed_sweep_rerun_measures_only_its_missing_runs(tmp_path, launcher)
     assert table["ttl_run_order"].iloc[1] == ttl.ALTERNATED
 
 
-def measuring(proc: subprocess.Popen, run_log: Path) -> list[psutil.Process]:
+def measuring(proc: subprocess.Popen, run_log: Path) -> psutil.Process | None:
     """The process that measures a run, once it runs: in proc's tree, the child of the run's
     job process (a fork of the slot's fork server) with the run's log open, as its parent has."""
 
@@ -111,8 +111,8 @@ def measuring(proc: subprocess.Popen, run_log: Path) -> list[psutil.Process]:
     for child in psutil.Process(proc.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if logs_the_run(child) and logs_the_run(child.parent()) and not child.children():
-                return [child]
-    return []
+                return child
+    return None
 
 
 @needs_shared
@@ -128,16 +128,13 @@ def test_ctrl_c_mid_run_of_a_target_sweep_under_the_parallel_launcher_then_it_re
     command = [sys.executable, "-m", "nanogpt.run", *args]
     run_log = sweep_dir / "0" / "run-1" / "run.log"
     with in_terminal(command, tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
-        found = []
-        wait_until(
-            lambda: found.extend(measuring(proc, run_log)) or found, "run 1", proc, every=0.01
-        )
+        run_1 = wait_until(lambda: measuring(proc, run_log), "run 1", proc, every=0.01)
         # The process measuring run 1 is held (SIGSTOP) while the terminal's Ctrl-C goes to the
         # whole group, so the signal lands inside the run however fast the machine; the other
         # processes take it wherever they are, as a user's Ctrl-C finds them.
-        found[0].suspend()
+        run_1.suspend()
         assert not (run_log.parent / "result.json").exists(), "run 1 ended before it was held"
-        _, err = interrupt(proc, held=found)
+        _, err = interrupt(proc, held=(run_1,))
         assert proc.returncode == 130, err.decode()[-3000:]
     assert read_result(sweep_dir / "0" / "run-1" / "result.json")["status"] == "interrupted"
     again = run_cli(*args, cwd=tmp_path)  # the same command
