@@ -4,7 +4,8 @@ process that measures it (record/compile.py holds the figures).
 Dynamo and Inductor count as they work, process-wide (torch._dynamo.utils):
 - counters["graph_break"]: reason -> breaks taken for it (a break splits the model into graphs
   that run with Python between them);
-- counters["stats"]["unique_graphs"]: the graphs captured;
+- counters["stats"]["unique_graphs"]: the graphs captured, and ["calls_captured"]: the calls
+  put into them (what the backend is given to compile);
 - get_compilation_metrics(): a CompilationMetrics per frame compiled (the last 64); one whose
   `recompile_reason` is set compiled a frame again because a guard failed (a new shape, a
   changed Python value). One inside the measured steps put a compile into a timed step;
@@ -66,6 +67,7 @@ class CompileProbe:
             part.graph_break_reasons = [_reason(r, n) for r, n in breaks.items()][:REASONS_KEPT]
         graphs = _grown(now["stats"], before["stats"])
         part.graphs = None if graphs is None else graphs.get("unique_graphs", 0)
+        part.graph_calls = None if graphs is None else graphs.get("calls_captured", 0)
         skips = _grown(now["inductor"], before["inductor"])
         part.cudagraph_skips = None if skips is None else skips.get("cudagraph_skips", 0)
         aot = _grown(now["aot_autograd"], before["aot_autograd"])

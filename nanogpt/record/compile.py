@@ -18,6 +18,10 @@ class CompilePart:
     graph_breaks: int | None = None  # counters["graph_break"]: breaks Dynamo took, all reasons
     graph_break_reasons: list | None = json_only()  # the first few: "reason (xN)"
     graphs: int | None = None  # counters["stats"]["unique_graphs"]: graphs Dynamo captured
+    # counters["stats"]["calls_captured"]: the calls (ops, modules, methods) put into those
+    # graphs, the work handed to the backend; a code object compiled once for every block that
+    # shares it is counted once
+    graph_calls: int | None = None
     recompiles: int | None = None  # frames compiled again after a guard failed
     recompile_reasons: list | None = json_only()  # the first few guard failures
     # of them, during the measured steps: unsteady
