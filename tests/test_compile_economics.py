@@ -9,7 +9,7 @@ with each block compiled, every point in its own process with its own empty Indu
 the same losses, the record names the blocks, and the calls Dynamo handed the backend are fewer
 than the whole model's (it compiles the blocks' class once; the seconds are
 benchmarks/compile_scope.py's). Each block compiled steps every optimizer as the eager model
-does, and under FSDP2 (two gloo ranks under torchrun) trains as the eager sharded twin.
+does, and under DDP and FSDP2 (two gloo ranks under torchrun) trains as its eager twin.
 
 Caches, time to first step, pay-off: the CPU preset (+sweep=compile_economics_cpu) run once for
 the module; the pay-off's arithmetic on a hand-made table.
@@ -142,21 +142,29 @@ def test_each_block_compiled_steps_every_optimizer_as_eager_does(tmp_path):
         assert compiled["graph_breaks"] == 0 and compiled["recompiles_in_window"] == 0, name
 
 
+# each strategy's wrapping, compiled by block and eager: FSDP2 compiles each block, then shards
+# it (torchtitan's order); DDP wraps the model whose blocks were compiled in place
+WRAPPINGS = {
+    "fsdp2": ("fsdp2(model, compile(block) x 2)", "fsdp2(model, block x 2)"),
+    "ddp": ("ddp(model) with compile(block) x 2", "ddp(model)"),
+}
+
+
 @pytest.mark.slow  # two gloo ranks under torchrun, each compiling its blocks (g++)
 @pytest.mark.heavy
-def test_each_block_compiled_before_fsdp2_shards_it_trains_as_eager(tmp_path):
-    """Under FSDP2 a compiled point compiles each block, then shards it (torchtitan's order),
-    whatever perf.compile_scope says: two ranks under torchrun train as the eager sharded twin."""
-    fsdp2 = ["dist.nproc=2", "dist.strategy=fsdp2", "perf.compile_scope=blocks"]
-    records = _with_eager_twins(tmp_path, fsdp2)
+@pytest.mark.parametrize("strategy", WRAPPINGS)
+def test_each_block_compiled_under_two_data_parallel_ranks_trains_as_eager(strategy, tmp_path):
+    """Two ranks under torchrun, each block compiled before DDP wraps the model or FSDP2 shards
+    the block: they train as the eager twin of the same strategy."""
+    parallel = ["dist.nproc=2", f"dist.strategy={strategy}", "perf.compile_scope=blocks"]
+    records = _with_eager_twins(tmp_path, parallel)
     compiled, eager = records[True,], records[False,]
     _assert_trains_as_eager(compiled, eager)
     assert compiled["world_size"] == eager["world_size"] == 2
-    assert compiled["model_wrapping"] == "fsdp2(model, compile(block) x 2)"
-    assert eager["model_wrapping"] == "fsdp2(model, block x 2)"
+    assert (compiled["model_wrapping"], eager["model_wrapping"]) == WRAPPINGS[strategy]
     assert compiled["compiled_blocks"] == "blocks: 2 x Block"
     # FSDP2's hooks around each block (torch marks them dynamo-disabled) run eagerly, outside
-    # the block's graph: no break
+    # the block's graph, and DDP's are outside the compiled blocks: no break
     assert compiled["graph_breaks"] == 0 and compiled["recompiles_in_window"] == 0
 
 
