@@ -5,6 +5,7 @@ killed when the job gives up waiting, and the sweep's own process never imports 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -91,3 +92,55 @@ def test_the_entry_point_run_again_in_a_child_imports_nothing_heavy():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+# A CPU slot of the parallel launcher forks its points itself (forkserver.fork_here). A Ctrl-C
+# that lands while it forks would run its KeyboardInterrupt inside Python's at-fork handlers,
+# which report it as "ignored" and drop it: the point would be measured whole and the sweep run
+# on to exit 0. Here an at-fork handler sends the Ctrl-C at that moment, once.
+CTRL_C_IN_FORK = """
+import json, os, signal, sys
+from pathlib import Path
+from hydra import compose, initialize_config_dir
+from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.presets import CONF_DIR
+from nanogpt.runner import forkserver
+from nanogpt.runner.handoff import Handoff, Job
+
+folder, overrides = Path(sys.argv[1]), sys.argv[2:]
+with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    spec = to_spec(compose("config", overrides=overrides))
+sent = []
+
+def ctrl_c_mid_fork():
+    if not sent:
+        sent.append(os.getpid())
+        os.kill(os.getpid(), signal.SIGINT)
+
+forkserver.fork_here()
+os.register_at_fork(before=ctrl_c_mid_fork)
+try:
+    outcome = forkserver.run_forked(Handoff("point", spec, Job(folder)), folder)
+except KeyboardInterrupt:
+    print(json.dumps({"raised": True}))
+else:
+    print(json.dumps({"raised": False, "interrupted": outcome.interrupted,
+                      "exit": outcome.returncode, "sent": bool(sent)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_while_a_slot_forks_its_point_is_not_lost(tmp_path):
+    """The fork runs with SIGINT and SIGTERM held (process.signals_held): the Ctrl-C is raised
+    once the child exists and passed on to it (it came before the child was), which exits as
+    interrupted (130) before it measures; the wait says so, and the job records the point as
+    interrupted (runner/job.py)."""
+    overrides = with_micro(["bench.measure_steps=400", "bench.min_measure_steps=400"])
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_IN_FORK, str(tmp_path), *overrides],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"raised": False, "interrupted": True, "exit": 130, "sent": True}
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr

@@ -42,8 +42,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nanogpt.record.faults import interrupted_exit
 from nanogpt.runner.handoff import Handoff, take_answer
-from nanogpt.runner.process import FORK_UNSAFE, Outcome, run_child, wait_for
+from nanogpt.runner.process import (
+    FORK_UNSAFE,
+    HELD,
+    Outcome,
+    run_child,
+    signals_held,
+    wait_for,
+)
 
 log = logging.getLogger(__name__)
 PRELOAD = ["nanogpt.runner.forkserver_preload"]
@@ -64,16 +72,22 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
     handoff.write(folder)
     server = _server(logs_to_wandb=handoff.spec.logger.backend == "wandb")
     process = server.Process(target=_forked_main, args=(str(folder), handoff.task, env or {}))
+    held: list[int] = []
     try:
-        process.start()
+        # Ctrl-C or SIGTERM while the child starts is raised once it has: in a CPU slot
+        # (fork_here) this process forks, and one raised inside the fork would be lost
+        with signals_held() as held:
+            process.start()
     except (OSError, EOFError) as exc:  # the server did not start, or died in its preload
         log.warning(
             "no fork server (%s: %s); points now start fresh interpreters", type(exc).__name__, exc
         )
         _fork_safe = False
+        for signum in held[:1]:  # no child started: raised here, before another is
+            signal.raise_signal(signum)
         return run_child(handoff, folder, env=env)
     child = _Forked(process)
-    interrupted = wait_for(child)
+    interrupted = wait_for(child, held)
     if child.returncode == FORK_UNSAFE:
         log.warning("CUDA was initialised before the fork; points now start fresh interpreters")
         _fork_safe = False
@@ -84,11 +98,20 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
 def _forked_main(folder: str, task: str, env: dict) -> None:
     """The child's entry: worker.forked_main, named here so that the sweep's process, which
     pickles the target by name, need not import the worker (and torch); the server has."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held by the server's preload
-    gc.freeze()  # what the child inherited (a slot's compositions too) is never walked here
-    from nanogpt.runner.worker import forked_main
+    # A server's child starts as the server is: SIGINT held (its preload), SIGTERM ignored. A
+    # child of a slot's own fork (fork_here) inherits signals_held's: both held, handlers that
+    # only note them. Either starts here as the server's does, Ctrl-C raising, SIGTERM ignored
+    # until the worker handles it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # one that came meanwhile: raised here
+        gc.freeze()  # what the child inherited (a slot's compositions too) is never walked here
+        from nanogpt.runner.worker import forked_main
 
-    forked_main(folder, task, env)
+        forked_main(folder, task, env)
+    except KeyboardInterrupt:  # before the worker could record anything: the job records the
+        sys.exit(interrupted_exit())  # point as interrupted (it had the Ctrl-C too)
 
 
 def slot_context(logs_to_wandb: bool) -> multiprocessing.context.BaseContext | None:

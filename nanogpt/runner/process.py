@@ -9,11 +9,13 @@ orphan still measuring.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,8 @@ from nanogpt.runner.handoff import Handoff, take_answer
 # After Ctrl-C, how long the child gets to write its figures before it is told again (SIGINT)
 # and then killed (SIGKILL).
 INTERRUPT_GRACE_S = 10.0
+# The signals whose handlers raise (Ctrl-C's KeyboardInterrupt, SIGTERM's faults.Stopped)
+HELD = frozenset({signal.SIGINT, signal.SIGTERM})
 PR_SET_PDEATHSIG = 1  # prctl(2) option, from <linux/prctl.h>
 
 FORK_UNSAFE = 86  # exit code: a forked child found CUDA touched before the fork (runner/worker.py)
@@ -69,9 +73,33 @@ def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None =
     return Outcome(take_answer(folder, handoff.task), proc.returncode, interrupted)
 
 
-def wait_for(proc) -> bool:
+@contextlib.contextmanager
+def signals_held(signums=HELD) -> Iterator[list[int]]:
+    """Hold `signums` while the block runs, and yield the list of those that came meanwhile
+    (in order); the caller raises them where it can handle them (signal.raise_signal).
+
+    A handler that raises must not run in the middle of some things. Inside a fork, Python runs
+    its at-fork handlers (logging's locks, random's reseed), and an exception raised there is
+    reported as "ignored" and dropped: a Ctrl-C that lands there is lost, and the sweep would
+    run on and exit 0. Mid-way through starting a parallel launcher's slots, a slot would be left
+    with nothing to read. Here they are blocked in this thread, and a handler that notes them
+    takes them where another thread gets one; mask and handlers are restored after."""
+    held: list[int] = []
+    handlers = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in signums}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield held
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending one runs the note
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def wait_for(proc, held: list[int] | None = None) -> bool:
     """Wait for the child to exit; True if Ctrl-C or SIGTERM came meanwhile. `proc` is a
-    subprocess.Popen or anything with its wait(timeout), send_signal and kill.
+    subprocess.Popen or anything with its wait(timeout), send_signal and kill. `held`: the
+    signals that came while the child started (signals_held), raised first, as if they had come
+    now.
 
     Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so the child gets it
     too: it records what it measured as `interrupted` and exits. It gets INTERRUPT_GRACE_S to do
@@ -82,6 +110,10 @@ def wait_for(proc) -> bool:
     kills the child first: it must not run on after this process has given its point up.
     """
     try:
+        for signum in (held or [])[:1]:  # its handler raises: KeyboardInterrupt or Stopped
+            if signum == signal.SIGINT:  # it came before the child was: passed on now
+                proc.send_signal(signum)
+            signal.raise_signal(signum)
         proc.wait()
         return False
     except Stopped:

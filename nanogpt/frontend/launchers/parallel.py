@@ -79,9 +79,9 @@ from nanogpt.hardware.slots import check_counts, enter, gpus_for, host_cores, pl
 from nanogpt.record.faults import CONFIG_EXIT, Stopped, handle_sigterm
 from nanogpt.runner import forkserver, placement
 from nanogpt.runner.job import Outcome
+from nanogpt.runner.process import HELD, signals_held
 
 log = logging.getLogger(__name__)
-HELD = {signal.SIGINT, signal.SIGTERM}  # blocked in a slot until it handles them
 POINT_KEYS = ("bench.device",)  # what the launcher reads of each point: its device (the slots)
 
 
@@ -361,19 +361,12 @@ def _held():
     """SIGINT and SIGTERM held while the slots start, then raised (to their own handlers:
     KeyboardInterrupt, Stopped). Raised mid-start, they would leave a slot started with nothing
     to read. A slot inherits the mask of the thread that starts it, so there they stay blocked
-    until _slot can handle them; here another thread may take them, so a handler holds them."""
-    held: list[int] = []
-    handlers = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in HELD}
+    until _slot can handle them."""
     resource_tracker.ensure_running()  # started later, it would unblock both as it returns
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
-    try:
+    with signals_held(HELD) as held:
         yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-    if held:
-        signal.raise_signal(held[0])
+    for signum in held[:1]:
+        signal.raise_signal(signum)
 
 
 def _where(task_function) -> tuple[str, str]:
