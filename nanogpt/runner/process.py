@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,8 +84,12 @@ def signals_held(signums=HELD) -> Iterator[list[int]]:
     reported as "ignored" and dropped: a Ctrl-C that lands there is lost, and the sweep would
     run on and exit 0. Mid-way through starting a parallel launcher's slots, a slot would be left
     with nothing to read. Here they are blocked in this thread, and a handler that notes them
-    takes them where another thread gets one; mask and handlers are restored after."""
+    takes them where another thread gets one; mask and handlers are restored after. Off the
+    main thread (which alone may set handlers, and alone runs them) nothing is held."""
     held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
     handlers = {signum: signal.signal(signum, lambda n, _: held.append(n)) for signum in signums}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:

@@ -362,8 +362,10 @@ def _held():
     KeyboardInterrupt, Stopped). Raised mid-start, they would leave a slot started with nothing
     to read. A slot inherits the mask of the thread that starts it, so there they stay blocked
     until _slot can handle them."""
-    resource_tracker.ensure_running()  # started later, it would unblock both as it returns
     with signals_held(HELD) as held:
+        # now, not as a slot starts: it unblocks both as it returns, so they are blocked again
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
         yield
     for signum in held[:1]:
         signal.raise_signal(signum)
