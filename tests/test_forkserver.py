@@ -6,6 +6,8 @@ killed when the job gives up waiting, the sweep's own process never imports torc
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -94,10 +96,12 @@ def test_the_entry_point_run_again_in_a_child_imports_nothing_heavy():
     assert done.stdout.strip() == "[]"
 
 
-# A CPU slot of the parallel launcher forks its points itself (forkserver.fork_here). A Ctrl-C
-# that lands while it forks would run its KeyboardInterrupt inside Python's at-fork handlers,
-# which report it as "ignored" and drop it: the point would be measured whole and the sweep run
-# on to exit 0. Here an at-fork handler sends the Ctrl-C at that moment, once.
+# A CPU slot of the parallel launcher forks its points itself (forkserver.fork_here), and a
+# fresh interpreter's point (no fork server, a torchrun point) is started by Popen with a
+# preexec_fn, which runs the same handlers. A Ctrl-C that lands while either forks would run its
+# KeyboardInterrupt inside Python's at-fork handlers, which report it as "ignored" and drop it:
+# the point would be measured whole and the sweep run on to exit 0. Here an at-fork handler
+# sends the Ctrl-C at that moment, once.
 CTRL_C_IN_FORK = """
 import json, os, signal, sys
 from pathlib import Path
@@ -117,7 +121,8 @@ def ctrl_c_mid_fork():
         sent.append(os.getpid())
         os.kill(os.getpid(), signal.SIGINT)
 
-forkserver.fork_here()
+if forkserver._fork_safe:  # NANOGPT_FORKSERVER=0: fresh interpreters
+    forkserver.fork_here()
 os.register_at_fork(before=ctrl_c_mid_fork)
 try:
     outcome = forkserver.run_forked(Handoff("point", spec, Job(folder)), folder)
@@ -130,16 +135,20 @@ else:
 
 
 @pytest.mark.slow
-def test_a_ctrl_c_while_a_slot_forks_its_point_is_not_lost(tmp_path):
+@pytest.mark.parametrize("start", ["fork_here", "fresh_interpreter"])
+def test_a_ctrl_c_while_a_point_is_forked_is_not_lost(start, tmp_path):
     """The fork runs with SIGINT and SIGTERM held (process.signals_held): the Ctrl-C is raised
-    once the child exists and passed on to it (it came before the child was), which exits as
-    interrupted (130) before it measures; the wait says so, and the job records the point as
-    interrupted (runner/job.py)."""
+    once the child exists and passed on to it (it came before the child was), which stops before
+    it measures; the wait says so, and the job records the point as interrupted (runner/job.py).
+    A forked child exits 130; a fresh interpreter, stopped as it imports, by the signal."""
+    env = {**os.environ, "NANOGPT_FORKSERVER": "0" if start == "fresh_interpreter" else "1"}
     proc = subprocess.run(
         [sys.executable, "-c", CTRL_C_IN_FORK, str(tmp_path), *with_micro([])],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen == {"raised": False, "interrupted": True, "exit": 130, "sent": True}
-    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr
+    exit_code = 130 if start == "fork_here" else -signal.SIGINT
+    assert seen == {"raised": False, "interrupted": True, "exit": exit_code, "sent": True}
+    assert "Exception ignored" not in proc.stderr
+    assert start != "fork_here" or "Traceback" not in proc.stderr

@@ -48,6 +48,7 @@ from nanogpt.runner.process import (
     FORK_UNSAFE,
     HELD,
     Outcome,
+    raise_first,
     run_child,
     signals_held,
     wait_for,
@@ -83,8 +84,7 @@ def run_forked(handoff: Handoff, folder: Path, env: dict | None = None) -> Outco
             "no fork server (%s: %s); points now start fresh interpreters", type(exc).__name__, exc
         )
         _fork_safe = False
-        for signum in held[:1]:  # no child started: raised here, before another is
-            signal.raise_signal(signum)
+        raise_first(held)  # no child started: raised here, before another is
         return run_child(handoff, folder, env=env)
     child = _Forked(process)
     interrupted = wait_for(child, held)

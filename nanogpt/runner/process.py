@@ -69,8 +69,10 @@ def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None =
     if nproc > 1:
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         command = [sys.executable, *launcher, *command[1:]]
-    proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, preexec_fn=die_with_parent)
-    interrupted = wait_for(proc)
+    # with a preexec_fn, Popen runs Python's at-fork handlers: Ctrl-C is held as the child starts
+    with signals_held() as held:
+        proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, preexec_fn=_exec_ready)
+    interrupted = wait_for(proc, held)
     return Outcome(take_answer(folder, handoff.task), proc.returncode, interrupted)
 
 
@@ -100,6 +102,13 @@ def signals_held(signums=HELD) -> Iterator[list[int]]:
             signal.signal(signum, handler)
 
 
+def raise_first(held: list[int]) -> None:
+    """The first signal signals_held noted, raised now, to its own handler (KeyboardInterrupt,
+    faults.Stopped); none: nothing."""
+    for signum in held[:1]:
+        signal.raise_signal(signum)
+
+
 def wait_for(proc, held: list[int] | None = None) -> bool:
     """Wait for the child to exit; True if Ctrl-C or SIGTERM came meanwhile. `proc` is a
     subprocess.Popen or anything with its wait(timeout), send_signal and kill. `held`: the
@@ -115,10 +124,9 @@ def wait_for(proc, held: list[int] | None = None) -> bool:
     kills the child first: it must not run on after this process has given its point up.
     """
     try:
-        for signum in (held or [])[:1]:  # its handler raises: KeyboardInterrupt or Stopped
-            if signum == signal.SIGINT:  # it came before the child was: passed on now
-                proc.send_signal(signum)
-            signal.raise_signal(signum)
+        if held and held[0] == signal.SIGINT:  # it came before the child was: passed on now
+            proc.send_signal(signal.SIGINT)
+        raise_first(held or [])  # its handler raises: KeyboardInterrupt or Stopped
         proc.wait()
         return False
     except Stopped:
@@ -146,6 +154,13 @@ def wait_for(proc, held: list[int] | None = None) -> bool:
         proc.kill()
         proc.wait()
     return True
+
+
+def _exec_ready() -> None:
+    """A fresh interpreter's preexec_fn, between fork and exec: the signals run_child held are
+    unblocked (an exec keeps the mask, and resets the handlers), and it dies with its parent."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+    die_with_parent()
 
 
 def die_with_parent() -> None:

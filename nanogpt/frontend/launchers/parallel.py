@@ -79,7 +79,7 @@ from nanogpt.hardware.slots import check_counts, enter, gpus_for, host_cores, pl
 from nanogpt.record.faults import CONFIG_EXIT, Stopped, handle_sigterm
 from nanogpt.runner import forkserver, placement
 from nanogpt.runner.job import Outcome
-from nanogpt.runner.process import HELD, signals_held
+from nanogpt.runner.process import HELD, raise_first, signals_held
 
 log = logging.getLogger(__name__)
 POINT_KEYS = ("bench.device",)  # what the launcher reads of each point: its device (the slots)
@@ -367,8 +367,7 @@ def _held():
         resource_tracker.ensure_running()
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
         yield
-    for signum in held[:1]:
-        signal.raise_signal(signum)
+    raise_first(held)
 
 
 def _where(task_function) -> tuple[str, str]:
