@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from nanogpt.analysis.store import read_result
+from nanogpt.record.swept import point_values
 
 from .conftest import MICRO, REPO, run_cli, with_micro
 from .test_byo_transformers import LLAMA
@@ -107,11 +108,7 @@ def _with_eager_twins(root: Path, fixed: list[str], *swept: str) -> dict[tuple, 
     env = {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor_cache")}
     records = _sweep(root, [*fixed, *TWO_BLOCKS], "perf.compile=true,false", *swept, env=env)
     keys = [s.split("=")[0] for s in swept]
-    return {(r["compile"], *(_swept_value(r["overrides"], k) for k in keys)): r for r in records}
-
-
-def _swept_value(overrides: list[str], key: str) -> str:
-    return next(o.split("=", 1)[1] for o in overrides if o.split("=")[0] == key)
+    return {(r["compile"], *(point_values(r["overrides"])[k] for k in keys)): r for r in records}
 
 
 def _assert_trains_as_eager(compiled: dict, eager: dict) -> None:
