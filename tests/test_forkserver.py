@@ -140,7 +140,10 @@ def test_a_ctrl_c_while_a_point_is_forked_is_not_lost(start, tmp_path):
     """The fork runs with SIGINT and SIGTERM held (process.signals_held): the Ctrl-C is raised
     once the child exists and passed on to it (it came before the child was), which stops before
     it measures; the wait says so, and the job records the point as interrupted (runner/job.py).
-    A forked child exits 130; a fresh interpreter, stopped as it imports, by the signal."""
+    A forked child exits 130. A fresh interpreter is ended by the signal (-2), or, where the
+    Ctrl-C lands while Python imports its own startup modules (site, os), by Python itself with
+    exit 1 and a KeyboardInterrupt traceback ("Fatal Python error: init_import_site"): Python
+    does so for any Ctrl-C at that moment, and either way the point is not measured."""
     env = {**os.environ, "NANOGPT_FORKSERVER": "0" if start == "fresh_interpreter" else "1"}
     proc = subprocess.run(
         [sys.executable, "-c", CTRL_C_IN_FORK, str(tmp_path), *with_micro([])],
@@ -148,7 +151,12 @@ def test_a_ctrl_c_while_a_point_is_forked_is_not_lost(start, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    exit_code = 130 if start == "fork_here" else -signal.SIGINT
-    assert seen == {"raised": False, "interrupted": True, "exit": exit_code, "sent": True}
+    exit_code = seen.pop("exit")
+    assert seen == {"raised": False, "interrupted": True, "sent": True}
+    if start == "fork_here":
+        assert exit_code == 130
+    else:  # Python's own exit 1 says why: the Ctrl-C, raised as it imported site
+        site = "init_import_site" in proc.stderr and "KeyboardInterrupt" in proc.stderr
+        assert exit_code == -signal.SIGINT or (exit_code == 1 and site), proc.stderr[-3000:]
     assert "Exception ignored" not in proc.stderr
     assert start != "fork_here" or "Traceback" not in proc.stderr
