@@ -6,7 +6,7 @@ seeing only an op's outputs, misses: torch.logsumexp's is the case in point).
 
 from __future__ import annotations
 
-import gc
+import functools
 
 import pytest
 import torch
@@ -89,7 +89,7 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-def test_the_ddp_buckets_term_is_what_torchs_reducer_adds_to_the_peak(one_rank_group):
+def test_the_ddp_buckets_term_is_what_torchs_reducer_adds_to_the_peak(one_rank_group, monkeypatch):
     # The project's own DDP call (World.wrap, as a rank of a 2-process job makes it), in a
     # one-rank group: the reducer builds the same buckets at any world size.
     config = GPTConfig(block_size=32, vocab_size=512, n_layer=2, n_head=2, n_embd=64, bias=False)
@@ -105,18 +105,17 @@ def test_the_ddp_buckets_term_is_what_torchs_reducer_adds_to_the_peak(one_rank_g
     bare.zero_grad(set_to_none=True)
     model = GPT(config)
     # The wrapped step's peak: what the wrapper keeps from its construction (its buckets), plus
-    # the step's peak above that. The construction also broadcasts the parameters through a flat
-    # copy, on gloo's thread: without the barrier its free could fall after the profiled region
-    # (kept came out 2x the buckets when the module's other tests ran first), and in one peak
-    # over construction and step it fell before or beside the buckets as the threads ran.
+    # the step's peak above that. The profiler sees the allocator's events on this thread alone,
+    # and the construction first broadcasts the parameters through a flat copy that gloo's
+    # thread holds too: whichever thread let go of it last freed it, unseen when gloo's did
+    # (kept came out 2x the buckets, in make test's load, after a barrier too). So the wrapper is
+    # built without that broadcast (torch's init_sync=False), which builds the same reducer.
+    ddp = functools.partial(torch.nn.parallel.DistributedDataParallel, init_sync=False)
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", ddp)
     wrapped = {}
-
-    def wrap():
-        wrapped["ddp"] = World(size=2).wrap(model, torch.device("cpu"))
-        dist.barrier()  # the broadcast's work done: its copy freed inside the profiled region
-        gc.collect()
-
-    _, kept = allocator_peak_and_kept(wrap)
+    _, kept = allocator_peak_and_kept(
+        lambda: wrapped.setdefault("ddp", World(size=2).wrap(model, torch.device("cpu")))
+    )
     with_ddp = kept + allocator_peak(lambda: step(wrapped["ddp"]))
     kwargs = dict(
         n_params=model.get_num_params(non_embedding=False),

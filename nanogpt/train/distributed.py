@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -132,8 +133,11 @@ class World:
 
         ids = [device.index] if device.type == "cuda" else None
         # Every rank builds the same buffers (the causal mask): broadcasting them from rank 0
-        # at every forward, DDP's default, would only add a collective to each step.
-        return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        # at every forward, DDP's default, would only add a collective to each step. torch 2.13
+        # names that switch forward_sync_buffers, and warns at the old name on every rank.
+        known = inspect.signature(DistributedDataParallel).parameters
+        switch = "forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"
+        return DistributedDataParallel(model, device_ids=ids, **{switch: False})
 
     def sync_grads(self, model: torch.nn.Module, last_micro_step: bool):
         """Skip DDP's gradient all-reduce on all but the last micro-step of accumulation: the
