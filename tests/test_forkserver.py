@@ -1,10 +1,13 @@
 """The fork server (nanogpt/runner/forkserver.py): a point forked from it costs no entry
 point's imports (the sweep's main module is light to run again in each child), a point is
 killed when the job gives up waiting, the sweep's own process never imports torch
-(benchmarks/point_isolation.py), and a Ctrl-C that lands while a slot forks a point is not lost."""
+(benchmarks/point_isolation.py), a Ctrl-C that lands while a slot forks a point is not lost, and
+the imports of a fork server and of a fresh worker run with the collector paused, which is back
+on after them (benchmarks/import_collector.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -14,6 +17,7 @@ import sys
 import pytest
 
 from nanogpt.analysis.tidy import read_summary
+from nanogpt.runner.process import collector_paused
 
 from .conftest import run_patched, with_micro
 
@@ -38,6 +42,37 @@ if __name__ == "__main__":  # each child runs this script again, as __mp_main__
     except RuntimeError as err:
         print("raised:", err, "point exit:", child.returncode)
 """
+
+
+def test_the_collector_is_paused_for_a_block_and_on_again_after_it():
+    frozen = gc.get_freeze_count()
+    with collector_paused():
+        assert not gc.isenabled()
+        made = [[] for _ in range(1000)]  # objects the collector tracks
+        with collector_paused():  # a block already paused: nothing changes
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() >= frozen + len(made)  # what the block made, frozen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module", ["nanogpt.runner.worker", "nanogpt.runner.forkserver_preload"]
+)  # fmt: skip
+def test_a_worker_or_fork_server_has_the_collector_on_after_its_imports(module):
+    """Each imports torch with the collector paused (process.collector_paused), then freezes what
+    it imported; the points it measures (a fork server's children inherit its state) must find
+    the collector on, or their garbage would pile up."""
+    code = (
+        "import gc, importlib, sys; importlib.import_module(sys.argv[1]); "
+        "print(gc.isenabled(), gc.get_freeze_count() > 10000, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, module], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True", "True"]
 
 
 @pytest.mark.slow

@@ -22,26 +22,30 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
+from nanogpt.runner.process import FORK_UNSAFE, collector_paused, die_with_parent, run_child
 
-from nanogpt import logs
-from nanogpt.analysis.figures import derive_point
-from nanogpt.hardware import calibration
-from nanogpt.hardware.devices import resolve_device, synchronize
-from nanogpt.hardware.env import device_name, environment
-from nanogpt.probes import max_batch as maxbatch
-from nanogpt.probes import observe
-from nanogpt.probes.startup import save_artifacts
-from nanogpt.publish import wandb_sink
-from nanogpt.record import MaxBatch, Record
-from nanogpt.record.asked import Asked
-from nanogpt.record.faults import IO_EXIT, handle_sigterm
-from nanogpt.runner import compile_cache, placement
-from nanogpt.runner.handoff import Handoff, write_answer
-from nanogpt.runner.process import FORK_UNSAFE, die_with_parent, run_child
-from nanogpt.scenarios.loop import measure
-from nanogpt.train.distributed import World
-from nanogpt.train.trainer import build_trainer
+# A fresh worker's start is mostly these imports (torch's): made with the collector paused
+# (process.collector_paused), as the fork server makes them
+with collector_paused():
+    import torch
+
+    from nanogpt import logs
+    from nanogpt.analysis.figures import derive_point
+    from nanogpt.hardware import calibration
+    from nanogpt.hardware.devices import resolve_device, synchronize
+    from nanogpt.hardware.env import device_name, environment
+    from nanogpt.probes import max_batch as maxbatch
+    from nanogpt.probes import observe
+    from nanogpt.probes.startup import save_artifacts
+    from nanogpt.publish import wandb_sink
+    from nanogpt.record import MaxBatch, Record
+    from nanogpt.record.asked import Asked
+    from nanogpt.record.faults import IO_EXIT, handle_sigterm
+    from nanogpt.runner import compile_cache, placement
+    from nanogpt.runner.handoff import Handoff, write_answer
+    from nanogpt.scenarios.loop import measure
+    from nanogpt.train.distributed import World
+    from nanogpt.train.trainer import build_trainer
 
 
 def finish_record(record: Record, handoff: Handoff) -> Record:
