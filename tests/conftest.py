@@ -412,9 +412,18 @@ SLOW_FIXTURES = {
 
 def pytest_configure(config):
     process_guard.register(config)  # make test-fast: an unmarked test may start no process
-    # Collecting imports every test module, and with them torch, pandas and Hydra: with the
-    # collector paused, as a worker's imports are (nanogpt/runner/process.collector_paused)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collecting imports every test module, and with them torch, pandas and Hydra: with the
+    collector paused, as a worker's imports are (nanogpt/runner/process.collector_paused),
+    3.5 CPU-s against 5.4. (xdist's controller collects nothing: there it is a moment.)"""
     gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.enable()
 
 
 def pytest_collection_finish(session):
@@ -424,10 +433,9 @@ def pytest_collection_finish(session):
     collection after that (memory.release's, after every run a test measures in this process,
     and the collector's own full passes) walks only what the tests make: over the whole import
     graph one took about 0.3 s. test_protocol, test_logs, test_record, test_byo_optimizer and
-    test_adafactor together: 33.0 CPU-s against 36.0. Then the collector runs again."""
+    test_adafactor together: 33.0 CPU-s against 36.0."""
     gc.collect()
     gc.freeze()
-    gc.enable()
 
 
 # The one file of tests marked `alone`: make test runs it by path after the rest, by itself.
