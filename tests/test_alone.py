@@ -11,12 +11,14 @@ import sys
 
 import pytest
 
-from .conftest import fail_if_slower, run_cli, with_micro
+from .conftest import fail_if_slower, with_micro
 
 # A model that takes a step of ~0.2 s on one thread. The slowdown the gate must catch is made,
-# not hoped for: the same sweep pinned to one core, once alone and once sharing that core with
-# a busy process, so the scheduler gives it about half the core (~2x slower, far past the gate's
-# 10 % with 6 steps a process). Two threads against one was the first way, but it depends on the
+# not hoped for: the same sweep twice at once, each pinned to a core of its own, one alone on
+# its core and one sharing its core with a busy process, so the scheduler gives that one about
+# half the core (~2x slower, far past the gate's 10 % with 6 steps a process). (One after the
+# other on one core, as before, the test took 13-14 s of make test's serial end; the other core
+# sat idle.) Two threads against one was the first way, but it depends on the
 # machine: on one 2-vCPU VM one thread was 1.84x slower, on another 1.13x (180 against 162 ms
 # a step), which 6 steps cannot tell from noise.
 MODEL = [
@@ -43,24 +45,34 @@ BURNER = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    p
 @pytest.mark.slow
 @pytest.mark.alone  # a core shared on purpose: another test on the machine would decide it
 def test_fail_if_slower_gates_a_real_slowdown_both_ways(tmp_path):
-    def sweep(name: str, share_the_core: bool):
-        args = ["-m", *with_micro(MODEL), f"hydra.sweep.dir={tmp_path / name}"]
-        everywhere = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, {min(everywhere)})  # the sweep and the burner inherit it
-        burner = None
-        try:
-            if share_the_core:
-                burner = subprocess.Popen([sys.executable, "-c", BURNER])
-            proc = run_cli(*args, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}, timeout=900)
-        finally:
-            if burner is not None:
-                burner.kill()
-                burner.wait()
-            os.sched_setaffinity(0, everywhere)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return tmp_path / name
+    # The two sweeps side by side, each pinned to a core of its own (its process, its fork server
+    # and its points inherit it); the busy process shares the second one's core.
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores: one for the sweep alone, one it shares with a busy process")
 
-    fast, slow = sweep("alone", False), sweep("shared", True)
+    def on(core: int, command: list[str], **popen) -> subprocess.Popen:
+        pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731 - in the child, before exec
+        return subprocess.Popen(command, preexec_fn=pin, **popen)
+
+    def sweep(name: str, core: int) -> subprocess.Popen:
+        args = ["-m", *with_micro(MODEL), f"hydra.sweep.dir={tmp_path / name}"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "nanogpt.run", *args]
+        return on(core, command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
+                  stdout=subprocess.DEVNULL)  # fmt: skip
+
+    started = [on(cores[-1], [sys.executable, "-c", BURNER])]
+    try:
+        started += [sweep("alone", cores[0]), sweep("shared", cores[-1])]
+        for proc in started[1:]:
+            _, err = proc.communicate(timeout=900)
+            assert proc.returncode == 0, err[-2000:]
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+    fast, slow = tmp_path / "alone", tmp_path / "shared"
     slowdown = fail_if_slower(slow, fast)
     assert slowdown.returncode == 1, slowdown.stdout + slowdown.stderr
     assert "slower" in slowdown.stdout and "slower: " in slowdown.stderr

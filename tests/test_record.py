@@ -277,6 +277,22 @@ def test_no_counter_is_null_energy_with_the_reason(tmp_path):
     assert "advanced 0 times" in probe.energy.energy_source
 
 
+def test_a_peak_of_zero_pools_to_zero_not_to_null():
+    """A step that held no bytes above the window's floor (mem_step_rss_bytes 0: its tensors
+    reused freed memory) measured 0; its point's pool says 0, as the largest of the runs'
+    peaks, and null only where no run measured it (make test once saw null for a micro point)."""
+    from nanogpt.record.fields import pool_by_marks
+    from nanogpt.record.measured import Memory
+
+    def run(step_rss):
+        return Memory(mem_step_rss_bytes=step_rss, mem_peak_rss_bytes=1 << 20)
+
+    assert pool_by_marks([run(0), run(0)]).mem_step_rss_bytes == 0
+    assert pool_by_marks([run(0), run(4096)]).mem_step_rss_bytes == 4096
+    assert pool_by_marks([run(None), run(0)]).mem_step_rss_bytes == 0
+    assert pool_by_marks([run(None), run(None)]).mem_step_rss_bytes is None
+
+
 def test_a_pooled_point_is_steady_only_if_every_repeat_was_and_shows_the_worst_drift():
     """Steadiness is judged run by run on each run's own steps (figures.derive_point): a drift
     inside the third run alone makes the point unsteady, and shows as that run's."""

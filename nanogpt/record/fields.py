@@ -83,8 +83,8 @@ def pool_by_marks(parts: list):
     pooled = dataclasses.replace(parts[0])
     for f in dataclasses.fields(pooled):
         values = [getattr(part, f.name) for part in parts]
-        if f.metadata.get(POOL) == LARGEST:
-            present = [v for v in values if v]
+        if f.metadata.get(POOL) == LARGEST:  # a run that measured 0 (a step that held no
+            present = [v for v in values if v is not None]  # new bytes) measured something
             setattr(pooled, f.name, max(present) if present else None)
         elif f.metadata.get(POOL) == TOTAL:
             setattr(pooled, f.name, None if None in values else sum(values))
