@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from nanogpt.runner.process import collector_paused
+
 from . import process_guard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -419,23 +421,20 @@ def pytest_collection(session):
     """Collecting imports every test module, and with them torch, pandas and Hydra: with the
     collector paused, as a worker's imports are (nanogpt/runner/process.collector_paused),
     3.5 CPU-s against 5.4. (xdist's controller collects nothing: there it is a moment.)"""
-    gc.disable()
-    try:
+    with collector_paused():
         return (yield)
-    finally:
-        gc.enable()
 
 
 def pytest_collection_finish(session):
     """What the test process holds once every test module is imported (torch, pandas, Hydra,
-    the modules and their constants) lives until it exits: gc.freeze() moves it out of the
-    collector's sight, as the fork server does (nanogpt/runner/forkserver_preload.py). Each
+    the modules and their constants) lives until it exits: collected once here, the rest is
+    frozen as the collection ends (collector_paused's gc.freeze(), out of the collector's
+    sight), as the fork server's imports are (nanogpt/runner/forkserver_preload.py). Each
     collection after that (memory.release's, after every run a test measures in this process,
     and the collector's own full passes) walks only what the tests make: over the whole import
     graph one took about 0.3 s. test_protocol, test_logs, test_record, test_byo_optimizer and
     test_adafactor together: 33.0 CPU-s against 36.0."""
     gc.collect()
-    gc.freeze()
 
 
 # The one file of tests marked `alone`: make test runs it by path after the rest, by itself.

@@ -4,9 +4,11 @@ process needs, done once, before any fork.
 - torch: most of a fresh interpreter's start-up; torch.optim pulls in torch._dynamo, the next
   largest. Importing torch initialises no CUDA: checked here, and again in each child.
 - wandb, when the sweep's first point logs to W&B (a second; most test sweeps do not).
-- gc.freeze(): what the server made is never collected in a child. A child's collections
-  (memory.release runs gc.collect after every point) then skip the server's objects instead
-  of walking them and writing to their headers, which copies the pages a fork shares.
+- The imports run with the collector paused, then what they made is frozen
+  (process.collector_paused): a fifth of their CPU, and what the server made is never
+  collected in a child. A child's collections (memory.release runs gc.collect after every
+  point) then skip the server's objects instead of walking them and writing to their headers,
+  which copies the pages a fork shares.
 
 A parallel launcher's slots are children of this server too (forkserver.slot_context: the
 launcher's module is preloaded with it), and a CPU slot forks its points itself
@@ -20,14 +22,13 @@ forked from here: under SLURM submitit asks for it before the time limit, and ev
 the job gets it; the job process's submitit handler checkpoints and requeues the point.
 """
 
-import gc
 import os
 import signal
 
 from nanogpt.runner.forkserver import WANDB_ENV
 from nanogpt.runner.process import collector_paused
 
-with collector_paused():  # a fifth of the imports' CPU (process.collector_paused)
+with collector_paused():
     import torch
     import torch._dynamo  # noqa: F401 - imported for its cost, once
     import torch.optim  # noqa: F401
@@ -47,4 +48,3 @@ signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 # (forkserver._forked_main), a parallel launcher's slot once its handlers are set (a Ctrl-C as
 # it starts is then raised where it stops cleanly, not as a traceback from its unpickling)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-gc.freeze()
