@@ -174,26 +174,36 @@ def test_a_cuda_device_is_resolved_with_its_index(name, index):
     assert torch.cuda._utils._get_device_index(device) == index
 
 
-def test_a_point_composed_for_the_check_is_the_one_hydra_composes(monkeypatch):
-    """callback.compose_point composes the config groups once for the points that choose the
-    same ones and sets each point's values on a copy: every point equals Hydra's own
-    composition of it (what its job gets), and a value that does not fit fails with Hydra's
-    own error."""
+def test_a_job_composed_by_point_configs_is_the_one_hydra_composes(monkeypatch):
+    """frontend/point_configs.PointConfigs, the loader the sweepers give their launcher and the
+    callback's check composes through, composes the config groups once for the jobs that choose
+    the same ones and sets each job's values on a copy: every job equals Hydra's own composition
+    of it, hydra node and all (the overrides Hydra records, the dirname it makes of them, the
+    run's subdir), flags included; what it cannot set on a copy Hydra composes whole, and a
+    value that does not fit fails with Hydra's own error. It pickles (a slot, a SLURM job)."""
+    import pickle
+
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
 
     from nanogpt.frontend.callback import compose_point
+    from nanogpt.frontend.point_configs import PointConfigs
 
-    points = [
-        ["perf.batch_size=3", "model.n_layer=2"],
+    jobs = [
+        ["perf.batch_size=3", "model.n_layer=2", "hydra.sweep.subdir=0/run-1"],
         ["perf.batch_size=4", "perf.dtype=bf16"],  # the same groups: no composition of its own
-        ["model=nano", "perf.batch_size=2"],  # another group
+        ["perf.batch_size=2", "model=nano", "hydra.sweep.subdir=1/run-2"],  # another group
         ["+sweep/accum_split=8x2", "optimizer.lr=0.01"],  # a group added
-        ["optimizer.betas=[0.8,0.9]"],  # a list: Hydra composes the point whole
+        ["optimizer.betas=[0.8,0.9]"],  # a list: Hydra composes the job whole
         ["bench.warmup_s=${bench.measure_s}"],  # an interpolation, as Hydra keeps it
+        ["hydra.job.env_copy=[HOME]", "perf.batch_size=5"],  # a hydra setting: Hydra's
+        ["+bench.extra=1"],  # a key added: Hydra's
     ]
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        master = compose(config_name="config", overrides=with_micro([]), return_hydra_config=True)
+        master = compose(
+            config_name="config",
+            overrides=with_micro(["hydra.job.config.override_dirname.kv_sep=:"]),
+            return_hydra_config=True,
+        )
         loader = GlobalHydra.instance().config_loader()
         by_hydra = loader.load_sweep_config
         composed = []
@@ -203,16 +213,32 @@ def test_a_point_composed_for_the_check_is_the_one_hydra_composes(monkeypatch):
             return by_hydra(master_config, overrides)
 
         monkeypatch.setattr(loader, "load_sweep_config", counted)
+        configs = PointConfigs.of(loader)
+        assert PointConfigs.of(loader) is configs and PointConfigs.of(configs) is configs
+        for job in jobs:
+            ours, hydras = configs.load_sweep_config(master, job), by_hydra(master, job)
+            assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(hydras), job
+            for cfg in (ours, hydras):  # Hydra's flags: a struct, with a writable hydra node
+                assert OmegaConf.is_struct(cfg) and not OmegaConf.is_readonly(cfg.hydra)
+        assert ours.hydra.overrides.task == ["+bench.extra=1"]
+        assert configs.load_sweep_config(master, jobs[0]).hydra.job.override_dirname == (
+            "model.n_layer:2,perf.batch_size:3"
+        )
+        by_hydra_whole = [jobs[i] for i in (4, 6, 7)]
+        assert composed == [[], ["model=nano"], ["+sweep/accum_split=8x2"], *by_hydra_whole]
+        # the callback's check composes through the same one: nothing composed again
+        composed.clear()
         for_the_check = compose_point(master)
-        for point in points:
-            ours, hydras = for_the_check(point), by_hydra(master, point)
-            for cfg in (ours, hydras):
-                with open_dict(cfg):
-                    del cfg["hydra"]  # the job's settings: no part of the spec
-            assert OmegaConf.to_container(ours) == OmegaConf.to_container(hydras), point
-        assert composed == [[], ["model=nano"], ["+sweep/accum_split=8x2"], points[4]]
+        for_the_check(jobs[1])
+        assert composed == []
         with pytest.raises(ConfigCompositionException) as hydras:
             by_hydra(master, ["perf.batch_size=many"])
         with pytest.raises(ConfigCompositionException) as ours:
             for_the_check(["perf.batch_size=many"])
         assert str(ours.value) == str(hydras.value)
+        monkeypatch.undo()  # Hydra's own method again (the counter is no module's: no pickle)
+        again = pickle.loads(pickle.dumps(configs))
+        assert again.loader is not None and again._bases == {}
+        assert OmegaConf.to_yaml(again.load_sweep_config(master, jobs[0])) == OmegaConf.to_yaml(
+            by_hydra(master, jobs[0])
+        )

@@ -9,26 +9,23 @@ is done and stops the sweep with exit status 130 (128 + SIGINT, the shell's conv
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import time
 from pathlib import Path
 
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, OverrideType
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from nanogpt import logs
 from nanogpt.analysis import sweep_lock
 from nanogpt.analysis import table as sweep_table
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.compose import check_points
+from nanogpt.frontend.point_configs import PointConfigs
 from nanogpt.frontend.presets import (
     OUR_SWEEPERS,
     launcher_capabilities,
@@ -56,64 +53,15 @@ def away_from_the_sweep(config: DictConfig) -> bool:
 
 
 def compose_point(config: DictConfig):
-    """compose(overrides): a point's config as its job's will be composed, for check_points.
-
-    Hydra composes a point in two steps: the config groups it chooses (the defaults list), then
-    each `key=value` override set on the result in order (OmegaConf.update, merge=True). The
-    points of a sweep mostly differ in such values, so the first step is done once for the
-    points that choose the same groups (Hydra's config loader, the multirun's master config) and
-    the second on a copy, as Hydra does it: a 4-point sweep of values composes once here, not 4
-    times. A point with anything else (`+key`, `~key`, a dict or list value, a key that is no
-    plain value of the composition) and a value that does not fit is composed by Hydra whole,
-    with Hydra's own error."""
-    loader = GlobalHydra.instance().config_loader()
-    groups = set(loader.list_groups(""))
-    bases: dict[tuple[str, ...], DictConfig] = {}  # the groups' overrides -> their composition
-
-    def by_hydra(overrides) -> DictConfig:
-        return loader.load_sweep_config(config, list(overrides))
+    """compose(overrides): a point's config as its job's will be composed (Hydra's, hydra node
+    and all), for check_points: through the sweep's PointConfigs (frontend/point_configs.py),
+    which composes each choice of config groups once and sets a point's values on a copy."""
+    configs = PointConfigs.of(GlobalHydra.instance().config_loader())
 
     def compose(overrides: list[str]) -> DictConfig:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        chosen = [o for o in parsed if o.key_or_group.split("/")[0] in groups]
-        values = [o for o in parsed if o not in chosen]
-        if not all(_a_plain_value(o) for o in values):
-            return by_hydra(overrides)
-        key = tuple(o.input_line for o in chosen)
-        if key not in bases:
-            bases[key] = by_hydra(key)
-        cfg = copy.deepcopy(bases[key])
-        try:
-            for o in values:
-                if not _a_value_in(cfg, o.key_or_group):
-                    return by_hydra(overrides)
-                OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
-        except OmegaConfBaseException:
-            return by_hydra(overrides)
-        return cfg
+        return configs.load_sweep_config(config, list(overrides))
 
     return compose
-
-
-def _a_value_in(cfg: DictConfig, key: str) -> bool:
-    """Whether `key` (a.b.c) is a value of `cfg`, not a dict or list, read without resolving
-    anything (an interpolation's resolver may ask torch for the device: model=auto)."""
-    path, _, last = key.rpartition(".")
-    parent = OmegaConf.select(cfg, path)
-    if not OmegaConf.is_dict(parent) or last not in parent.keys():
-        return False
-    return OmegaConf.is_interpolation(parent, last) or not OmegaConf.is_config(parent[last])
-
-
-def _a_plain_value(override: Override) -> bool:
-    """`a.b=value`: a change of one key to a value that is no dict or list."""
-    return (
-        override.type == OverrideType.CHANGE
-        and override.package is None
-        and "." in override.key_or_group
-        and not override.is_sweep_override()
-        and not isinstance(override.value(), (dict, list))
-    )
 
 
 def _refuse_runs_under_another_sweeper(config: DictConfig, points, compose) -> None:

@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nanogpt.analysis.store import RESULT_FILE, RUN_PREFIX
 from nanogpt.config.errors import ConfigError
+from nanogpt.frontend.point_configs import with_point_configs
 from nanogpt.frontend.presets import expand
 from nanogpt.publish.sweep_outputs import publish, settings_of
 from nanogpt.record.faults import CONFIG_EXIT, handle_sigterm, interrupted_exit
@@ -170,9 +171,9 @@ class Grid:
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
-        self.hydra_context, self.config = hydra_context, config
+        self.hydra_context, self.config = with_point_configs(hydra_context), config
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
+            hydra_context=self.hydra_context, task_function=task_function, config=config
         )
 
     def sweep(self, arguments: list[str]) -> list[list[JobReturn]]:
