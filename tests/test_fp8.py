@@ -13,7 +13,9 @@ from nanogpt.train.gpt import GPT, GPTConfig
 
 from .conftest import sweep_refusal
 
-needs_torchao = pytest.mark.skipif(float8.torchao_missing() is not None, reason="needs torchao")
+# A string: pytest evaluates it as the test is set up, so only the worker that runs these tests
+# imports torchao (half a second), not every worker as it collects the suite
+needs_torchao = pytest.mark.skipif("float8.torchao_missing() is not None", reason="needs torchao")
 
 
 LINEARS = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
