@@ -71,9 +71,9 @@ test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "alone and not slurm" tests/test_alone.py --durations=5
 
 # The tests marked `heavy` (tests/test_compile_economics.py: each way of compiling a model, from
-# cold, warm and artifact caches, Inductor's g++ each time): minutes of compiling on 2 cores, so
-# they are not in make test; .ci/run runs them after it (a file to a worker, its module's
-# sweeps once).
+# cold, warm and artifact caches, Inductor's g++ each time; and the compiled chunked-loss point,
+# 25-29 kernels from a cold cache): minutes of compiling on 2 cores, so they are not in make
+# test; .ci/run runs them after it (a file to a worker, its module's sweeps once).
 test-heavy: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadscope -m "heavy and not slurm" --durations=10
 

@@ -234,6 +234,12 @@ def test_a_sweep_over_the_loss_records_it_and_its_estimate(sweep):
 
 @pytest.mark.slow  # Inductor's compile: its compile workers
 @pytest.mark.compat  # torch 2.11's Dynamo could not trace the autocast query: 3 graph breaks
+# From a cold Inductor cache (a CI machine's) Inductor compiles 25-29 kernels with g++ for this
+# point alone, 16-20 s on 2 cores: make test-heavy runs it on the lock's torch, make test-compat
+# on the oldest (both in .ci/run); make test's compiled points are test_compile_health's and the
+# models' (test_byo_roles, test_byo_transformers). The tracing itself is checked in make test
+# (test_torch_compile_traces_the_chunked_loss_and_agrees_with_eager, on aot_eager).
+@pytest.mark.heavy
 def test_a_compiled_chunked_loss_point_is_one_graph(tmp_path):
     """The runner's measured loop, in this process, on a compiled micro point with the chunked
     loss: the Function and its dtype query inside the compiled model, no graph break and no
