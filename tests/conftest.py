@@ -210,10 +210,22 @@ def sweep_refusal(*overrides: str, baseline: str | None = None) -> str:
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         try:
-            check_points(expand(with_micro(overrides)), baseline, here=True)
+            check_points(expand(with_micro(overrides)), baseline, True, compose_points())
         except ConfigError as err:
             return f"error: {err} (nothing was measured)"
     raise AssertionError(f"-m {' '.join(overrides)} would run")
+
+
+def compose_points():
+    """compose(overrides): a point's config as a sweep's job gets it, hydra node and all, as the
+    sweep's callback composes it for its check (callback.compose_point, through
+    frontend/point_configs.PointConfigs: each choice of config groups composed once), from a
+    master with no overrides. Inside Hydra's initialize_config_dir."""
+    from hydra import compose
+
+    from nanogpt.frontend.callback import compose_point
+
+    return compose_point(compose("config", return_hydra_config=True))
 
 
 # A tiny text for the char tokenizer: 1080 characters, 14 distinct

@@ -18,7 +18,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf, open_dict
 
 from nanogpt.analysis import display
 from nanogpt.analysis import table as report
@@ -26,6 +27,7 @@ from nanogpt.analysis.store import read_result
 from nanogpt.analysis.tidy import read_summary
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.compose import to_spec
+from nanogpt.frontend.point_configs import PointConfigs
 from nanogpt.frontend.presets import CONF_DIR, expand
 from nanogpt.probes import max_batch as maxbatch
 from nanogpt.publish import plots
@@ -43,11 +45,13 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # ------------------------------------------------------------------------------------------
 
 
-def preset_points(name: str, extra: list[str] = ()) -> list[list[str]]:
+def preset_points(name: str, extra: list[str] = (), cfg=None) -> list[list[str]]:
     """The overrides of every point `-m +sweep=NAME EXTRA...` runs, expanded as Hydra's
     basic sweeper expands them (compose alone cannot expand a sweep; test_conventions
-    checks `expand` against Hydra's own sweeper)."""
-    cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
+    checks `expand` against Hydra's own sweeper). `cfg`: the preset's composition, hydra node
+    and all, where the caller has it."""
+    if cfg is None:
+        cfg = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
     params = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
     if str(cfg.hydra.sweeper.get("_target_", "")).endswith("TuneSweeper"):
         # A search's space is sampled, not run as a grid (3,840 points for `tune`): points
@@ -89,12 +93,18 @@ def test_sweep_group_is_the_sweeps_dir(hydra_conf):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_composes_and_each_point_validates_where_it_can_run(hydra_conf, name):
-    points = preset_points(name)
+    master = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True)
+    points = preset_points(name, cfg=master)
     assert len(points) >= 2
     table = (SWEEPS.parent / "docs" / "presets.md").read_text()  # the one table of presets
     assert re.search(rf"(?m)^\| `{name}` \|", table)  # documented
+    # each point as the sweep's check composes it (PointConfigs: Hydra's composition of the
+    # job, its config groups once; tests/test_config.py holds it equal to Hydra's whole one)
+    configs = PointConfigs.of(GlobalHydra.instance().config_loader())
     for point in points:
-        cfg = compose("config", overrides=[f"+sweep={name}", *point])
+        cfg = configs.load_sweep_config(master, [f"+sweep={name}", *point])
+        with open_dict(cfg):
+            del cfg["hydra"]  # the job's settings: no part of the spec
         spec = OmegaConf.to_object(cfg)
         assert spec.report.plots is True
         if spec.bench.device == "cuda" and not torch.cuda.is_available():

@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from .conftest import REPO
+from .conftest import REPO, compose_points
 
 pytestmark = pytest.mark.slow
 
@@ -259,7 +259,8 @@ def test_every_sweep_part_of_the_gpu_check_composes_and_validates_for_a_cuda_mac
                 assert os.path.realpath(value) == prepared, override  # what --prepare writes
                 overrides[i] = f"data.path={prepared_tokens(tmp_path / 'ttl')}"
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            check_points(expand(overrides), None, here=False)  # raises ConfigError, naming the key
+            # raises ConfigError, naming the key (composed as the sweep's check composes)
+            check_points(expand(overrides), None, False, compose_points())
         checked.append(part)
     assert set(PATHS) - {"cuda_tests"} <= set(checked)
     # the memory fit's compiled default-mode points, and reduce_overhead's twin beside its graphs
