@@ -275,9 +275,9 @@ def cli() -> None:
         world.exit(_follow())
     from nanogpt.runner.process import collector_paused
 
-    # What every run of this process imports (Hydra, the schema, the multirun's callback and,
-    # through it, pandas) with the collector paused, then frozen (process.collector_paused): a
-    # sweep's process, 0.9 CPU-s on 2 cores, spends half of it importing
+    # What every run of this process imports (Hydra, the schema, the multirun's callback) with
+    # the collector paused, then frozen (process.collector_paused): a sweep's process, 0.9 CPU-s
+    # on 2 cores, spends half of it importing (pandas, for the table, at the sweep's end)
     with collector_paused():
         import hydra  # noqa: F401
 

@@ -90,13 +90,18 @@ def test_an_exception_that_ends_the_wait_kills_the_point_first(tmp_path):
 def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
     """The sweep's process composes, checks (validate/, hardware/device_support.py), launches and
     tabulates; torch is the fork server's and its children's. Importing it would cost the
-    process seconds of its start on two cores, every sweep. It imports Hydra, its callback and
-    pandas with the collector paused (run.cli): it must be on again by the sweep's end."""
+    process seconds of its start on two cores, every sweep. It imports Hydra and its callback
+    with the collector paused (run.cli), pandas only for the table at its end (a refused sweep
+    never imports it): the collector must be on again by the sweep's end."""
     marker = tmp_path / "torch_in_sweep_process"
     setup = (
         "import atexit, gc; atexit.register(lambda: open("
-        f"{str(marker)!r}, 'w').write(f\"{{'torch' in sys.modules}} {{gc.isenabled()}}\"))"
+        f"{str(marker)!r}, 'w').write(f\"{{'torch' in sys.modules}} {{gc.isenabled()}} \""
+        "f\"{'pandas' in sys.modules}\"))"
     )
+    refused = run_patched(setup, "-m", *with_micro(["perf.batch_size=0,1"]), cwd=tmp_path)
+    assert refused.returncode == 2 and "perf.batch_size" in refused.stderr, refused.stderr
+    assert marker.read_text() == "False True False"  # no torch, no pandas; the collector on
     sweep_dir = tmp_path / "sweep"
     # an optimizer.build class too: checked from its source, not imported (config/target_nodes.py)
     points = ["perf.batch_size=1,2", "optimizer.build._target_=torch.optim.Adagrad"]
@@ -104,7 +109,7 @@ def test_a_cpu_sweeps_own_process_never_imports_torch(tmp_path):
     proc = run_patched(setup, *args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(read_summary(sweep_dir)) == 2  # both points measured
-    assert marker.read_text() == "False True"  # no torch; the collector on
+    assert marker.read_text() == "False True True"  # no torch; the collector on; the table
     # the report rebuilds the table without it too
     code = f"import sys, runpy; {setup}; runpy.run_module('nanogpt.report', run_name='__main__')"
     report = subprocess.run(

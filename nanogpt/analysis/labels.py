@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 
 from nanogpt.record.swept import override_key, several_values, split_overrides, swept_keys
+
+if TYPE_CHECKING:  # a table's type alone: the sweep's process names its runs without pandas
+    import pandas as pd
 
 MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of the multirun's config, in its sweep dir
 

@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from nanogpt import logs
 from nanogpt.analysis import sweep_lock
-from nanogpt.analysis import table as sweep_table
 from nanogpt.config.errors import ConfigError
 from nanogpt.frontend.compose import check_points
 from nanogpt.frontend.point_configs import PointConfigs
@@ -43,6 +42,7 @@ from nanogpt.record.faults import (
     signal_hook,
 )
 from nanogpt.runner.job import Outcome, point_status
+from nanogpt.runner.process import collector_paused
 
 
 def away_from_the_sweep(config: DictConfig) -> bool:
@@ -156,6 +156,10 @@ class SweepReport(Callback):
             sys.exit(1)
 
     def _end(self, config: DictConfig) -> None:
+        # pandas and the table's code, imported only now (a sweep refused at its start never
+        # builds a table), with the collector paused (process.collector_paused)
+        with collector_paused():
+            from nanogpt.analysis import table as sweep_table
         logs.sweep_console()  # the sweep's own lines (its W&B summary run) as a job's are
         with finishing("the table") as came:  # a Ctrl-C now: the table first, then the stop
             sweep_dir, sweep = self._table(config)

@@ -8,9 +8,10 @@ report.plots asks, then a search's closing lines."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nanogpt.analysis import table as sweep_table
-from nanogpt.publish import tune_answer as answer
+if TYPE_CHECKING:
+    from nanogpt.analysis import table as sweep_table
 
 # The sweep's settings its table is built with: (config section, key) -> publish's argument name
 SETTINGS = {
@@ -34,6 +35,11 @@ def publish(sweep_dir: Path, settings: dict, notes: list[str] = ()) -> sweep_tab
     """Build, write and print the sweep's table (`settings`: SETTINGS' names; an empty baseline
     is the baseline rule's), draw its plots if settings["plots"], print `notes`, then a search's
     closing lines. Raises analysis/table.ReportError as table.publish does."""
+    # pandas and the table's code, imported here: a sweep refused before it runs never builds
+    # a table, and its process never imports them (a third of a second on 2 cores)
+    from nanogpt.analysis import table as sweep_table
+    from nanogpt.publish import tune_answer as answer
+
     settings = dict(settings)
     plots = settings.pop("plots", False)
     settings["baseline"] = settings.get("baseline") or None
