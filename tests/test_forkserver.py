@@ -56,6 +56,26 @@ def test_the_collector_is_paused_for_a_block_and_on_again_after_it():
     assert gc.get_freeze_count() >= frozen + len(made)  # what the block made, frozen
 
 
+def test_what_outlives_a_first_run_in_process_is_frozen_once_after_the_start_froze_its_own(
+    monkeypatch,
+):
+    """A sweep's process freezes its start's imports (run.cli: Hydra, its callback), then, after
+    the first run it measures itself (bench.isolate=false), what that run left: torch's modules
+    and objects (runner/job.py). The second freeze must happen though the first did, and once."""
+    from nanogpt.runner import job
+
+    monkeypatch.setattr(job, "_frozen_after_a_run", False)  # this process: no run yet
+    with collector_paused():
+        start = [[] for _ in range(10)]  # the start's imports
+    first_run = [[] for _ in range(10)]  # what the first run imported and left
+    job._freeze_what_outlives_a_run()
+    later = [[] for _ in range(10)]  # a later run's
+    job._freeze_what_outlives_a_run()
+    tracked = {id(o) for o in gc.get_objects()}  # a frozen object is in no generation
+    assert id(start) not in tracked and id(first_run) not in tracked
+    assert id(later) in tracked  # once a process, not after every run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "module", ["nanogpt.runner.worker", "nanogpt.runner.forkserver_preload"]

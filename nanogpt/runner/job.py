@@ -146,6 +146,9 @@ def _measure_once(handoff: Handoff) -> Record:
         return _failure(handoff, "interrupted", "KeyboardInterrupt: before any figures")
 
 
+_frozen_after_a_run = False  # _freeze_what_outlives_a_run: done in this process
+
+
 def _freeze_what_outlives_a_run() -> None:
     """Once a process, after its first run measured here: the run's memory was collected as it
     ended (probes/memory.release), so what is left is the process's own (torch's modules and
@@ -155,8 +158,12 @@ def _freeze_what_outlives_a_run() -> None:
     0.2 s a run on 2 CPU cores, about a quarter of a micro run's measuring (a 6-point sweep:
     4.9 CPU-s against 5.6). The fork server does the same before it forks
     (runner/forkserver_preload.py). A frozen object is still freed when its last reference
-    goes; only a cycle of them that becomes garbage later is kept (a first job's own config)."""
-    if not gc.get_freeze_count():  # nothing frozen yet in this process
+    goes; only a cycle of them that becomes garbage later is kept (a first job's own config).
+    Once, by its own flag: the process may have frozen its start's imports already (run.cli,
+    process.collector_paused), before torch."""
+    global _frozen_after_a_run
+    if not _frozen_after_a_run:
+        _frozen_after_a_run = True
         gc.freeze()
 
 
