@@ -62,8 +62,8 @@ class PointConfigs:
         self.loader = loader
         self._groups: frozenset[str] | None = None
         self._parsed: dict[str, Override] = {}  # an override's text -> Hydra's parse of it
-        # (id of the master, the groups' overrides) -> (the master, its composition by Hydra)
-        self._bases: dict[tuple[int, tuple[str, ...]], tuple[DictConfig, DictConfig]] = {}
+        self._master: DictConfig | None = None  # the master the bases are of (a sweep has one)
+        self._bases: dict[tuple[str, ...], DictConfig] = {}  # the groups' overrides -> Hydra's
 
     @classmethod
     def of(cls, loader: ConfigLoader) -> PointConfigs:
@@ -126,20 +126,22 @@ class PointConfigs:
 
     def _base(self, master: DictConfig, chosen: tuple[str, ...]) -> DictConfig:
         """The composition of the master with the groups `chosen` (Hydra's, kept)."""
-        key = (id(master), chosen)
-        if key not in self._bases or self._bases[key][0] is not master:
-            self._bases[key] = (master, self.loader.load_sweep_config(master, list(chosen)))
-        return self._bases[key][1]
+        if master is not self._master:
+            self._master, self._bases = master, {}
+        if chosen not in self._bases:
+            self._bases[chosen] = self.loader.load_sweep_config(master, list(chosen))
+        return self._bases[chosen]
 
     def _parse(self, overrides: list[str]) -> list[Override] | None:
         """Hydra's parse of each override (kept: a sweep's jobs repeat them), or None for any
         that Hydra would refuse (it then composes the job, and says why)."""
-        try:
-            for line in overrides:
-                if line not in self._parsed:
-                    self._parsed[line] = OverridesParser.create().parse_overrides([line])[0]
-        except Exception:  # noqa: BLE001 - Hydra's own parse raises its own error later
-            return None
+        new = [line for line in dict.fromkeys(overrides) if line not in self._parsed]
+        if new:
+            try:
+                parsed = OverridesParser.create().parse_overrides(new)
+                self._parsed.update(zip(new, parsed, strict=True))
+            except Exception:  # noqa: BLE001 - Hydra's own parse raises its own error later
+                return None
         return [self._parsed[line] for line in overrides]
 
     def _group_names(self) -> frozenset[str]:
