@@ -389,6 +389,8 @@ def test_a_sweep_of_the_policies_holds_less_a_step_in_their_order(policy_sweep):
     # find_max_batch probes the model the point asks for, its policy too: in one budget, a
     # policy that keeps less fits more sequences (real out-of-memory errors under RLIMIT_AS)
     found = [records[label]["max_batch_size"] for label in POLICIES]
+    searches = {label: records[label]["max_batch_search"] for label in POLICIES}
+    assert None not in found, searches  # each search ended with an answer, or says why not
     assert found == sorted(found) and found[0] < found[-1], dict(zip(POLICIES, found, strict=True))
 
 

@@ -8,6 +8,8 @@ sweep), and the bad-input list of the issue "faults", each a real process.
 from __future__ import annotations
 
 import contextlib
+import errno
+import mmap
 import os
 import signal
 import socket
@@ -78,6 +80,14 @@ def test_a_real_cpu_allocation_failure_is_oom_and_other_failures_are_not():
     with pytest.raises(RuntimeError) as cpu_oom:
         torch.empty(1 << 47, dtype=torch.uint8)  # 128 TiB: the default allocator refuses
     assert classify(cpu_oom.value) == "oom"
+    # a system call that refuses memory (ENOMEM), as an mmap, a library's mapping or a thread's
+    # stack does under the max-batch search's address-space limit, is out of memory too
+    with pytest.raises(OSError) as refused:
+        mmap.mmap(-1, 1 << 47)  # 128 TiB of address space: the kernel refuses the mapping
+    assert refused.value.errno == errno.ENOMEM and classify(refused.value) == "oom"
+    with pytest.raises(OSError) as missing:
+        open("/nonexistent/file")  # noqa: SIM115 -- an OSError that is not about memory
+    assert classify(missing.value) == "error"
     assert classify(KeyboardInterrupt()) == "interrupted"
     assert classify(ValueError("bad")) == "error"
     assert describe(ValueError("first\nsecond")) == "ValueError: first"

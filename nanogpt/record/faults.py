@@ -25,6 +25,7 @@ interrupted point records it too.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -128,10 +129,16 @@ def is_out_of_memory(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")
     if isinstance(exc, MemoryError) or (torch and isinstance(exc, torch.OutOfMemoryError)):
         return True
+    # A system call refused memory (ENOMEM): an mmap, a thread's stack, a library's mapping
+    # (dlopen's ImportError carries the errno's text), e.g. under the max-batch search's RLIMIT_AS.
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
     # CPU allocation failures surface as a plain RuntimeError from the default allocator.
     message = str(exc)
-    return isinstance(exc, RuntimeError) and (
-        "can't allocate memory" in message or "out of memory" in message.lower()
+    return isinstance(exc, RuntimeError | ImportError | OSError) and (
+        "can't allocate memory" in message
+        or "out of memory" in message.lower()
+        or os.strerror(errno.ENOMEM) in message
     )
 
 

@@ -75,14 +75,15 @@ class Outcome:
     returncode: int
     interrupted: bool  # Ctrl-C came while it ran
 
+    def ended(self) -> str:
+        """How the child ended: 'was killed by signal 9', 'exited with code 1'."""
+        if self.returncode < 0:
+            return f"was killed by signal {-self.returncode}"
+        return f"exited with code {self.returncode}"
+
     def crash(self) -> str:
         """Why a child left no answer, for the record."""
-        how = (
-            f"was killed by signal {-self.returncode}"
-            if self.returncode < 0
-            else f"exited with code {self.returncode}"
-        )
-        return f"WorkerCrash: the measuring process {how} before writing its figures"
+        return f"WorkerCrash: the measuring process {self.ended()} before writing its figures"
 
 
 def run_child(handoff: Handoff, folder: Path, nproc: int = 1, env: dict | None = None) -> Outcome:

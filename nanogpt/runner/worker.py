@@ -145,7 +145,7 @@ def _child_max_batch(handoff: Handoff, device, folder: Path) -> MaxBatch:
     if outcome.interrupted:
         raise KeyboardInterrupt
     if outcome.answer is None:
-        error = f"the search process exited with code {outcome.returncode} before its answer"
+        error = f"the search process {outcome.ended()} before its answer"
         return MaxBatch(max_batch_search={"error": error})
     return MaxBatch(**outcome.answer)
 
