@@ -90,6 +90,30 @@ def test_a_real_cpu_allocation_failure_is_oom_and_other_failures_are_not():
     assert classify(missing.value) == "error"
     assert classify(KeyboardInterrupt()) == "interrupted"
     assert classify(ValueError("bad")) == "error"
+
+
+# Under an address-space limit (the max-batch search's on CPU) the allocation refused can be a
+# small one inside torch's C++ rather than a tensor's storage: a graph that only grows nodes makes
+# it one, and torch raises C++'s std::bad_alloc as a RuntimeError whose whole text is its name.
+BAD_ALLOC = """
+import resource, psutil, torch
+from nanogpt.record.faults import classify, describe
+y = torch.ones(1, requires_grad=True)
+resource.setrlimit(resource.RLIMIT_AS, (psutil.Process().memory_info().vms + (64 << 20), -1))
+try:
+    while True:
+        y = y * 1.0001  # one more autograd node; of the products only the last is kept
+except BaseException as exc:
+    print(classify(exc), describe(exc))
+"""
+
+
+@pytest.mark.slow
+def test_a_refused_allocation_in_torchs_cpp_is_oom():
+    proc = subprocess.run(
+        [sys.executable, "-c", BAD_ALLOC], capture_output=True, text=True, timeout=120
+    )
+    assert proc.stdout.strip() == "oom RuntimeError: std::bad_alloc", proc.stdout + proc.stderr
     assert describe(ValueError("first\nsecond")) == "ValueError: first"
     assert describe(KeyboardInterrupt()) == "KeyboardInterrupt"
 

@@ -133,11 +133,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
     # (dlopen's ImportError carries the errno's text), e.g. under the max-batch search's RLIMIT_AS.
     if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
         return True
-    # CPU allocation failures surface as a plain RuntimeError from the default allocator.
+    # CPU allocation failures surface as a plain RuntimeError: from the default allocator (a
+    # tensor's storage), or torch's translation of C++'s std::bad_alloc (an autograd node, a
+    # vector: under a limit, any small allocation in torch's C++ can be the one refused).
     message = str(exc)
     return isinstance(exc, RuntimeError | ImportError | OSError) and (
         "can't allocate memory" in message
         or "out of memory" in message.lower()
+        or "std::bad_alloc" in message
         or os.strerror(errno.ENOMEM) in message
     )
 
