@@ -20,8 +20,9 @@ The budget is bench.max_batch_memory_gib, or else all the memory that is free:
 - CUDA: the caching allocator is capped with torch.cuda.set_per_process_memory_fraction.
 - CPU: Linux overcommits memory, so an allocation past RAM succeeds and the OOM killer SIGKILLs
   the process later, with nothing to catch. The search therefore sets an address-space limit
-  (RLIMIT_AS) of the budget above the process's current size: an allocation past it fails at
-  once (ENOMEM), which PyTorch raises as an out-of-memory error. Address space is virtual
+  (RLIMIT_AS) of the budget above the process's current size, once the code the trainer's build
+  imports is loaded (`load_code`): an allocation past it fails at once (ENOMEM), which PyTorch
+  raises as an out-of-memory error. Address space is virtual
   (thread stacks and allocator arenas count too), so on CPU the budget errs on the safe side.
   Ranks of one host share its RAM: each rank's default budget is the free RAM / WORLD_SIZE.
 - MPS: torch.mps.set_per_process_memory_fraction caps the allocator when a budget is given.
@@ -37,11 +38,14 @@ from collections.abc import Callable
 import psutil
 import torch
 
+from nanogpt.config.choices import Fp8
 from nanogpt.config.spec import RunSpec
+from nanogpt.config.target_nodes import import_target
 from nanogpt.hardware.devices import synchronize
 from nanogpt.probes.memory import release
 from nanogpt.record.faults import describe, is_out_of_memory
 from nanogpt.train.distributed import World
+from nanogpt.train.float8 import torchao_missing
 from nanogpt.train.trainer import Trainer, data_source
 
 log = logging.getLogger(__name__)
@@ -135,11 +139,29 @@ def apply_budget(device: torch.device, budget_gib: float | None) -> dict:
     return {"budget_bytes": budget, "budget_source": source, "limit": "RLIMIT_AS"}
 
 
+def load_code(spec: RunSpec) -> None:
+    """Import, before the budget is set, the code that building the point's trainer imports on
+    its way: torch._dynamo (torch.optim's optimizers import it as they are made: about 800
+    modules, sympy's and mpmath's among them), torchao for perf.fp8, and the module that
+    model.build names (a transformers model's: all of transformers). On CPU the budget is
+    address space, and code mapped under it would count as memory the step holds: on the
+    policies test's model (3 MiB of weights) the build took 75 MiB of a 0.1 GiB budget, 2 MiB
+    once this has run. The budget is then what the model, its optimizer and a step hold."""
+    import torch._dynamo  # noqa: F401
+
+    if spec.perf.fp8 is not Fp8.none:
+        torchao_missing()  # imports torchao, quietly; the build says if it cannot
+    if spec.model.build:
+        target = str(spec.model.build.get("_target_"))
+        import_target(target, "model.build._target_", spec.model.code_dir)
+
+
 def run_search(spec: RunSpec, device: torch.device) -> dict:
     """Search in this process; returns the figures for the record."""
     details: dict = {"device": str(device), "start": spec.perf.batch_size, "probes": []}
     found, details["error"] = None, None
     try:
+        load_code(spec)
         details.update(apply_budget(device, spec.bench.max_batch_memory_gib))
         prober = Prober(spec, device, details["probes"])
         # What lives through the whole search (torch's modules, torch._dynamo's that the first
