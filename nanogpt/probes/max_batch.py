@@ -22,8 +22,8 @@ The budget is bench.max_batch_memory_gib, or else all the memory that is free:
   the process later, with nothing to catch. The search therefore sets an address-space limit
   (RLIMIT_AS) of the budget above the process's current size, once the code the trainer's build
   imports is loaded (`load_code`): an allocation past it fails at once (ENOMEM), which PyTorch
-  raises as an out-of-memory error. Address space is virtual
-  (thread stacks and allocator arenas count too), so on CPU the budget errs on the safe side.
+  raises as an out-of-memory error. Address space is virtual (thread stacks and allocator
+  arenas count too), so on CPU the budget errs on the safe side.
   Ranks of one host share its RAM: each rank's default budget is the free RAM / WORLD_SIZE.
 - MPS: torch.mps.set_per_process_memory_fraction caps the allocator when a budget is given.
 """
