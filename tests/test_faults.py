@@ -90,6 +90,8 @@ def test_a_real_cpu_allocation_failure_is_oom_and_other_failures_are_not():
     assert classify(missing.value) == "error"
     assert classify(KeyboardInterrupt()) == "interrupted"
     assert classify(ValueError("bad")) == "error"
+    assert describe(ValueError("first\nsecond")) == "ValueError: first"
+    assert describe(KeyboardInterrupt()) == "KeyboardInterrupt"
 
 
 # Under an address-space limit (the max-batch search's on CPU) the allocation refused can be a
@@ -114,8 +116,6 @@ def test_a_refused_allocation_in_torchs_cpp_is_oom():
         [sys.executable, "-c", BAD_ALLOC], capture_output=True, text=True, timeout=120
     )
     assert proc.stdout.strip() == "oom RuntimeError: std::bad_alloc", proc.stdout + proc.stderr
-    assert describe(ValueError("first\nsecond")) == "ValueError: first"
-    assert describe(KeyboardInterrupt()) == "KeyboardInterrupt"
 
 
 @pytest.mark.parametrize("text", ["oom", "boom@2", "nan@x", "@3"])
