@@ -581,3 +581,64 @@ def test_max_batch_search_finds_a_bigger_batch_in_a_bigger_budget(tmp_path):
     assert 4 < found[small] < found[large]
     table = read_summary(sweep_dir)
     assert sorted(table["max_batch_size"]) == sorted(found.values())
+
+
+# A model whose training step raises an error of torch's C++ from `fails_from` sequences up, as
+# oneDNN's "could not create a primitive" does when the search's address-space limit refuses its
+# allocation (seen once in 12 runs of the policies test): here torch's own shape check raises it,
+# every time, so the search's rule can be seen whole.
+FAILING_MODEL = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class FailsFrom(nn.Module):
+    def __init__(self, vocab_size, fails_from):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, 8)
+        self.layers = nn.ModuleList([nn.Linear(8, 8)])
+        self.head = nn.Linear(8, vocab_size)
+        self.fails_from = fails_from
+
+    def forward(self, idx, targets):
+        if idx.shape[0] >= self.fails_from:
+            torch.ones(2, 3) @ torch.ones(4, 5)  # RuntimeError: ... cannot be multiplied
+        logits = self.head(self.layers[0](self.wte(idx)))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+"""
+
+
+@pytest.mark.slow
+def test_an_error_under_the_cpu_limit_is_a_batch_that_did_not_fit_only_if_a_smaller_one_ran(
+    tmp_path,
+):
+    (tmp_path / "failing.py").write_text(FAILING_MODEL)
+    sweep_dir = tmp_path / "sweep"
+    overrides = [
+        "model.build._target_=failing.FailsFrom",
+        "model.build.vocab_size=${model.vocab_size}",
+        "model.build.fails_from=6,1",
+        f"model.code_dir={tmp_path}",
+        "bench.find_max_batch=true",
+        "bench.max_batch_memory_gib=0.5",
+    ]
+    proc = run_cli("-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
+    searches = {}
+    for path in sweep_dir.glob("*/result.json"):
+        record = read_result(path)
+        searches[record["max_batch_search"]["start"], record["status"]] = record
+    # 2 ran, 4 ran, 8 and 6 raised, 5 ran: the largest batch that runs a step under the limit
+    ran = searches[2, "ok"]
+    assert ran["max_batch_size"] == 5 and ran["max_batch_search"]["error"] is None
+    probes = {p["batch_size"]: p for p in ran["max_batch_search"]["probes"]}
+    assert [b for b, p in probes.items() if p["fits"]] == [2, 4, 5]
+    assert (
+        "cannot be multiplied" in probes[8]["error"]
+        and "cannot be multiplied" in probes[6]["error"]
+    )
+    # no batch ran: not "nothing fits" (0) but the error, the answer null
+    failed = searches[2, "error"]
+    assert failed["max_batch_size"] is None
+    assert "cannot be multiplied" in failed["max_batch_search"]["error"]
+    assert proc.returncode != 0  # the failed point's run is an error row
