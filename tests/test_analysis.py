@@ -534,7 +534,8 @@ print(json.dumps(sorted(m for m in set(sys.modules) - before if m.split(".")[0] 
 @pytest.mark.slow
 def test_the_search_imports_the_code_a_build_needs_before_its_budget_counts():
     """On CPU the budget is address space: what the build imports under it would be counted as
-    a step's memory (torch._dynamo's 800 modules took 75 MiB of a 100 MiB budget on the policies test's model)."""
+    a step's memory (torch._dynamo's 800 modules: 75 MiB of a 100 MiB budget, the policies
+    test's model)."""
     imported = {}
     for first in ("load_code", "nothing"):
         argv = [sys.executable, "-c", BUILD_IMPORTS, first, json.dumps(with_micro([]))]
