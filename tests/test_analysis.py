@@ -552,7 +552,7 @@ def test_max_batch_search_finds_a_bigger_batch_in_a_bigger_budget(tmp_path):
         "bench.isolate=false",
         "bench.find_max_batch=true",
         "perf.batch_size=4",
-        "bench.max_batch_memory_gib=0.15,0.2",
+        "bench.max_batch_memory_gib=0.08,0.12",
     ]
     proc = run_cli("-m", *with_micro(overrides), f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -575,7 +575,7 @@ def test_max_batch_search_finds_a_bigger_batch_in_a_bigger_budget(tmp_path):
         found[search["budget_bytes"]] = size
         assert not (path.parent / "max_batch.json").exists()
     small, large = sorted(found)
-    assert (small, large) == (int(0.15 * 2**30), int(0.2 * 2**30))
+    assert (small, large) == (int(0.08 * 2**30), int(0.12 * 2**30))
     assert 4 < found[small] < found[large]
     table = read_summary(sweep_dir)
     assert sorted(table["max_batch_size"]) == sorted(found.values())

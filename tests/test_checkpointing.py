@@ -350,7 +350,7 @@ def test_the_search_chooses_the_policy_that_fits_and_best_yaml_holds_it(tmp_path
 @pytest.fixture(scope="module")
 def policy_sweep(tmp_path_factory):
     """+sweep=memory_time_cpu for real, once for the module, at SHAPE and one batch (4 points,
-    each its own process), with the largest batch each policy fits in 0.05 GiB: glibc returns a
+    each its own process), with the largest batch each policy fits in 0.04 GiB: glibc returns a
     freed block to the OS only above its mmap threshold, which it raises as blocks are freed, so
     a step's transient activations would stay resident; fixed at 64 KiB (the environment's
     MALLOC_MMAP_THRESHOLD_), every activation is its own mapping and the RSS a step holds is
@@ -364,7 +364,7 @@ def policy_sweep(tmp_path_factory):
         *with_micro([*shape, f"perf.batch_size={BATCH}", "logger.log_interval=1"]),
         "bench.measure_steps=3",
         "bench.find_max_batch=true",
-        "bench.max_batch_memory_gib=0.05",
+        "bench.max_batch_memory_gib=0.04",
         f"hydra.sweep.dir={sweep_dir}",
         cwd=root,
         env={"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"},
