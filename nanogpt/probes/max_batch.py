@@ -116,9 +116,7 @@ class Prober:
         trainer.optimizer.zero_grad(set_to_none=True)
         release(trainer.device)
         self.probes.append({"batch_size": batch_size, "fits": error is None, "error": error})
-        log.info(
-            "[max-batch] batch %d: %s", batch_size, "fits" if error is None else "out of memory"
-        )
+        log.info("[max-batch] batch %d: %s", batch_size, "fits" if error is None else error)
         return error is None
 
 
